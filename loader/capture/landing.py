@@ -1,0 +1,258 @@
+"""Landing area: gzip JSON-lines files named by the LSN range they hold, on local disk or S3.
+
+File name: ``<first>_<last>_<c|p>.jsonl.gz`` where ``first``/``last`` are ChangePosition tokens
+(fixed-width, so names sort in commit order) and ``c`` means the file ends on a transaction's
+commit marker, ``p`` that it stops inside a transaction (a huge transaction continues in the next
+file). A file is published only when complete and durable: local files are fsynced and renamed
+into place, S3 objects appear atomically when the PUT (or multipart upload) completes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+from loader.capture.records import COMMIT, ChangeRecord
+from loader.config import LoaderSettings
+from loader.errors import LandingError
+from loader.lsn import ChangePosition
+
+_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz$")
+
+
+@dataclass(frozen=True, order=True)
+class LandingFile:
+    """A published landing file; ordering follows commit order."""
+
+    first: ChangePosition
+    last: ChangePosition
+    complete: bool
+    name: str
+
+    @classmethod
+    def parse(cls, name: str) -> "LandingFile | None":
+        m = _NAME_RE.match(name)
+        if not m:
+            return None
+        return cls(
+            ChangePosition.from_token(m.group(1)),
+            ChangePosition.from_token(m.group(2)),
+            m.group(3) == "c",
+            name,
+        )
+
+    @staticmethod
+    def name_for(first: ChangePosition, last: ChangePosition, complete: bool) -> str:
+        return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}.jsonl.gz"
+
+
+class LandingStore(ABC):
+    """Where landing files live. Implementations: a local directory, an S3 prefix."""
+
+    url: str
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """Every object name under the prefix (not only landing files), sorted."""
+
+    @abstractmethod
+    def publish(self, local_path: Path, name: str) -> None:
+        """Make a finished local file durable under ``name``; atomic for readers."""
+
+    @abstractmethod
+    def open_bytes(self, name: str) -> bytes:
+        """Full content of one object."""
+
+    def files(self) -> list[LandingFile]:
+        out = [f for f in (LandingFile.parse(n) for n in self.names()) if f is not None]
+        return sorted(out)
+
+    def landed_position(self) -> ChangePosition | None:
+        """The last change position that is durably landed, or None if nothing is."""
+        files = self.files()
+        return files[-1].last if files else None
+
+    def read_lines(self, name: str) -> Iterator[str]:
+        data = self.open_bytes(name)
+        try:
+            text = gzip.decompress(data).decode("utf-8") if name.endswith(".gz") else data.decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise LandingError(
+                f"landing file {self.url}/{name} is not readable gzip/UTF-8: {exc}",
+                hint="move it aside and re-run capture from the slot, or load with --skip-bad-files",
+            ) from exc
+        yield from text.splitlines()
+
+    def read_records(self, name: str) -> Iterator[ChangeRecord]:
+        for line in self.read_lines(name):
+            if line.strip():
+                yield ChangeRecord.from_json(line)
+
+
+class LocalLandingStore(LandingStore):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.url = path.as_uri()
+
+    def names(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        return sorted(p.name for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+    def publish(self, local_path: Path, name: str) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f".{name}.tmp"
+        with open(local_path, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, self.path / name)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def open_bytes(self, name: str) -> bytes:
+        try:
+            return (self.path / name).read_bytes()
+        except OSError as exc:
+            raise LandingError(f"cannot read landing file {self.path / name}: {exc}") from exc
+
+
+class S3LandingStore(LandingStore):
+    def __init__(self, bucket: str, prefix: str, client: Any) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client
+        self.url = f"s3://{bucket}/{self.prefix}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def names(self) -> list[str]:
+        out: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        base = f"{self.prefix}/" if self.prefix else ""
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+            for obj in page.get("Contents", []):
+                rest = obj["Key"][len(base) :]
+                if "/" not in rest:
+                    out.append(rest)
+        return sorted(out)
+
+    def publish(self, local_path: Path, name: str) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        # upload_file switches to multipart above the threshold; the object is visible only
+        # once the whole upload completes, so readers never see a torn file.
+        cfg = TransferConfig(multipart_threshold=64 * 1024 * 1024, multipart_chunksize=64 * 1024 * 1024)
+        try:
+            self.client.upload_file(str(local_path), self.bucket, self._key(name), Config=cfg)
+        except Exception as exc:
+            raise LandingError(f"cannot write s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+
+    def open_bytes(self, name: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
+        except Exception as exc:
+            raise LandingError(f"cannot read s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+
+
+def s3_client(settings: LoaderSettings) -> Any:
+    import boto3
+
+    s3 = settings.s3
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        aws_access_key_id=s3.access_key_id,
+        aws_secret_access_key=s3.secret_access_key,
+        region_name=s3.region,
+    )
+
+
+def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingStore:
+    """The landing store for the configured (or given) URL, scoped to the capture slot."""
+    url = url or settings.landing.url
+    u = urlparse(url)
+    if u.scheme in ("s3", "s3a"):
+        return S3LandingStore(u.netloc, f"{u.path.strip('/')}/{settings.source.slot}".strip("/"), s3_client(settings))
+    if u.scheme in ("", "file"):
+        return LocalLandingStore(Path(u.path) / settings.source.slot)
+    raise LandingError(f"landing url {url!r} is neither a local path nor s3://", hint="set LOADER_LANDING__URL")
+
+
+class LandingWriter:
+    """Buffers records into gzip files on local spool disk and publishes them by LSN range.
+
+    Memory stays bounded: records stream into a compressed temp file; a file is closed after
+    ``max_changes`` changes even inside a transaction.
+    """
+
+    def __init__(self, store: LandingStore, max_changes: int, spool_dir: Path | None = None) -> None:
+        self.store = store
+        self.max_changes = max_changes
+        self.spool_dir = spool_dir
+        self._tmp: Path | None = None
+        self._gz: IO[bytes] | None = None
+        self._first: ChangePosition | None = None
+        self._last: ChangePosition | None = None
+        self._last_op: str | None = None
+        self._count = 0
+        self.published: list[str] = []
+
+    def write(self, record: ChangeRecord) -> None:
+        if self._gz is None:
+            fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)
+            os.close(fd)
+            self._tmp = Path(tmp)
+            self._gz = gzip.open(self._tmp, "wb", compresslevel=6)
+            self._first = record.position
+            self._count = 0
+        self._gz.write(record.to_json().encode("utf-8") + b"\n")
+        self._last = record.position
+        self._last_op = record.op
+        if record.op != COMMIT:
+            self._count += 1
+        if self._count >= self.max_changes and record.op != COMMIT:
+            self.close_file()
+        elif record.op == COMMIT and self._count >= self.max_changes:
+            self.close_file()
+
+    @property
+    def open_changes(self) -> int:
+        return self._count if self._gz is not None else 0
+
+    def close_file(self) -> str | None:
+        """Publish the open file, if any; returns its name."""
+        if self._gz is None:
+            return None
+        self._gz.close()
+        assert self._tmp is not None and self._first is not None and self._last is not None
+        name = LandingFile.name_for(self._first, self._last, self._last_op == COMMIT)
+        try:
+            self.store.publish(self._tmp, name)
+        finally:
+            self._tmp.unlink(missing_ok=True)
+            self._gz = None
+            self._tmp = None
+        self.published.append(name)
+        return name
+
+    def abort(self) -> None:
+        if self._gz is not None:
+            self._gz.close()
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+        self._gz = None
+        self._tmp = None

@@ -1,0 +1,65 @@
+"""pyiceberg access to the shared catalog (no JVM): used by ``status`` and tests."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from loader.config import LoaderSettings
+from loader.errors import CatalogError
+
+
+def pyiceberg_uri(uri: str) -> str:
+    u = urlparse(uri)
+    if u.scheme in ("postgresql", "postgres"):
+        return "postgresql+psycopg" + uri[len(u.scheme) :]
+    return uri
+
+
+def open_catalog(settings: LoaderSettings) -> Any:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    props: dict[str, str] = {"uri": pyiceberg_uri(settings.catalog.uri), "warehouse": settings.catalog.warehouse}
+    s3 = settings.s3
+    if s3.endpoint_url:
+        props["s3.endpoint"] = s3.endpoint_url
+    if s3.access_key_id:
+        props["s3.access-key-id"] = s3.access_key_id
+        props["s3.secret-access-key"] = s3.secret_access_key or ""
+    props["s3.region"] = s3.region
+    if s3.path_style:
+        props["s3.force-virtual-addressing"] = "false"
+    try:
+        return SqlCatalog(settings.catalog.name, **props)
+    except Exception as exc:
+        raise CatalogError(
+            f"cannot open the Iceberg catalog at {settings.catalog.uri}: {exc}",
+            hint="check LOADER_CATALOG__URI and that its database is reachable",
+        ) from exc
+
+
+def latest_summary(table: Any, key: str) -> str | None:
+    """Newest value of a snapshot-summary key along the current snapshot's ancestry."""
+    meta = table.metadata
+    snap = table.current_snapshot()
+    by_id = {s.snapshot_id: s for s in meta.snapshots}
+    while snap is not None:
+        summary = snap.summary.additional_properties if snap.summary else {}
+        if key in summary:
+            return str(summary[key])
+        snap = by_id.get(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+    return None
+
+
+def row_count(table: Any) -> int:
+    """Live rows from the current snapshot's summary (deletes accounted for)."""
+    snap = table.current_snapshot()
+    if snap is None or snap.summary is None:
+        return 0
+    p = snap.summary.additional_properties
+    total = int(p.get("total-records", 0))
+    # Merge-on-read: position/equality deletes are not subtracted from total-records.
+    deletes = int(p.get("total-position-deletes", 0)) + int(p.get("total-equality-deletes", 0))
+    if deletes:
+        return int(table.scan(selected_fields=(table.schema().fields[0].name,)).to_arrow().num_rows)
+    return total

@@ -1,0 +1,270 @@
+"""The ``loader`` command. Each subcommand only wires options to the stage that does the work.
+
+Errors reach the user as one line naming what failed and what to do, exit status 1; ``--debug``
+shows the traceback. Exit status 3 means the run finished but quarantined rejects.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from loader.config import LoaderSettings, load_settings
+from loader.errors import LoaderError
+
+EXIT_ERROR = 1
+EXIT_REJECTS = 3
+EXIT_NOT_RECONCILED = 4
+
+
+class Context:
+    def __init__(self, config: str | None, debug: bool) -> None:
+        self.config = config
+        self.debug = debug
+        self._settings: LoaderSettings | None = None
+
+    @property
+    def settings(self) -> LoaderSettings:
+        if self._settings is None:
+            self._settings = load_settings(self.config)
+        return self._settings
+
+    def spark(self) -> Any:
+        from loader.spark import get_spark
+
+        return get_spark(self.settings)
+
+
+def catch_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        debug = bool(ctx.find_root().params.get("debug"))
+        try:
+            return fn(*args, **kwargs)
+        except LoaderError as exc:
+            if debug:
+                raise
+            click.echo(f"error: {exc.one_line()}", err=True)
+            sys.exit(EXIT_ERROR)
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:  # unexpected: still one line unless --debug
+            if debug:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            click.echo(f"error: {type(exc).__name__}: {first} (re-run with --debug for the traceback)", err=True)
+            sys.exit(EXIT_ERROR)
+
+    return wrapper
+
+
+@click.group()
+@click.option("--config", "config", envvar="LOADER_CONFIG", type=click.Path(dir_okay=False), help="TOML settings file.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.version_option(package_name="lakehouse-loader")
+@click.pass_context
+def main(ctx: click.Context, config: str | None, debug: bool) -> None:
+    """PostgreSQL change history into Iceberg: capture -> load -> merge, plus status and checks."""
+    ctx.obj = Context(config, debug)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@main.command()
+@click.option("--no-create-slot", is_flag=True, help="Fail instead of creating a missing slot.")
+@pass_ctx
+@catch_errors
+def capture(ctx: Context, no_create_slot: bool) -> None:
+    """Decode the replication slot into landing files; advance the slot once they are durable."""
+    from loader.capture.capture import Capture
+
+    res = Capture(ctx.settings).run(create_slot=not no_create_slot)
+    click.echo(res.summary())
+
+
+@main.command()
+@pass_ctx
+@catch_errors
+def load(ctx: Context) -> None:
+    """Append pending landing files to the Iceberg history tables (exactly once)."""
+    from loader.load.history import HistoryLoad
+
+    res = HistoryLoad(ctx.spark(), ctx.settings).run()
+    click.echo(res.summary())
+    if res.rejects:
+        click.echo(f"{res.rejects} changes quarantined in {ctx.settings.catalog.loader_namespace}.rejects", err=True)
+        sys.exit(EXIT_REJECTS)
+
+
+@main.command()
+@click.option("--table", "tables", multiple=True, help="schema.table to merge (default: all).")
+@pass_ctx
+@catch_errors
+def merge(ctx: Context, tables: tuple[str, ...]) -> None:
+    """Apply the history increment since the last merge to the current tables (MERGE INTO)."""
+    from loader.merge.current import CurrentMerge
+
+    res = CurrentMerge(ctx.spark(), ctx.settings).run(list(tables) or None)
+    click.echo(res.summary())
+
+
+@main.command()
+@pass_ctx
+@catch_errors
+def run(ctx: Context) -> None:
+    """All stages once, in order: capture, load, merge."""
+    from loader.capture.capture import Capture
+    from loader.load.history import HistoryLoad
+    from loader.merge.current import CurrentMerge
+
+    click.echo(Capture(ctx.settings).run().summary())
+    spark = ctx.spark()
+    res = HistoryLoad(spark, ctx.settings).run()
+    click.echo(res.summary())
+    click.echo(CurrentMerge(spark, ctx.settings).run().summary())
+    if res.rejects:
+        sys.exit(EXIT_REJECTS)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@catch_errors
+def status(ctx: Context, as_json: bool) -> None:
+    """Landed, loaded and merged positions and row counts (pyiceberg only, no Spark)."""
+    from loader.status import collect_status
+
+    st = collect_status(ctx.settings)
+    click.echo(st.to_json() if as_json else st.render())
+
+
+@main.command()
+@click.option("--table", "tables", multiple=True, help="schema.table to check (default: all).")
+@pass_ctx
+@catch_errors
+def verify(ctx: Context, tables: tuple[str, ...]) -> None:
+    """Reconcile current tables with the source, row for row; exit 4 if any differs."""
+    from loader.verify import reconcile
+
+    results = reconcile(ctx.settings, list(tables) or None)
+    for r in results:
+        click.echo(r.line())
+        for e in r.examples:
+            click.echo(f"      {e}")
+    if not all(r.ok for r in results):
+        sys.exit(EXIT_NOT_RECONCILED)
+
+
+@main.group()
+def slot() -> None:
+    """Replication slot lifecycle."""
+
+
+@slot.command("create")
+@pass_ctx
+@catch_errors
+def slot_create(ctx: Context) -> None:
+    """Create the wal2json slot."""
+    from loader.capture import slot as slots
+    from loader.lsn import format_lsn
+
+    with slots.connect(ctx.settings.source.dsn) as conn:
+        slots.check_wal_level(conn)
+        lsn = slots.create_slot(conn, ctx.settings.source.slot)
+    click.echo(f"slot {ctx.settings.source.slot} created at {format_lsn(lsn)}")
+
+
+@slot.command("drop")
+@click.confirmation_option(prompt="Dropping the slot loses every change not yet captured. Continue?")
+@pass_ctx
+@catch_errors
+def slot_drop(ctx: Context) -> None:
+    """Drop the slot (changes not yet captured are lost)."""
+    from loader.capture import slot as slots
+
+    with slots.connect(ctx.settings.source.dsn) as conn:
+        slots.drop_slot(conn, ctx.settings.source.slot)
+    click.echo(f"slot {ctx.settings.source.slot} dropped")
+
+
+@slot.command("info")
+@pass_ctx
+@catch_errors
+def slot_info(ctx: Context) -> None:
+    """Position of the slot and the WAL it retains (how far behind capture is)."""
+    from loader.capture import slot as slots
+    from loader.lsn import format_lsn
+
+    with slots.connect(ctx.settings.source.dsn) as conn:
+        info = slots.slot_info(conn, ctx.settings.source.slot)
+    if info is None:
+        raise slots.SlotMissingError(f"replication slot {ctx.settings.source.slot!r} does not exist")
+    click.echo(
+        json.dumps(
+            {
+                "slot": info.name,
+                "plugin": info.plugin,
+                "active_pid": info.active_pid,
+                "restart_lsn": format_lsn(info.restart_lsn) if info.restart_lsn else None,
+                "confirmed_flush_lsn": format_lsn(info.confirmed_flush_lsn) if info.confirmed_flush_lsn else None,
+                "current_wal_lsn": format_lsn(info.current_wal_lsn),
+                "retained_wal_bytes": info.retained_wal_bytes,
+                "lag_bytes": info.lag_bytes,
+            },
+            indent=2,
+        )
+    )
+
+
+@main.command("spark-conf")
+@pass_ctx
+@catch_errors
+def spark_conf_cmd(ctx: Context) -> None:
+    """Print the spark-submit --conf arguments for these settings."""
+    from loader.spark import spark_conf
+
+    for k, v in spark_conf(ctx.settings).items():
+        click.echo(f"--conf {k}={v}")
+
+
+@main.command()
+@pass_ctx
+@catch_errors
+def init(ctx: Context) -> None:
+    """Create the source and catalog databases of the embedded setup if missing."""
+    from loader.embedded import ensure_embedded
+
+    ensure_embedded(ctx.settings)
+    click.echo("embedded databases ready")
+
+
+@main.command()
+@click.option("--transactions", default=1500, show_default=True, help="Source transactions to generate.")
+@click.option("--seed", default=7, show_default=True)
+@click.option("--dbt/--no-dbt", "with_dbt", default=True, help="Also run 'dbt build' on the results.")
+@pass_ctx
+@catch_errors
+def demo(ctx: Context, transactions: int, seed: int, with_dbt: bool) -> None:
+    """Generate a workload on the embedded source, run every stage, reconcile, query."""
+    from loader.demo import run_demo
+
+    ok = run_demo(ctx.settings, transactions=transactions, seed=seed, with_dbt=with_dbt, echo=click.echo)
+    if not ok:
+        sys.exit(EXIT_NOT_RECONCILED)
+
+
+def _timed(label: str) -> Callable[[], None]:
+    t = time.monotonic()
+    return lambda: click.echo(f"{label}: {time.monotonic() - t:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

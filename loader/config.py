@@ -1,0 +1,135 @@
+"""Typed configuration: one TOML file plus ``LOADER_*`` environment overrides.
+
+Precedence (highest first): keyword arguments, environment (``LOADER_SECTION__KEY``, for example
+``LOADER_SOURCE__DSN``), the TOML file (``--config`` or ``LOADER_CONFIG``), the defaults below.
+The defaults are the embedded setup: a private PostgreSQL on 127.0.0.1:55432 that holds both the
+source database and the Iceberg JDBC catalog, a warehouse and a landing area under ``.state/``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from loader.errors import ConfigError
+
+
+def state_dir() -> Path:
+    """Where embedded state (landing files, warehouse, cluster) lives: LOADER_HOME or ./.state."""
+    return Path(os.environ.get("LOADER_HOME", Path.cwd() / ".state")).resolve()
+
+
+class S3Settings(BaseModel):
+    """S3 access shared by the landing area and the warehouse (Python and JVM side)."""
+
+    endpoint_url: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    region: str = "us-east-1"
+    path_style: bool = True
+
+
+class SourceSettings(BaseModel):
+    """The PostgreSQL database whose changes are captured."""
+
+    dsn: str = "postgresql://postgres@127.0.0.1:55432/app"
+    slot: str = "lakehouse"
+    include: list[str] = Field(default_factory=lambda: ["*.*"])
+    exclude: list[str] = Field(default_factory=lambda: ["pg_catalog.*", "information_schema.*"])
+    # A landing file is closed after this many changes, even inside a transaction (bounded memory).
+    max_changes_per_file: int = 50_000
+    # Changes fetched from the slot per round trip of the server-side cursor.
+    fetch_size: int = 5_000
+
+
+class LandingSettings(BaseModel):
+    """Where capture writes landing files: a local directory or s3://bucket/prefix."""
+
+    url: str = Field(default_factory=lambda: (state_dir() / "landing").as_uri())
+
+
+class CatalogSettings(BaseModel):
+    """The Iceberg catalog shared by Spark, pyiceberg and dbt."""
+
+    name: str = "lakehouse"
+    # SQLAlchemy-style URI of the JDBC catalog database (PostgreSQL or SQLite).
+    uri: str = "postgresql://postgres@127.0.0.1:55432/iceberg_catalog"
+    warehouse: str = Field(default_factory=lambda: (state_dir() / "warehouse").as_uri())
+    history_namespace: str = "history"
+    current_namespace: str = "current"
+    loader_namespace: str = "loader"
+
+
+class SparkSettings(BaseModel):
+    """How the loader starts Spark when it is not given a session by spark-submit."""
+
+    master: str = "local[2]"
+    shuffle_partitions: int = 4
+    driver_memory: str = "2g"
+    # Extra jars (comma-separated paths or URLs): S3A / AWS SDK jars on clusters without them.
+    extra_jars: list[str] = Field(default_factory=list)
+    # Override the JDBC driver jar of the catalog database; found from Debian's packages by default.
+    jdbc_driver_jar: str | None = None
+    # Override the Iceberg Spark runtime jar; found in the installed Python package by default.
+    iceberg_jar: str | None = None
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class MergeSettings(BaseModel):
+    """Layout of the current tables (see README: cost follows the change)."""
+
+    key_buckets: int = 16
+
+
+class LoaderSettings(BaseSettings):
+    """All loader settings; see README 'Configuration' for each key."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LOADER_", env_nested_delimiter="__", extra="forbid", toml_file=None
+    )
+
+    source: SourceSettings = Field(default_factory=SourceSettings)
+    landing: LandingSettings = Field(default_factory=LandingSettings)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    merge: MergeSettings = Field(default_factory=MergeSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("LOADER_CONFIG")
+        if path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> LoaderSettings:
+    """Build settings from an optional TOML file, the environment and explicit overrides."""
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {path} does not exist", hint="pass an existing TOML file to --config"
+            )
+        os.environ["LOADER_CONFIG"] = str(path.resolve())
+    try:
+        return LoaderSettings(**overrides)
+    except Exception as exc:  # pydantic's ValidationError lists every bad key
+        raise ConfigError(f"invalid configuration: {exc}", hint="see README 'Configuration'") from exc

@@ -1,0 +1,67 @@
+"""One error hierarchy for everything a user can meet.
+
+Every error says what happened, to which table / LSN / file, and what to do. ``TransientError``
+subclasses may succeed on retry (a lock held by another process, a server still starting);
+``TerminalError`` subclasses need a change of input or configuration first.
+"""
+
+from __future__ import annotations
+
+
+class LoaderError(Exception):
+    """Base class of every error the loader raises on purpose."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+    def one_line(self) -> str:
+        msg = str(self)
+        return f"{msg} ({self.hint})" if self.hint else msg
+
+
+class TerminalError(LoaderError):
+    """Retrying alone will not help: change the input or the configuration first."""
+
+
+class TransientError(LoaderError):
+    """The same call may succeed if retried later."""
+
+
+class ConfigError(TerminalError):
+    """The configuration is missing a value or holds an invalid one."""
+
+
+class SourceError(TerminalError):
+    """The PostgreSQL source refused or is not set up for logical decoding."""
+
+
+class SlotMissingError(SourceError):
+    """The replication slot does not exist."""
+
+
+class SlotBusyError(TransientError):
+    """Another process holds the replication slot."""
+
+
+class LandingError(TerminalError):
+    """A landing file could not be read, written or understood."""
+
+
+class DecodeError(TerminalError):
+    """A change record could not be decoded."""
+
+
+class SchemaEvolutionError(TerminalError):
+    """A source schema change cannot be applied to the Iceberg table automatically."""
+
+
+class CatalogError(TerminalError):
+    """The Iceberg catalog could not be reached or holds something unexpected."""
+
+
+class RejectsWritten(LoaderError):
+    """The run finished but quarantined some changes in the rejects table."""

@@ -1,0 +1,1 @@
+"""Merge stage: history increments -> current tables by incremental Spark MERGE INTO."""

@@ -1,0 +1,175 @@
+"""The only place that builds a SparkSession: jars, Iceberg extensions, the shared catalog, S3.
+
+Jars are located at run time: the Iceberg runtime inside the installed
+``snowpark-connect-deps-iceberg`` package, the JDBC driver of the catalog database from
+configuration or the operating system's Java package directory. On a cluster, give the same
+settings with ``loader spark-conf`` (it prints the ``--jars``/``--conf`` for spark-submit).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.resources
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+from loader.config import LoaderSettings
+from loader.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Directories where distributions install Java libraries (Debian: libpostgresql-jdbc-java).
+_JAVA_LIB_DIRS = ("/usr/share/java", "/usr/local/share/java", "/usr/lib/java")
+
+
+def iceberg_runtime_jar(settings: LoaderSettings) -> str:
+    if settings.spark.iceberg_jar:
+        return settings.spark.iceberg_jar
+    try:
+        jars = importlib.resources.files("snowpark_connect_deps_iceberg") / "jars"
+        found = sorted(str(p) for p in Path(str(jars)).glob("iceberg-spark-runtime-3.5_2.12-*.jar"))
+    except ModuleNotFoundError:
+        found = []
+    if not found:
+        raise ConfigError(
+            "Iceberg Spark runtime jar not found",
+            hint="pip install snowpark-connect-deps-iceberg==1.0.2 or set LOADER_SPARK__ICEBERG_JAR",
+        )
+    return found[-1]
+
+
+def jdbc_driver_jar(settings: LoaderSettings) -> str:
+    if settings.spark.jdbc_driver_jar:
+        return settings.spark.jdbc_driver_jar
+    scheme = catalog_scheme(settings)
+    name = "postgresql.jar" if scheme == "postgresql" else "sqlite-jdbc.jar"
+    for d in _JAVA_LIB_DIRS:
+        candidate = Path(d) / name
+        if candidate.exists():
+            return str(candidate)
+    pkg = "libpostgresql-jdbc-java" if scheme == "postgresql" else "libxerial-sqlite-jdbc-java"
+    raise ConfigError(
+        f"JDBC driver jar {name} for the {scheme} catalog not found",
+        hint=f"install the Debian package {pkg} or set LOADER_SPARK__JDBC_DRIVER_JAR",
+    )
+
+
+def catalog_scheme(settings: LoaderSettings) -> str:
+    scheme = urlparse(settings.catalog.uri).scheme.split("+")[0]
+    if scheme not in ("postgresql", "sqlite"):
+        raise ConfigError(
+            f"catalog uri {settings.catalog.uri!r} is neither postgresql:// nor sqlite://",
+            hint="set LOADER_CATALOG__URI",
+        )
+    return scheme
+
+
+def jdbc_catalog_properties(settings: LoaderSettings) -> dict[str, str]:
+    """Iceberg JDBC catalog properties (without the spark.sql.catalog.<name> prefix)."""
+    u = urlparse(settings.catalog.uri)
+    props = {"type": "jdbc", "warehouse": spark_path(settings.catalog.warehouse)}
+    if catalog_scheme(settings) == "postgresql":
+        port = f":{u.port}" if u.port else ""
+        props["uri"] = f"jdbc:postgresql://{u.hostname}{port}{u.path}"
+        if u.username:
+            props["jdbc.user"] = unquote(u.username)
+        if u.password:
+            props["jdbc.password"] = unquote(u.password)
+    else:
+        props["uri"] = f"jdbc:sqlite:{u.path}"
+    # V1 schema is what Iceberg views need.
+    props["jdbc.schema-version"] = "V1"
+    return props
+
+
+def spark_path(url: str) -> str:
+    """s3://bucket/x is read through Hadoop's S3A filesystem."""
+    if url.startswith("s3://"):
+        return "s3a://" + url[len("s3://") :]
+    return url
+
+
+def uses_s3(settings: LoaderSettings) -> bool:
+    return settings.catalog.warehouse.startswith(("s3://", "s3a://"))
+
+
+def spark_conf(settings: LoaderSettings) -> dict[str, str]:
+    """Every Spark setting the loader needs, as spark-submit --conf pairs."""
+    cat = f"spark.sql.catalog.{settings.catalog.name}"
+    jars = [iceberg_runtime_jar(settings), jdbc_driver_jar(settings), *settings.spark.extra_jars]
+    conf: dict[str, str] = {
+        "spark.jars": ",".join(jars),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        cat: "org.apache.iceberg.spark.SparkCatalog",
+        "spark.sql.defaultCatalog": settings.catalog.name,
+        "spark.sql.shuffle.partitions": str(settings.spark.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.adaptive.enabled": "true",
+        # History tables are appended in LSN order; Spark must not reorder the increment.
+        "spark.sql.iceberg.planning.preserve-data-grouping": "true",
+        "spark.driver.extraJavaOptions": "-Djava.library.path=/usr/lib/x86_64-linux-gnu/jni",
+    }
+    for k, v in jdbc_catalog_properties(settings).items():
+        conf[f"{cat}.{k}"] = v
+    if uses_s3(settings):
+        s3 = settings.s3
+        h = "spark.hadoop.fs.s3a."
+        conf["spark.hadoop.fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+        if s3.endpoint_url:
+            conf[h + "endpoint"] = s3.endpoint_url
+            conf[h + "connection.ssl.enabled"] = str(s3.endpoint_url.startswith("https")).lower()
+        conf[h + "path.style.access"] = str(s3.path_style).lower()
+        conf[h + "endpoint.region"] = s3.region
+        if s3.access_key_id:
+            conf[h + "access.key"] = s3.access_key_id
+            conf[h + "secret.key"] = s3.secret_access_key or ""
+            conf[h + "aws.credentials.provider"] = (
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+            )
+    conf.update(settings.spark.conf)
+    return conf
+
+
+def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> "SparkSession":
+    """The active session (spark-submit) or a new local one configured for the loader."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", _python()))
+    builder = SparkSession.builder.appName(app_name)
+    conf = spark_conf(settings)
+    if under_spark_submit():
+        # spark-submit already started the JVM with its own master, jars and static confs;
+        # only runtime (SQL) settings can still be applied here.
+        conf = {k: v for k, v in conf.items() if k.startswith("spark.sql.") and k != "spark.sql.extensions"}
+    else:
+        builder = builder.master(settings.spark.master).config(
+            "spark.driver.memory", settings.spark.driver_memory
+        )
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit launched this Python process (the JVM is already running)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def find_jars(pattern: str) -> list[str]:
+    return sorted(glob.glob(pattern))

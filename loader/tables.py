@@ -1,0 +1,93 @@
+"""Names of the Iceberg tables the loader owns, and the metadata columns it adds.
+
+history.<schema>__<table> and current.<schema>__<table> in the configured catalog; the loader's
+own state (landing-file ledger, rejects) lives in the ``loader`` namespace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loader.config import LoaderSettings
+from loader.load.typemap import quote_ident
+
+# Metadata columns of history tables, in order, with their Spark types.
+HISTORY_METADATA: tuple[tuple[str, str], ...] = (
+    ("pg_lsn", "BIGINT"),  # commit LSN of the change's transaction
+    ("pg_seq", "BIGINT"),  # position of the change within its transaction (1-based)
+    ("pg_txn_id", "BIGINT"),
+    ("pg_operation", "STRING"),  # insert / update / delete / read
+    ("pg_txn_timestamp", "TIMESTAMP"),
+    ("pg_change_lsn", "BIGINT"),  # WAL position of the change record itself
+    ("pg_old_key", "STRING"),  # JSON object of the replica identity before update/delete
+    ("pg_absent_columns", "ARRAY<STRING>"),  # columns not sent (unchanged TOAST)
+    ("pg_landing_file", "STRING"),
+)
+METADATA_NAMES = frozenset(n for n, _ in HISTORY_METADATA)
+
+# Metadata columns kept on current tables.
+CURRENT_METADATA: tuple[tuple[str, str], ...] = (
+    ("pg_lsn", "BIGINT"),
+    ("pg_seq", "BIGINT"),
+    ("pg_txn_timestamp", "TIMESTAMP"),
+)
+
+# Table properties the loader reads and writes.
+PROP_SOURCE_TABLE = "loader.source-table"
+PROP_PRIMARY_KEY = "loader.primary-key"
+PROP_PG_TYPES = "loader.pg-types"
+SUMMARY_LOADED_THROUGH = "loader.loaded-through"
+SUMMARY_MERGED_THROUGH = "loader.merged-through"
+
+
+@dataclass(frozen=True, order=True)
+class SourceTable:
+    schema: str
+    table: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def iceberg_name(self) -> str:
+        return f"{self.schema}__{self.table}"
+
+    @classmethod
+    def from_iceberg_name(cls, name: str) -> "SourceTable":
+        schema, _, table = name.partition("__")
+        return cls(schema, table)
+
+
+class TableNames:
+    """Fully qualified, quoted Spark identifiers for one catalog's loader tables."""
+
+    def __init__(self, settings: LoaderSettings) -> None:
+        c = settings.catalog
+        self.catalog = c.name
+        self.history_ns = c.history_namespace
+        self.current_ns = c.current_namespace
+        self.loader_ns = c.loader_namespace
+
+    def _q(self, ns: str, name: str) -> str:
+        return ".".join(quote_ident(p) for p in (self.catalog, ns, name))
+
+    def history(self, t: SourceTable) -> str:
+        return self._q(self.history_ns, t.iceberg_name)
+
+    def current(self, t: SourceTable) -> str:
+        return self._q(self.current_ns, t.iceberg_name)
+
+    @property
+    def ledger(self) -> str:
+        return self._q(self.loader_ns, "landing_files")
+
+    @property
+    def rejects(self) -> str:
+        return self._q(self.loader_ns, "rejects")
+
+    def namespaces(self) -> list[str]:
+        return [
+            f"{quote_ident(self.catalog)}.{quote_ident(ns)}"
+            for ns in (self.history_ns, self.current_ns, self.loader_ns)
+        ]
