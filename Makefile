@@ -1,0 +1,62 @@
+# The two commands a new user needs:  make demo   and   make test
+# Everything else is installed and started here: Debian packages, the venv, a private PostgreSQL.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEB_PACKAGES := postgresql-15 postgresql-15-wal2json libpostgresql-jdbc-java libxerial-sqlite-jdbc-java openjdk-17-jre-headless
+# The test cluster is separate from the demo's, so 'make test' never touches demo state.
+TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=55433
+PYTEST_ARGS ?=
+
+.PHONY: help deps venv demo test test-unit bench pg-start pg-stop clean lint
+
+help:
+	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
+	@echo "make test   - install, start a private PostgreSQL, run the suite, stop it"
+	@echo "make bench  - benchmarks (figures and ratios from one run)"
+	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:55432)"
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" != "0" ]; then SUDO=sudo; else SUDO=; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+pg-start: deps
+	@infra/postgres.sh start
+
+pg-stop:
+	@infra/postgres.sh stop
+
+demo: deps venv pg-start
+	$(BIN)/loader demo
+
+test: deps venv
+	@set -e; $(TEST_PG) infra/postgres.sh start; \
+	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
+	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:55433 $(BIN)/pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+
+bench: deps venv
+	@set -e; $(TEST_PG) infra/postgres.sh start; \
+	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
+	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:55433 $(BIN)/python -m bench
+
+clean:
+	-infra/postgres.sh stop
+	-$(TEST_PG) infra/postgres.sh stop
+	rm -rf .state

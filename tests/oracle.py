@@ -1,0 +1,44 @@
+"""History oracle: the history tables hold exactly the changes a test made, once each, in order."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from loader.workload import WorkloadLog
+
+
+def history_changes(env: Any, table: str, key: list[str]) -> list[tuple[int, str, tuple[Any, ...]]]:
+    """(pg_lsn, op, key) for every history row of ``table`` in commit order.
+
+    Deletes carry their key in pg_old_key; inserts/updates in the key columns.
+    """
+    import json
+
+    rows = env.history(table).orderBy("pg_lsn", "pg_seq").collect()
+    out = []
+    for r in rows:
+        if r["pg_operation"] == "delete":
+            old = json.loads(r["pg_old_key"])
+            k = tuple(int(old[c]) if old[c] is not None and old[c].lstrip("-").isdigit() else old[c] for c in key)
+        else:
+            k = tuple(r[c] for c in key)
+        out.append((r["pg_lsn"], r["pg_operation"], k))
+    return out
+
+
+def assert_history_matches(env: Any, log: WorkloadLog, table: str, key: list[str]) -> None:
+    """Each source transaction's changes to ``table`` appear once, as one commit, in commit order."""
+    hist = history_changes(env, table, key)
+    # Group history rows by transaction (commit LSN), keeping commit order.
+    by_txn: list[Counter[tuple[str, tuple[Any, ...]]]] = []
+    last_lsn = None
+    for lsn, op, k in hist:
+        if lsn != last_lsn:
+            by_txn.append(Counter())
+            last_lsn = lsn
+        by_txn[-1][(op, k)] += 1
+    expected = [Counter((c.op, c.key) for c in txn) for txn in log.for_table(table)]
+    assert len(by_txn) == len(expected), f"{table}: {len(by_txn)} transactions in history, {len(expected)} made"
+    for i, (got, want) in enumerate(zip(by_txn, expected)):
+        assert got == want, f"{table}: transaction #{i} differs: history {dict(got)} vs made {dict(want)}"
