@@ -224,6 +224,11 @@ def slot_info(ctx: Context) -> None:
     )
 
 
+@main.group()
+def backfill() -> None:
+    """Re-snapshot a table, replay an LSN range, rebuild current from history."""
+
+
 @main.command("spark-conf")
 @pass_ctx
 @catch_errors
