@@ -90,6 +90,35 @@ class MergeSettings(BaseModel):
     key_buckets: int = 16
 
 
+class DbtSettings(BaseModel):
+    """The dbt project run by ``loader dbt`` (views, change-log, SCD2, compliance audits)."""
+
+    # The project shipped in the repository by default; generated sources/models go to work_dir.
+    project_dir: str | None = None
+    # Where the runnable copy of the project (generated sources and models, target/, logs/) lives;
+    # default <state>/dbt/<catalog>.
+    work_dir: str | None = None
+    # Namespace (dbt schema) of the models, in the same catalog as history and current.
+    analytics_namespace: str = "analytics"
+    target: str = "session"  # session (in-process Spark) or thrift (the Spark Thrift Server)
+    threads: int = 2
+    # "schema.table" -> columns holding personal data: tagged pii, audited for retention in history.
+    pii_columns: dict[str, list[str]] = Field(default_factory=dict)
+    pii_retention_days: int = 365
+    # Subject type -> "schema.table.column" holding that subject's id (audited against the
+    # erased_subjects seed).
+    subject_columns: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class SqlServerSettings(BaseModel):
+    """The Spark Thrift Server started by ``loader sql-server`` (JDBC/ODBC for BI tools)."""
+
+    host: str = "127.0.0.1"
+    port: int = 10000
+    user: str = "loader"
+    driver_memory: str = "2g"
+
+
 class LoaderSettings(BaseSettings):
     """All loader settings; see README 'Configuration' for each key."""
 
@@ -102,6 +131,8 @@ class LoaderSettings(BaseSettings):
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     merge: MergeSettings = Field(default_factory=MergeSettings)
+    dbt: DbtSettings = Field(default_factory=DbtSettings)
+    sql_server: SqlServerSettings = Field(default_factory=SqlServerSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
 
     @classmethod
