@@ -49,12 +49,17 @@ class SourceSettings(BaseModel):
     max_changes_per_file: int = 50_000
     # Changes fetched from the slot per round trip of the server-side cursor.
     fetch_size: int = 5_000
+    # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot
+    # restarts at most this much work.
+    snapshot_chunk_rows: int = 50_000
 
 
 class LandingSettings(BaseModel):
     """Where capture writes landing files: a local directory or s3://bucket/prefix."""
 
     url: str = Field(default_factory=lambda: (state_dir() / "landing").as_uri())
+    # Landing files larger than this go to S3 as a multipart upload (parts of this size, min 5).
+    multipart_threshold_mb: int = 64
 
 
 class CatalogSettings(BaseModel):

@@ -15,10 +15,18 @@ from dataclasses import dataclass, field
 from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
-from loader.capture.wal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
+from loader.capture.source_tables import KeyLookup
+from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.config import LoaderSettings
-from loader.errors import LandingError
+from loader.errors import LandingError, TransientError
 from loader.lsn import ChangePosition, format_lsn
+
+# Name of the state object an unfinished snapshot leaves in the landing area (see snapshot.py).
+SNAPSHOT_STATE = "snapshot.state.json"
+
+
+class SnapshotInProgressError(TransientError):
+    """An initial snapshot is unfinished; streaming must wait until it completes."""
 
 
 @dataclass
@@ -29,15 +37,23 @@ class CaptureResult:
     skipped_already_landed: int = 0
     confirmed_lsn: int | None = None
     lag_bytes: int = 0
+    retained_wal_bytes: int = 0
     slot_created: bool = False
+    # Tables seen in this run whose changes cannot give a current table, with the reason.
+    limited_tables: dict[str, str] = field(default_factory=dict)
+    numeric_special_values: bool = False  # wal2json keeps NaN/Infinity (numeric-data-types-as-string)
 
     def summary(self) -> str:
         lsn = format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else "-"
-        return (
+        text = (
             f"captured {self.changes} changes in {self.transactions} transactions into "
-            f"{len(self.files)} landing files; slot confirmed at {lsn}; lag {self.lag_bytes} bytes"
+            f"{len(self.files)} landing files; slot confirmed at {lsn}; lag {self.lag_bytes} bytes, "
+            f"retained WAL {self.retained_wal_bytes} bytes"
             + (f"; skipped {self.skipped_already_landed} already landed" if self.skipped_already_landed else "")
         )
+        for table, what in sorted(self.limited_tables.items()):
+            text += f"\n  note: {table}: {what}"
+        return text
 
 
 class TableFilter:
@@ -71,20 +87,35 @@ class Capture:
         self.on_published = on_published
         self.round_changes = round_changes or max(settings.source.max_changes_per_file * 4, 10_000)
 
-    def run(self, create_slot: bool = True) -> CaptureResult:
+    def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
+        """Capture every transaction committed before ``upto_lsn`` (default: the WAL end now).
+
+        ``locked``: the caller already holds the slot's capture lock (snapshot does).
+        """
         src = self.settings.source
         result = CaptureResult()
         with slots.connect(src.dsn) as conn:
             slots.check_wal_level(conn)
+            if not locked:
+                slots.capture_lock(conn, src.slot)
+                self.check_no_snapshot_in_progress()
             if slots.slot_info(conn, src.slot) is None:
                 if not create_slot or self.store.files():
                     slots.require_slot(conn, src.slot)  # raises SlotMissingError with the fix
                 slots.create_slot(conn, src.slot)
                 result.slot_created = True
             slots.require_slot(conn, src.slot)
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-            assert row is not None
-            upto = row[0]
+            self.options = WAL2JSON_OPTIONS
+            if slots.plugin_supports(conn, src.slot, *NUMERIC_AS_STRING_OPTION):
+                self.options = WAL2JSON_OPTIONS + NUMERIC_AS_STRING_OPTION
+                result.numeric_special_values = True
+            self.keys = KeyLookup(conn)
+            if upto_lsn is None:
+                row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                assert row is not None
+                upto = row[0]
+            else:
+                upto = format_lsn(upto_lsn)
             landed = self.store.landed_position()
             while True:
                 rows, landed = self._round(conn, upto, landed, result)
@@ -94,7 +125,17 @@ class Capture:
             if info is not None:
                 result.confirmed_lsn = info.confirmed_flush_lsn
                 result.lag_bytes = info.lag_bytes
+                result.retained_wal_bytes = info.retained_wal_bytes
         return result
+
+    def check_no_snapshot_in_progress(self) -> None:
+        state = self.store.read_state(SNAPSHOT_STATE)
+        if state is not None and not state.get("done"):
+            raise SnapshotInProgressError(
+                f"a snapshot of {len(state.get('tables', []))} tables at LSN {state.get('consistent_lsn')} is unfinished "
+                f"in {self.store.url}; streaming now would land changes before the rest of it",
+                hint="finish it with 'loader backfill snapshot' (it resumes where it stopped)",
+            )
 
     def _round(
         self,
@@ -108,7 +149,8 @@ class Capture:
         writer = LandingWriter(self.store, src.max_changes_per_file)
         rows = 0
         txn_has_output = False
-        placeholders = ", ".join(["%s"] * len(WAL2JSON_OPTIONS))
+        options = getattr(self, "options", WAL2JSON_OPTIONS)
+        placeholders = ", ".join(["%s"] * len(options))
         sql = (
             "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, %s, "
             + placeholders
@@ -118,7 +160,7 @@ class Capture:
             with conn.transaction():
                 with conn.cursor(name="loader_capture") as cur:
                     cur.itersize = src.fetch_size
-                    cur.execute(sql, (src.slot, upto, self.round_changes, *WAL2JSON_OPTIONS))
+                    cur.execute(sql, (src.slot, upto, self.round_changes, *options))
                     for (data,) in cur:
                         rows += 1
                         for rec in decoder.feed(data):
@@ -134,6 +176,7 @@ class Capture:
                                 continue
                             if not self._wanted(rec):
                                 continue
+                            self._complete_key(rec, result)
                             txn_has_output = True
                             writer.write(rec)
                             result.changes += 1
@@ -156,6 +199,18 @@ class Capture:
             result.files.append(name)
             if self.on_published is not None:
                 self.on_published(name)
+
+    def _complete_key(self, rec: ChangeRecord, result: CaptureResult) -> None:
+        """Give changes of a table keyed by a replica identity index that key (wal2json sends none)."""
+        if rec.pk or rec.op == "T":
+            return
+        keys = getattr(self, "keys", None)
+        info = keys.info(rec.schema, rec.table) if keys is not None else None
+        if info is None:
+            return
+        rec.pk = list(info.key)
+        if not info.key or not info.updates_deletes_captured:
+            result.limited_tables.setdefault(rec.qualified_table, info.downstream)
 
     def _wanted(self, rec: ChangeRecord) -> bool:
         return self.filter(rec.qualified_table)

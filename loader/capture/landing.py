@@ -10,6 +10,7 @@ into place, S3 objects appear atomically when the PUT (or multipart upload) comp
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import tempfile
@@ -71,6 +72,27 @@ class LandingStore(ABC):
     def open_bytes(self, name: str) -> bytes:
         """Full content of one object."""
 
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove one object (used only for unloaded files of an interrupted snapshot)."""
+
+    def write_state(self, name: str, doc: dict[str, Any]) -> None:
+        """Durably replace a small JSON state object (never a landing file name)."""
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(doc, indent=2, sort_keys=True).encode("utf-8"))
+            self.publish(Path(tmp), name)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def read_state(self, name: str) -> dict[str, Any] | None:
+        if name not in self.names():
+            return None
+        doc = json.loads(self.open_bytes(name).decode("utf-8"))
+        assert isinstance(doc, dict)
+        return doc
+
     def files(self) -> list[LandingFile]:
         out = [f for f in (LandingFile.parse(n) for n in self.names()) if f is not None]
         return sorted(out)
@@ -122,6 +144,9 @@ class LocalLandingStore(LandingStore):
         finally:
             os.close(fd)
 
+    def delete(self, name: str) -> None:
+        (self.path / name).unlink(missing_ok=True)
+
     def open_bytes(self, name: str) -> bytes:
         try:
             return (self.path / name).read_bytes()
@@ -130,7 +155,9 @@ class LocalLandingStore(LandingStore):
 
 
 class S3LandingStore(LandingStore):
-    def __init__(self, bucket: str, prefix: str, client: Any) -> None:
+    def __init__(self, bucket: str, prefix: str, client: Any, multipart_threshold: int = 64 * 1024 * 1024) -> None:
+        # S3 parts are at least 5 MiB (except the last one).
+        self.multipart_threshold = max(multipart_threshold, 5 * 1024 * 1024)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.client = client
@@ -150,12 +177,16 @@ class S3LandingStore(LandingStore):
                     out.append(rest)
         return sorted(out)
 
+    def delete(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
     def publish(self, local_path: Path, name: str) -> None:
         from boto3.s3.transfer import TransferConfig
 
         # upload_file switches to multipart above the threshold; the object is visible only
         # once the whole upload completes, so readers never see a torn file.
-        cfg = TransferConfig(multipart_threshold=64 * 1024 * 1024, multipart_chunksize=64 * 1024 * 1024)
+        part = self.multipart_threshold
+        cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part)
         try:
             self.client.upload_file(str(local_path), self.bucket, self._key(name), Config=cfg)
         except Exception as exc:
@@ -186,7 +217,12 @@ def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingSto
     url = url or settings.landing.url
     u = urlparse(url)
     if u.scheme in ("s3", "s3a"):
-        return S3LandingStore(u.netloc, f"{u.path.strip('/')}/{settings.source.slot}".strip("/"), s3_client(settings))
+        return S3LandingStore(
+            u.netloc,
+            f"{u.path.strip('/')}/{settings.source.slot}".strip("/"),
+            s3_client(settings),
+            multipart_threshold=settings.landing.multipart_threshold_mb * 1024 * 1024,
+        )
     if u.scheme in ("", "file"):
         return LocalLandingStore(Path(u.path) / settings.source.slot)
     raise LandingError(f"landing url {url!r} is neither a local path nor s3://", hint="set LOADER_LANDING__URL")

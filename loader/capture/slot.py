@@ -130,6 +130,108 @@ def require_slot(conn: psycopg.Connection, slot: str) -> SlotInfo:
     return info
 
 
+def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = False) -> "ExportedSnapshot":
+    """Create a logical slot over a replication connection and keep its exported snapshot alive.
+
+    The snapshot sees exactly the transactions committed before the slot's consistent point;
+    every later commit is decoded by the slot. It stays importable (``SET TRANSACTION
+    SNAPSHOT``) until the returned object is closed, which also drops a temporary slot.
+    """
+    try:
+        repl = psycopg.connect(dsn, autocommit=True, replication="database", options=SESSION_OPTIONS)
+    except psycopg.OperationalError as exc:
+        raise SourceError(
+            f"cannot open a replication connection to {redact(dsn)}: {str(exc).strip()}",
+            hint="the loader's role needs the REPLICATION attribute and a pg_hba.conf 'replication' entry",
+        ) from exc
+    kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+    try:
+        # Replication commands take no bind parameters; the slot name is validated below.
+        if not _SLOT_NAME_RE.match(slot):
+            raise SourceError(f"invalid replication slot name {slot!r}", hint="use lower-case letters, digits and _")
+        row = repl.execute(f"CREATE_REPLICATION_SLOT {slot} {kind} wal2json EXPORT_SNAPSHOT").fetchone()
+    except psycopg.errors.DuplicateObject as exc:
+        repl.close()
+        raise SourceError(f"replication slot {slot!r} already exists") from exc
+    except psycopg.Error as exc:
+        repl.close()
+        raise SourceError(
+            f"cannot create replication slot {slot!r}: {str(exc).strip()}",
+            hint="the source needs wal_level=logical, free max_replication_slots and wal2json installed",
+        ) from exc
+    except BaseException:
+        repl.close()
+        raise
+    assert row is not None
+    return ExportedSnapshot(repl, slot, parse_lsn(row[1]), row[2])
+
+
+_SLOT_NAME_RE = __import__("re").compile(r"^[a-z0-9_]{1,63}$")
+
+
+@dataclass
+class ExportedSnapshot:
+    """A slot's consistent point and the snapshot exported with it (valid while open)."""
+
+    connection: psycopg.Connection
+    slot: str
+    consistent_lsn: int
+    snapshot_name: str
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> "ExportedSnapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def capture_lock(conn: psycopg.Connection, slot: str) -> None:
+    """Take the session-level advisory lock that makes one loader process own ``slot``.
+
+    SQL-level decoding marks the slot active only during each call, so two capture or snapshot
+    processes could interleave; this lock serialises them for the connection's lifetime.
+    """
+    key = _lock_key(conn, slot)
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+    if row and row[0]:
+        return
+    holder = conn.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+        " AND classid = ((%s::bigint >> 32) & 4294967295)::oid AND objid = (%s::bigint & 4294967295)::oid",
+        (key, key),
+    ).fetchone()
+    raise SlotBusyError(
+        f"replication slot {slot!r} is held by another loader process (pid {holder[0] if holder else '?'})",
+        hint="another capture or snapshot is running; wait for it or stop that process",
+    )
+
+
+def release_capture_lock(conn: psycopg.Connection, slot: str) -> None:
+    conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(conn, slot),))
+
+
+def _lock_key(conn: psycopg.Connection, slot: str) -> int:
+    row = conn.execute("SELECT hashtextextended(%s, 0)", (f"lakehouse-loader:{slot}",)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def plugin_supports(conn: psycopg.Connection, slot: str, option: str, value: str = "1") -> bool:
+    """Whether the slot's wal2json accepts ``option`` (checked by its startup callback, no data read)."""
+    try:
+        with conn.transaction():
+            conn.execute(
+                "SELECT count(*) FROM pg_logical_slot_peek_changes(%s, '0/1'::pg_lsn, NULL, %s, %s)",
+                (slot, option, value),
+            )
+        return True
+    except psycopg.errors.InvalidParameterValue:
+        return False
+
+
 def advance_slot(conn: psycopg.Connection, slot: str, lsn: int) -> None:
     """Confirm everything up to ``lsn``; call only once those changes are durable."""
     try:

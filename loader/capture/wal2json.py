@@ -27,6 +27,11 @@ WAL2JSON_OPTIONS: tuple[str, ...] = (
     "include-transaction", "1",
 )
 
+# wal2json >= 2.6 can print numbers as JSON strings, which keeps numeric/float NaN and +-Infinity
+# (older versions print them as JSON null, indistinguishable from SQL NULL). Capture passes it
+# when the installed wal2json accepts it; see README "Known limitations".
+NUMERIC_AS_STRING_OPTION: tuple[str, str] = ("numeric-data-types-as-string", "1")
+
 
 def parse_json_exact(text: str) -> Any:
     """json.loads that keeps numbers as their source text and NaN/Infinity as text."""
@@ -47,10 +52,20 @@ def value_text(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def column_text(pg_type: str, value: Any) -> str | None:
+    """A wal2json value of a column of ``pg_type`` -> exactly PostgreSQL's ``::text`` form."""
+    text = value_text(value)
+    # wal2json prints a bytea as bare hex; PostgreSQL's text form (bytea_output=hex) starts with \x.
+    if text is not None and pg_type == "bytea" and not text.startswith("\\x"):
+        return "\\x" + text
+    return text
+
+
 def _columns(items: Iterable[dict[str, Any]] | None, with_values: bool = True) -> list[Column]:
     out = []
     for c in items or ():
-        out.append(Column(c["name"], c.get("type", ""), value_text(c.get("value")) if with_values else None))
+        typ = c.get("type", "")
+        out.append(Column(c["name"], typ, column_text(typ, c.get("value")) if with_values else None))
     return out
 
 

@@ -1,0 +1,297 @@
+"""Consistent snapshot of tables that already hold data, landed as read ('R') changes.
+
+How it stays consistent with the stream:
+- First snapshot (no slot yet): the slot is created over a replication connection with
+  ``EXPORT_SNAPSHOT``. That snapshot sees exactly the transactions committed before the slot's
+  consistent point ``cp``; the slot decodes every later commit.
+- Tables added later (slot exists): a TEMPORARY slot is created the same way, which gives a new
+  ``cp`` and its exported snapshot; capture first lands every change the main slot holds that
+  committed before ``cp``, then the snapshot is landed, then streaming continues from ``cp``.
+- Rows are landed at position ``(cp - 1, 1..N)``: after every landed change (all committed before
+  ``cp``) and before every change committed at or after ``cp`` (a commit record cannot start
+  inside the WAL record that ends at ``cp``). A final commit marker closes the snapshot, so the
+  history load takes it whole, like one transaction.
+
+Chunked and resumable: the rows are read in key order through a server-side cursor and landed in
+files of ``source.snapshot_chunk_rows`` rows (files never mix tables). A state object in the
+landing area (``snapshot.state.json``) marks the snapshot unfinished; capture refuses to stream
+until it is done. After a crash, ``loader backfill snapshot`` resumes after the last landed key
+of a keyed table. The exported snapshot died with the crash, so the remaining rows are read from
+a fresh snapshot: they may already contain changes committed after ``cp``; the stream replays
+those changes after them, and since every change is a whole-row upsert or delete by key, the
+current tables converge to the same state (``state.exact`` turns false and the summary says so).
+A keyless table cannot be resumed by key: its files are removed (they were never loadable, the
+snapshot having no commit yet) and the table is read again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from loader.capture import slot as slots
+from loader.capture.capture import SNAPSHOT_STATE, Capture, TableFilter
+from loader.capture.landing import LandingFile, LandingStore, LandingWriter, open_landing
+from loader.capture.records import COMMIT, ChangeRecord, Column
+from loader.capture.source_tables import column_types, list_tables, table_info
+from loader.config import LoaderSettings
+from loader.errors import ConfigError, LandingError
+from loader.lsn import ChangePosition, format_lsn
+
+
+@dataclass
+class SnapshotResult:
+    tables: list[str] = field(default_factory=list)
+    rows: int = 0
+    files: list[str] = field(default_factory=list)
+    consistent_lsn: int | None = None
+    slot_created: bool = False
+    resumed: bool = False
+    exact: bool = True
+    streamed_before: int = 0  # changes the main slot landed first (tables added later)
+
+    def summary(self) -> str:
+        lsn = format_lsn(self.consistent_lsn) if self.consistent_lsn is not None else "-"
+        text = (
+            f"snapshot of {len(self.tables)} tables at consistent point {lsn}: {self.rows} rows in "
+            f"{len(self.files)} landing files"
+            + (" (slot created)" if self.slot_created else "")
+            + (f"; {self.streamed_before} streamed changes landed first" if self.streamed_before else "")
+        )
+        if self.resumed:
+            text += "; resumed after an interruption" + (
+                "" if self.exact else " (rows after the resume point read from a newer snapshot; the stream reconciles them)"
+            )
+        return text
+
+
+class Snapshot:
+    """Land a consistent snapshot of the selected tables for the configured slot."""
+
+    def __init__(
+        self,
+        settings: LoaderSettings,
+        store: LandingStore | None = None,
+        *,
+        tables: list[str] | None = None,
+        on_published: Callable[[str], None] | None = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store or open_landing(settings)
+        self.requested = tables
+        self.on_published = on_published
+        self.chunk_rows = chunk_rows or settings.source.snapshot_chunk_rows
+        self.filter = TableFilter(settings.source.include, settings.source.exclude)
+
+    # --- entry point ---------------------------------------------------------------------
+    def run(self) -> SnapshotResult:
+        src = self.settings.source
+        result = SnapshotResult()
+        with slots.connect(src.dsn) as conn:
+            slots.check_wal_level(conn)
+            slots.capture_lock(conn, src.slot)
+            state = self.store.read_state(SNAPSHOT_STATE)
+            if state is not None and not state.get("done"):
+                return self._resume(state, result)
+            tables = self._select_tables(conn)
+            if slots.slot_info(conn, src.slot) is None:
+                if self.store.files():
+                    slots.require_slot(conn, src.slot)  # landed data but no slot: refuse, with the fix
+                exported = slots.create_slot_exporting_snapshot(src.dsn, src.slot)
+                result.slot_created = True
+            else:
+                slots.require_slot(conn, src.slot)
+                temp = f"{src.slot[:40]}_snap_{os.getpid()}"
+                exported = slots.create_slot_exporting_snapshot(src.dsn, temp, temporary=True)
+                try:
+                    streamed = Capture(self.settings, self.store, on_published=self.on_published).run(
+                        create_slot=False, upto_lsn=exported.consistent_lsn, locked=True
+                    )
+                except BaseException:
+                    exported.close()
+                    raise
+                result.streamed_before = streamed.changes
+                result.files += streamed.files
+            with exported, slots.connect(src.dsn) as reader:
+                reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported.snapshot_name)))
+                exported.close()  # the importing transaction holds the snapshot now; drops a temporary slot
+                row = reader.execute("SELECT now()::text").fetchone()
+                assert row is not None
+                cp = exported.consistent_lsn
+                landed = self.store.landed_position()
+                if landed is not None and landed >= ChangePosition(cp - 1, 1):
+                    raise LandingError(
+                        f"landing area {self.store.url} already holds changes at or after the snapshot point {format_lsn(cp)}",
+                        hint="another capture ran concurrently; re-run 'loader backfill snapshot'",
+                    )
+                state = {
+                    "slot": src.slot,
+                    "consistent_lsn": format_lsn(cp),
+                    "position_lsn": cp - 1,
+                    "tables": tables,
+                    "ts": row[0],
+                    "exact": True,
+                    "done": False,
+                }
+                self.store.write_state(SNAPSHOT_STATE, state)
+                result.consistent_lsn = cp
+                result.tables = tables
+                self._copy(reader, state, tables, seq=0, after_key=None, result=result)
+                reader.execute("COMMIT")
+        return result
+
+    # --- pieces --------------------------------------------------------------------------
+    def _select_tables(self, conn: psycopg.Connection) -> list[str]:
+        available = [t.qualified for t in list_tables(conn)]
+        if self.requested:
+            missing = [t for t in self.requested if t not in available]
+            if missing:
+                raise ConfigError(
+                    f"cannot snapshot {', '.join(missing)}: no such table in the source",
+                    hint="name tables as schema.table",
+                )
+            refused = [t for t in self.requested if not self.filter(t)]
+            if refused:
+                raise ConfigError(
+                    f"cannot snapshot {', '.join(refused)}: excluded by source.include/exclude, so capture would drop its changes",
+                    hint="adjust LOADER_SOURCE__INCLUDE / LOADER_SOURCE__EXCLUDE first",
+                )
+            return list(self.requested)
+        return [t for t in available if self.filter(t)]
+
+    def _copy(
+        self,
+        reader: psycopg.Connection,
+        state: dict[str, Any],
+        tables: list[str],
+        seq: int,
+        after_key: list[str | None] | None,
+        result: SnapshotResult,
+    ) -> None:
+        pos = int(state["position_lsn"])
+        cp = pos + 1
+        writer = LandingWriter(self.store, self.chunk_rows)
+        try:
+            for i, qualified in enumerate(tables):
+                schema, _, name = qualified.partition(".")
+                info = table_info(reader, schema, name)
+                if info is None:
+                    continue  # dropped since the snapshot was planned
+                cols = column_types(reader, schema, name)
+                key = info.key
+                types = dict(cols)
+                # Output columns are aliased so ORDER BY / WHERE see the typed columns, not their text.
+                select = sql.SQL(", ").join(
+                    sql.SQL("_t.{}::text AS {}").format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
+                    for j, (c, _) in enumerate(cols)
+                )
+                query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(select, sql.Identifier(schema), sql.Identifier(name))
+                params: list[Any] = []
+                if key:
+                    if after_key is not None and i == 0:
+                        lhs = sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
+                        rhs = sql.SQL(", ").join(
+                            sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(types[k])) for k in key
+                        )
+                        query += sql.SQL(" WHERE ({}) > ({})").format(lhs, rhs)
+                        params = list(after_key)
+                    query += sql.SQL(" ORDER BY {}").format(
+                        sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
+                    )
+                with reader.cursor(name=f"loader_snapshot_{i}") as cur:
+                    cur.itersize = self.settings.source.fetch_size
+                    cur.execute(query, params or None)
+                    for values in cur:
+                        seq += 1
+                        writer.write(
+                            ChangeRecord(
+                                op="R",
+                                commit_lsn=pos,
+                                seq=seq,
+                                xid=0,
+                                ts=state["ts"],
+                                schema=schema,
+                                table=name,
+                                change_lsn=cp,
+                                columns=[Column(c, t, v) for (c, t), v in zip(cols, values)],
+                                pk=list(key),
+                            )
+                        )
+                        result.rows += 1
+                        self._drain(writer, result)
+                if i < len(tables) - 1:
+                    writer.close_file()  # files never mix tables, so a keyless table restarts cleanly
+                    self._drain(writer, result)
+            writer.write(ChangeRecord(op=COMMIT, commit_lsn=pos, seq=seq + 1, xid=0, ts=state["ts"]))
+            writer.close_file()
+            self._drain(writer, result)
+        except BaseException:
+            writer.abort()
+            raise
+        self.store.write_state(SNAPSHOT_STATE, {**state, "done": True, "rows": seq})
+
+    def _resume(self, state: dict[str, Any], result: SnapshotResult) -> SnapshotResult:
+        pos = int(state["position_lsn"])
+        tables: list[str] = list(state["tables"])
+        result.resumed = True
+        result.consistent_lsn = pos + 1
+        result.tables = tables
+        mine = [f for f in self.store.files() if f.first.commit_lsn == pos]
+        if any(f.complete for f in mine):  # crashed after the last file, before the state update
+            self.store.write_state(SNAPSHOT_STATE, {**state, "done": True})
+            return result
+        after_key: list[str | None] | None = None
+        start = 0
+        seq = 0
+        with slots.connect(self.settings.source.dsn) as reader:
+            if mine:
+                last = self._last_record(mine[-1])
+                start = tables.index(f"{last.schema}.{last.table}")
+                info = table_info(reader, last.schema, last.table)
+                key = info.key if info is not None else []
+                if key:
+                    values = {c.name: c.value for c in last.columns}
+                    after_key = [values[k] for k in key]
+                    seq = last.seq
+                else:
+                    seq = self._drop_table_files(mine, last.schema, last.table)
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            state = {**state, "exact": False}
+            result.exact = False
+            self.store.write_state(SNAPSHOT_STATE, state)
+            self._copy(reader, state, tables[start:], seq=seq, after_key=after_key, result=result)
+            reader.execute("COMMIT")
+        return result
+
+    def _last_record(self, f: LandingFile) -> ChangeRecord:
+        last: ChangeRecord | None = None
+        for rec in self.store.read_records(f.name):
+            last = rec
+        if last is None or last.op == COMMIT:
+            raise LandingError(f"snapshot landing file {self.store.url}/{f.name} is empty", hint="delete it and re-run")
+        return last
+
+    def _drop_table_files(self, mine: list[LandingFile], schema: str, table: str) -> int:
+        """Remove the (never loadable) files of an interrupted keyless table; returns the seq before them."""
+        keep_seq = 0
+        for f in reversed(mine):
+            first = next(iter(self.store.read_records(f.name)))
+            if (first.schema, first.table) != (schema, table):
+                keep_seq = f.last.seq
+                break
+            self.store.delete(f.name)
+        return keep_seq
+
+    def _drain(self, writer: LandingWriter, result: SnapshotResult) -> None:
+        while writer.published:
+            name = writer.published.pop(0)
+            result.files.append(name)
+            if self.on_published is not None:
+                self.on_published(name)
