@@ -201,14 +201,16 @@ class Capture:
                 self.on_published(name)
 
     def _complete_key(self, rec: ChangeRecord, result: CaptureResult) -> None:
-        """Give changes of a table keyed by a replica identity index that key (wal2json sends none)."""
-        if rec.pk or rec.op == "T":
+        """Give changes of a table keyed by a replica identity index that key (wal2json sends none),
+        and note tables whose changes cannot build a current table."""
+        if rec.op == "T":
             return
         keys = getattr(self, "keys", None)
         info = keys.info(rec.schema, rec.table) if keys is not None else None
         if info is None:
             return
-        rec.pk = list(info.key)
+        if not rec.pk:
+            rec.pk = list(info.key)
         if not info.key or not info.updates_deletes_captured:
             result.limited_tables.setdefault(rec.qualified_table, info.downstream)
 

@@ -187,10 +187,14 @@ class Snapshot:
                 cols = column_types(reader, schema, name)
                 key = info.key
                 types = dict(cols)
-                # Output columns are aliased so ORDER BY / WHERE see the typed columns, not their text.
+                # wal2json prints each value with its type's output function (booleans as true/false).
+                # format('%s') calls that output function; ::text can differ (char(n) trims its padding,
+                # inet adds /32). Output columns are aliased so ORDER BY / WHERE see the typed columns.
                 select = sql.SQL(", ").join(
-                    sql.SQL("_t.{}::text AS {}").format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
-                    for j, (c, _) in enumerate(cols)
+                    sql.SQL(
+                        "_t.{0}::text AS {1}" if t == "boolean" else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
+                    ).format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
+                    for j, (c, t) in enumerate(cols)
                 )
                 query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(select, sql.Identifier(schema), sql.Identifier(name))
                 params: list[Any] = []

@@ -1,0 +1,548 @@
+"""Capture against the real PostgreSQL + wal2json, without Spark: what lands, exactly.
+
+Each test gets a fresh source database, a slot name and a landing directory (``src`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from loader.capture import slot as slots
+from loader.capture.capture import Capture
+from loader.capture.landing import LandingStore, LocalLandingStore, open_landing
+from loader.capture.records import COMMIT, ChangeRecord
+from loader.capture.source_tables import list_tables
+from loader.config import LoaderSettings
+from loader.errors import LandingError, SlotBusyError, SlotMissingError
+from loader.lsn import ChangePosition
+from tests.conftest import TEST_PG, _create_db
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "landing-change.v1.json"
+
+
+@dataclass
+class Src:
+    settings: LoaderSettings
+    conn: psycopg.Connection
+    tmp: Path
+
+    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+    def capture(self, **kwargs: Any) -> Any:
+        return Capture(self.settings, **kwargs).run()
+
+    @property
+    def store(self) -> LandingStore:
+        return open_landing(self.settings)
+
+    def records(self, store: LandingStore | None = None) -> list[ChangeRecord]:
+        st = store or self.store
+        return [r for f in st.files() for r in st.read_records(f.name)]
+
+    def changes(self, table: str | None = None) -> list[ChangeRecord]:
+        return [r for r in self.records() if r.op != COMMIT and (table is None or r.table == table)]
+
+    def with_slot(self, slot: str, landing: Path) -> LoaderSettings:
+        return self.settings.model_copy(
+            update={
+                "source": self.settings.source.model_copy(update={"slot": slot}),
+                "landing": self.settings.landing.model_copy(update={"url": landing.as_uri()}),
+            }
+        )
+
+
+@pytest.fixture
+def src(pg_admin: str, tmp_path: Path) -> Iterator[Src]:
+    uid = uuid.uuid4().hex[:8]
+    db = f"cap_{uid}"
+    _create_db(pg_admin, db)
+    settings = LoaderSettings(
+        source={"dsn": f"{TEST_PG}/{db}", "slot": f"cap_{uid}", "max_changes_per_file": 50},
+        landing={"url": (tmp_path / "landing").as_uri()},
+    )
+    conn = psycopg.connect(settings.source.dsn, autocommit=True, options=slots.SESSION_OPTIONS)
+    try:
+        yield Src(settings, conn, tmp_path)
+    finally:
+        conn.close()
+        with psycopg.connect(pg_admin, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE %s AND NOT active",
+                (f"%{uid}%",),
+            )
+            admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(db)))
+
+
+def values(rec: ChangeRecord) -> dict[str, str | None]:
+    return {c.name: c.value for c in rec.columns}
+
+
+# --- slot lifecycle ----------------------------------------------------------------------------
+
+def test_slot_missing_after_data_landed_is_refused(src: Src) -> None:
+    src.sql("CREATE TABLE t (id int primary key)")
+    src.capture()  # creates the slot
+    src.sql("INSERT INTO t VALUES (1)")
+    src.capture()
+    with slots.connect(src.settings.source.dsn) as conn:
+        slots.drop_slot(conn, src.settings.source.slot)
+    with pytest.raises(SlotMissingError) as err:
+        src.capture()
+    assert src.settings.source.slot in str(err.value) and "backfill" in err.value.hint
+    with pytest.raises(SlotMissingError):
+        Capture(src.settings).run(create_slot=False)
+
+
+def test_slot_held_by_another_process_is_refused(src: Src) -> None:
+    src.sql("CREATE TABLE t (id int primary key)")
+    src.capture()
+    # A second loader process: the advisory capture lock names its pid.
+    other = slots.connect(src.settings.source.dsn)
+    try:
+        slots.capture_lock(other, src.settings.source.slot)
+        pid = other.info.backend_pid
+        with pytest.raises(SlotBusyError) as err:
+            src.capture()
+        assert str(pid) in str(err.value)
+    finally:
+        other.close()
+    # A foreign consumer streaming from the slot: PostgreSQL's active_pid.
+    recv = shutil.which("pg_recvlogical") or "/usr/lib/postgresql/15/bin/pg_recvlogical"
+    proc = subprocess.Popen(
+        [recv, "-d", src.settings.source.dsn, "--slot", src.settings.source.slot, "--start", "-f", "/dev/null"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with slots.connect(src.settings.source.dsn) as conn:
+            for _ in range(100):
+                info = slots.slot_info(conn, src.settings.source.slot)
+                if info is not None and info.active_pid:
+                    break
+                conn.execute("SELECT pg_sleep(0.05)")
+        assert info is not None and info.active_pid
+        with pytest.raises(SlotBusyError) as err:
+            src.capture()
+        assert str(info.active_pid) in str(err.value)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_slot_info_reports_retained_wal_and_lag(src: Src) -> None:
+    src.sql("CREATE TABLE t (id int primary key, v text)")
+    res = src.capture()
+    assert res.slot_created
+    src.sql("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 2000) g")
+    with slots.connect(src.settings.source.dsn) as conn:
+        behind = slots.slot_info(conn, src.settings.source.slot)
+    assert behind is not None and behind.lag_bytes > 100_000 and behind.retained_wal_bytes >= behind.lag_bytes
+    res = src.capture()
+    assert res.changes == 2000
+    assert res.lag_bytes < behind.lag_bytes
+    assert "retained WAL" in res.summary() and "lag" in res.summary()
+
+
+# --- ordering key ------------------------------------------------------------------------------
+
+def test_positions_are_unique_and_in_commit_order_across_split_transactions(src: Src) -> None:
+    src.sql("CREATE TABLE a (id int primary key, v int)")
+    src.sql("CREATE TABLE b (id int primary key, v int)")
+    src.capture()
+    # Two interleaved transactions: b's commits first although a started first.
+    a = psycopg.connect(src.settings.source.dsn, autocommit=False)
+    a.execute("INSERT INTO a SELECT g, 0 FROM generate_series(1, 120) g")
+    src.sql("INSERT INTO b SELECT g, 1 FROM generate_series(1, 30) g")
+    a.execute("INSERT INTO b VALUES (1000, 2)")
+    a.commit()
+    a.close()
+    src.capture()
+    files = src.store.files()
+    assert any(not f.complete for f in files), "the 121-change transaction must be split (max 50 per file)"
+    recs = src.records()
+    positions = [r.position for r in recs]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    first_b = next(i for i, r in enumerate(recs) if r.table == "b")
+    first_a = next(i for i, r in enumerate(recs) if r.table == "a")
+    assert first_b < first_a, "commit order, not start order"
+    # The transaction boundary survives the split: one commit marker per transaction.
+    assert sum(1 for r in recs if r.op == COMMIT) == 2
+    for f in files:
+        file_recs = list(src.store.read_records(f.name))
+        assert (file_recs[0].position, file_recs[-1].position) == (f.first, f.last)
+        assert f.complete == (file_recs[-1].op == COMMIT)
+
+
+# --- types --------------------------------------------------------------------------------------
+
+TYPE_CASES: list[tuple[str, str, list[str]]] = [
+    ("n", "numeric", ["12345678901234567890123456789.123456789012345678901234567890", "-0.000000000000000000000000000001", "NaN", "Infinity", "-Infinity"]),
+    ("n50", "numeric(50,20)", ["123456789012345678901234567890.12345678901234567890"]),
+    ("f8", "double precision", ["1e-300", "-0", "1.7976931348623157e308", "NaN", "Infinity", "-Infinity"]),
+    ("f4", "real", ["3.4028235e38", "0.1"]),
+    ("ts", "timestamptz", ["2024-02-29 23:59:59.123456+05:30", "infinity", "-infinity", "4713-01-01 00:00:00+00 BC"]),
+    ("tsn", "timestamp", ["0001-01-01 00:00:00 BC", "294276-12-31 23:59:59.999999", "2000-01-01 00:00:00"]),
+    ("d", "date", ["infinity", "-infinity", "4713-01-01 BC", "5874897-12-31", "2024-02-29"]),
+    ("tm", "time", ["24:00:00", "00:00:00.000001"]),
+    ("tz", "timetz", ["12:00+03"]),
+    ("iv", "interval", ["1 year 2 mons -3 days 04:05:06.789", "-178000000 years", "00:00:00"]),
+    ("u", "uuid", ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]),
+    ("j", "json", ['{"a": [1, 2.50],  "b": "\\u00e9", "a": null}']),
+    ("jb", "jsonb", ['{"b": 1e400, "z": [true, null, "x"]}', '"scalar"']),
+    ("by", "bytea", ["\\x00ff10", "\\x"]),
+    ("ai", "integer[]", ["{1,NULL,3}", "{{1,2},{3,4}}", "{}"]),
+    ("at", "text[]", ['{"a b","c\\"d",NULL,"NULL",""}']),
+    ("e", "mood", ["ok", "sad"]),
+    ("dm", "posint", ["5"]),
+    ("m", "money", ["$1,234.56", "-$0.01"]),
+    ("ip", "inet", ["192.168.0.1/24", "::1"]),
+    ("cd", "cidr", ["10.0.0.0/8"]),
+    ("bo", "boolean", ["true", "false"]),
+    ("vc", "varchar(10)", ["abc"]),
+    ("ch", "char(5)", ["ab"]),
+    (
+        "tx",
+        "text",
+        [
+            "tab\there\nnewline \"quote\" back\\slash \u0001 ctl",
+            # BMP, SMP (emoji), SIP (CJK ext B), TIP, SSP (tag), both private-use planes.
+            "é中\U0001F600\U00020000\U00030000\U000E0001\U000F0000\U0010FFFD",
+        ],
+    ),
+]
+SPECIAL_FLOATS = {"NaN", "Infinity", "-Infinity"}
+
+
+def create_type_table(s: Src, name: str = "typed") -> int:
+    s.sql("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+    s.sql("CREATE DOMAIN posint AS integer CHECK (VALUE > 0)")
+    cols = ", ".join(f"{c} {t}" for c, t, _ in TYPE_CASES)
+    s.sql(f"CREATE TABLE {name} (id int primary key, {cols})")
+    rows = max(len(v) for _, _, v in TYPE_CASES)
+    for i in range(rows):
+        names = [c for c, _, v in TYPE_CASES if i < len(v)]
+        vals = [v[i] for _, _, v in TYPE_CASES if i < len(v)]
+        s.sql(
+            f"INSERT INTO {name} (id, {', '.join(names)}) VALUES (%s, {', '.join('%s' for _ in vals)})",
+            [i, *vals],
+        )
+    s.sql(f"INSERT INTO {name} (id) VALUES ({rows})")  # every column NULL
+    return rows + 1
+
+
+def source_text(s: Src, table: str) -> dict[int, dict[str, str | None]]:
+    """What PostgreSQL prints for each value (its output function, as psql shows it; booleans true/false).
+
+    Note ``::text`` differs for two types: char(n) loses its padding, inet gains a /32 or /128.
+    """
+    cols = ", ".join(
+        f"{c}::text" if t == "boolean" else f"CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END"
+        for c, t, _ in TYPE_CASES
+    )
+    names = [c for c, _, _ in TYPE_CASES]
+    return {r[0]: dict(zip(names, r[1:])) for r in s.sql(f"SELECT id, {cols} FROM {table}")}
+
+
+def test_every_type_lands_as_postgres_text(src: Src) -> None:
+    src.sql("SELECT 1")
+    src.capture()  # slot first, so the inserts are streamed
+    n = create_type_table(src)
+    res = src.capture()
+    expected = source_text(src, "typed")
+    landed = {int(values(r)["id"] or -1): r for r in src.changes("typed")}
+    assert set(landed) == set(range(n))
+    for i, rec in landed.items():
+        got = values(rec)
+        types = {c.name: c.type for c in rec.columns}
+        for col, pg_type, _ in TYPE_CASES:
+            want = expected[i][col]
+            if want in SPECIAL_FLOATS and not res.numeric_special_values:
+                # Known limitation of wal2json < 2.6: numeric/float NaN and +-Infinity are printed as
+                # JSON null. The snapshot path (next test) keeps them; see README.
+                assert got[col] is None, (col, got[col])
+                continue
+            assert got[col] == want, f"row {i} column {col} ({types[col]}): landed {got[col]!r}, source {want!r}"
+        assert types["e"] == "mood" and types["dm"] == "posint" and types["n50"] == "numeric(50,20)"
+
+
+def test_snapshot_keeps_every_type_including_nan(src: Src) -> None:
+    from loader.capture.snapshot import Snapshot
+
+    create_type_table(src)
+    Snapshot(src.settings).run()
+    expected = source_text(src, "typed")
+    reads = src.changes("typed")
+    assert {r.op for r in reads} == {"R"}
+    for rec in reads:
+        got = values(rec)
+        i = int(got["id"] or -1)
+        for col, _, _ in TYPE_CASES:
+            assert got[col] == expected[i][col], (i, col)
+    # Snapshot rows are typed exactly like streamed rows of the same table.
+    src.sql("INSERT INTO typed (id) VALUES (1000)")
+    src.capture()
+    streamed = next(r for r in src.changes("typed") if r.op == "I")
+    assert [(c.name, c.type) for c in streamed.columns] == [(c.name, c.type) for c in reads[0].columns]
+
+
+def test_null_is_distinct_from_unchanged_toast(src: Src) -> None:
+    src.sql("CREATE TABLE doc (id int primary key, body text, n int)")
+    src.capture()
+    src.sql("INSERT INTO doc SELECT 1, string_agg(md5(g::text), ''), 0 FROM generate_series(1, 800) g")
+    src.sql("UPDATE doc SET n = 1")  # body unchanged and TOASTed: wal2json omits it
+    src.sql("UPDATE doc SET body = NULL, n = 2")  # body present, NULL
+    src.capture()
+    ins, upd1, upd2 = src.changes("doc")
+    assert len(values(ins)["body"] or "") == 800 * 32
+    assert "body" not in values(upd1) and values(upd1)["n"] == "1"
+    assert "body" in values(upd2) and values(upd2)["body"] is None
+
+
+# --- keyless tables -----------------------------------------------------------------------------
+
+def test_replica_identity_modes_are_captured_and_reported(src: Src) -> None:
+    src.sql("CREATE TABLE k_default (a int NOT NULL, b text)")
+    src.sql("CREATE TABLE k_full (a int NOT NULL, b text)")
+    src.sql("ALTER TABLE k_full REPLICA IDENTITY FULL")
+    src.sql("CREATE TABLE k_nothing (a int NOT NULL, b text)")
+    src.sql("ALTER TABLE k_nothing REPLICA IDENTITY NOTHING")
+    src.sql("CREATE TABLE k_index (a int NOT NULL, b text)")
+    src.sql("CREATE UNIQUE INDEX k_index_a ON k_index (a)")
+    src.sql("ALTER TABLE k_index REPLICA IDENTITY USING INDEX k_index_a")
+    src.sql("CREATE TABLE pk_nothing (a int PRIMARY KEY, b text)")
+    src.sql("ALTER TABLE pk_nothing REPLICA IDENTITY NOTHING")
+    tables = ["k_default", "k_full", "k_nothing", "k_index", "pk_nothing"]
+    src.capture()
+    for t in tables:
+        src.sql(f"INSERT INTO {t} VALUES (1, 'x'), (2, 'x')")
+        src.sql(f"UPDATE {t} SET b = 'y' WHERE a = 1")
+        src.sql(f"DELETE FROM {t} WHERE a = 2")
+    res = src.capture()
+    ops = {t: [r.op for r in src.changes(t)] for t in tables}
+    # What wal2json 2.5 decodes (verified): no identity -> updates and deletes are not decoded.
+    assert ops["k_default"] == ["I", "I"]
+    assert ops["k_nothing"] == ["I", "I"]
+    assert ops["pk_nothing"] == ["I", "I"]
+    assert ops["k_full"] == ["I", "I", "U", "D"]
+    assert ops["k_index"] == ["I", "I", "U", "D"]
+    full_upd = next(r for r in src.changes("k_full") if r.op == "U")
+    assert {c.name: c.value for c in full_upd.identity} == {"a": "1", "b": "x"}  # the whole old row
+    idx = src.changes("k_index")
+    assert all(r.pk == ["a"] for r in idx), "USING INDEX identity gives the table a key downstream"
+    assert {c.name: c.value for c in idx[3].identity} == {"a": "2"}
+    assert all(r.pk == [] for r in src.changes("k_full"))
+    # Reported: in the capture summary and in the table listing.
+    assert set(res.limited_tables) == {"public.k_default", "public.k_full", "public.k_nothing", "public.pk_nothing"}
+    assert "inserts only" in res.limited_tables["public.k_default"]
+    assert "history only" in res.limited_tables["public.k_full"]
+    with slots.connect(src.settings.source.dsn) as conn:
+        listing = {t.table: t for t in list_tables(conn)}
+    assert listing["k_index"].key == ["a"] and listing["k_index"].downstream.startswith("current + history")
+    assert not listing["pk_nothing"].updates_deletes_captured
+    assert listing["k_full"].updates_deletes_captured and not listing["k_full"].key
+
+
+# --- schema changes -----------------------------------------------------------------------------
+
+def test_schema_changes_land_with_the_schema_they_were_written_under(src: Src) -> None:
+    src.sql("CREATE TABLE acct (id int primary key, amount int, note text)")
+    src.capture()
+    src.sql("INSERT INTO acct VALUES (1, 10, 'a')")
+    src.sql("ALTER TABLE acct ADD COLUMN flag boolean")  # no default
+    src.sql("INSERT INTO acct VALUES (2, 20, 'b', true)")
+    src.sql("ALTER TABLE acct ADD COLUMN region text NOT NULL DEFAULT 'eu'")  # with default
+    src.sql("UPDATE acct SET amount = 11 WHERE id = 1")
+    src.sql("ALTER TABLE acct DROP COLUMN note")
+    src.sql("INSERT INTO acct VALUES (3, 30, false, 'us')")
+    src.sql("ALTER TABLE acct ALTER COLUMN amount TYPE numeric(12,2)")
+    src.sql("INSERT INTO acct VALUES (4, 40.5, NULL, 'us')")
+    src.sql("ALTER TABLE acct ALTER COLUMN amount TYPE text")
+    src.sql("UPDATE acct SET amount = 'lots' WHERE id = 4")
+    src.capture()
+    shapes = [[(c.name, c.type, c.value) for c in r.columns] for r in src.changes("acct")]
+    assert shapes[0] == [("id", "integer", "1"), ("amount", "integer", "10"), ("note", "text", "a")]
+    assert shapes[1] == [("id", "integer", "2"), ("amount", "integer", "20"), ("note", "text", "b"), ("flag", "boolean", "true")]
+    assert shapes[2] == [
+        ("id", "integer", "1"), ("amount", "integer", "11"), ("note", "text", "a"), ("flag", "boolean", None), ("region", "text", "eu"),
+    ]
+    assert shapes[3] == [("id", "integer", "3"), ("amount", "integer", "30"), ("flag", "boolean", "false"), ("region", "text", "us")]
+    assert shapes[4][1] == ("amount", "numeric(12,2)", "40.50")
+    assert shapes[5][1] == ("amount", "text", "lots")
+
+
+# --- include / exclude, new tables -----------------------------------------------------------
+
+def test_include_exclude_patterns_and_tables_created_later(src: Src) -> None:
+    src.sql("CREATE SCHEMA app")
+    src.sql("CREATE SCHEMA audit")
+    src.sql("CREATE TABLE app.orders (id int primary key)")
+    src.sql("CREATE TABLE app.tmp_scratch (id int primary key)")
+    src.sql("CREATE TABLE audit.log (id int primary key)")
+    settings = src.settings.model_copy(
+        update={"source": src.settings.source.model_copy(update={"include": ["app.*"], "exclude": ["app.tmp_*"]})}
+    )
+    Capture(settings).run()
+    src.sql("INSERT INTO app.orders VALUES (1)")
+    src.sql("INSERT INTO app.tmp_scratch VALUES (1)")
+    src.sql("INSERT INTO audit.log VALUES (1)")
+    src.sql("CREATE TABLE app.invoices (id int primary key)")  # appears after capture started
+    src.sql("INSERT INTO app.invoices VALUES (7)")
+    src.sql("CREATE TABLE app.tmp_other (id int primary key)")
+    src.sql("INSERT INTO app.tmp_other VALUES (1)")
+    res = Capture(settings).run()
+    landed = sorted({r.qualified_table for r in src.changes()})
+    assert landed == ["app.invoices", "app.orders"]
+    assert res.transactions == 2, "transactions touching only excluded tables land nothing"
+
+
+# --- crash safety ------------------------------------------------------------------------------
+
+class Crash(Exception):
+    pass
+
+
+def landing_snapshot(path: Path) -> dict[str, bytes]:
+    import gzip
+
+    return {p.name: gzip.decompress(p.read_bytes()) for p in sorted(path.iterdir()) if p.name.endswith(".gz")}
+
+
+def test_killed_capture_rerun_yields_the_same_landing_files(src: Src) -> None:
+    from loader.workload import BankWorkload
+
+    wl = BankWorkload(src.settings.source.dsn, seed=3)
+    wl.create_schema()
+    # A reference slot and the slot under test, created at the same WAL position.
+    ref = src.with_slot(src.settings.source.slot + "_ref", src.tmp / "ref")
+    Capture(ref).run()
+    Capture(src.settings).run()
+    wl.run(60)
+    Capture(ref).run()
+    reference = landing_snapshot(src.tmp / "ref" / ref.source.slot)
+    assert len(reference) > 3
+    # Crash after every published file in turn (slot not yet advanced), then finish.
+    crashes = 0
+    for k in range(1, len(reference) + 1):
+        count = 0
+
+        def boom(_name: str) -> None:
+            nonlocal count
+            count += 1
+            if count == k:
+                raise Crash()
+
+        try:
+            Capture(src.settings, on_published=boom).run()
+        except Crash:
+            crashes += 1
+        else:
+            break
+    assert crashes >= 2
+    Capture(src.settings).run()
+    got = landing_snapshot(Path(src.store.url.removeprefix("file://")))
+    assert got == reference
+
+
+class FailingStore(LocalLandingStore):
+    """A real local store whose n-th publish fails, like a disk or network error mid-round."""
+
+    def __init__(self, path: Path, fail_at: int) -> None:
+        super().__init__(path)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def publish(self, local_path: Path, name: str) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise LandingError(f"injected failure publishing {name}")
+        super().publish(local_path, name)
+
+
+def test_error_mid_round_then_rerun_lands_each_change_once(src: Src) -> None:
+    src.sql("CREATE TABLE t (id int primary key, v int)")
+    src.capture()
+    for i in range(10):
+        src.sql("INSERT INTO t SELECT g, %s::int FROM generate_series(%s::int, %s::int) g", (i, i * 40, i * 40 + 39))
+    path = Path(src.store.url.removeprefix("file://"))
+    with pytest.raises(LandingError):
+        Capture(src.settings, FailingStore(path, fail_at=4)).run()
+    assert len(list(path.glob("*.gz"))) == 3
+    assert not list(path.glob(".*")), "no torn temp file left behind"
+    Capture(src.settings).run()
+    ids = [int(values(r)["id"] or -1) for r in src.changes("t")]
+    assert sorted(ids) == list(range(400)) and len(ids) == len(set(ids))
+
+
+# --- landing format -----------------------------------------------------------------------------
+
+def test_landing_lines_validate_against_the_published_schema(src: Src) -> None:
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    src.sql("CREATE TABLE t (id int primary key, v text, big text)")
+    src.sql("INSERT INTO t VALUES (0, 'before slot', NULL)")
+    from loader.capture.snapshot import Snapshot
+
+    Snapshot(src.settings).run()
+    src.sql("INSERT INTO t SELECT 1, 'x', string_agg(md5(g::text), '') FROM generate_series(1, 400) g")
+    src.sql("UPDATE t SET v = NULL WHERE id = 1")
+    src.sql("UPDATE t SET id = 2 WHERE id = 1")
+    src.sql("DELETE FROM t")
+    src.sql("TRUNCATE t")
+    src.capture()
+    store = src.store
+    ops = set()
+    for f in store.files():
+        for line in store.read_lines(f.name):
+            doc = json.loads(line)
+            validator.validate(doc)
+            ops.add(doc["op"])
+    assert ops >= {"R", "I", "U", "D", "C"}
+    # And the schema rejects what the loader must never write.
+    bad = {"v": 1, "op": "I", "lsn": 1, "seq": 1, "xid": 1, "ts": "x", "schema": "s", "table": "t", "columns": [["a", "int", 5]], "pk": []}
+    assert not validator.is_valid(bad)
+
+
+def test_s3_landing_uses_multipart_for_large_files(src: Src, s3_server: str) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    bucket = f"land-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    settings = src.settings.model_copy(
+        update={
+            "landing": src.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc", "multipart_threshold_mb": 5}),
+            "s3": src.settings.s3.model_copy(update={"endpoint_url": s3_server}),
+            "source": src.settings.source.model_copy(update={"max_changes_per_file": 100_000}),
+        }
+    )
+    src.sql("CREATE TABLE blob (id int primary key, body text)")
+    Capture(settings).run()
+    # ~12 MB of incompressible text in one transaction -> one landing file above the threshold.
+    src.sql(
+        "INSERT INTO blob SELECT g, (SELECT string_agg(md5(random()::text || g || h), '') FROM generate_series(1, 120) h)"
+        " FROM generate_series(1, 3000) g"
+    )
+    res = Capture(settings).run()
+    assert len(res.files) == 1
+    key = f"cdc/{settings.source.slot}/{res.files[0]}"
+    head = client.head_object(Bucket=bucket, Key=key)
+    assert head["ContentLength"] > 5 * 1024 * 1024
+    assert "-" in head["ETag"], "multipart uploads have an ETag of the form <md5>-<parts>"
+    store = open_landing(settings)
+    assert len([r for r in store.read_records(res.files[0]) if r.op == "I"]) == 3000
+    assert store.landed_position() == ChangePosition(store.files()[-1].last.commit_lsn, 3001)
