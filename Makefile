@@ -10,7 +10,7 @@ DEB_PACKAGES := postgresql-15 postgresql-15-wal2json libpostgresql-jdbc-java lib
 TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=55433
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv demo test test-unit bench pg-start pg-stop clean lint
+.PHONY: help deps venv demo test test-unit bench pg-start pg-stop clean lint s3a-jars
 
 help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
@@ -43,7 +43,7 @@ pg-stop:
 demo: deps venv pg-start
 	$(BIN)/loader demo
 
-test: deps venv
+test: deps venv s3a-jars
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:55433 $(BIN)/pytest $(PYTEST_ARGS)
@@ -55,6 +55,20 @@ bench: deps venv
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:55433 $(BIN)/python -m bench
+
+# S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package; see PLATFORM.md):
+# taken from the PyPI sdist sagemaker-pyspark==1.4.5. Point LOADER_SPARK__EXTRA_JARS at them.
+S3A_JARS_DIR := .state/jars
+S3A_JARS := $(S3A_JARS_DIR)/hadoop-aws-3.3.1.jar $(S3A_JARS_DIR)/aws-java-sdk-bundle-1.11.901.jar
+
+s3a-jars: $(S3A_JARS)
+
+$(S3A_JARS): | venv
+	@set -e; mkdir -p $(S3A_JARS_DIR); tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $$tmp sagemaker-pyspark==1.4.5; \
+	tar -xzf $$tmp/sagemaker_pyspark-1.4.5.tar.gz -C $$tmp --wildcards '*/deps/jars/hadoop-aws-3.3.1.jar' '*/deps/jars/aws-java-sdk-bundle-1.11.901.jar'; \
+	find $$tmp -name '*.jar' -exec mv {} $(S3A_JARS_DIR)/ \;; \
+	ls $(S3A_JARS)
 
 clean:
 	-infra/postgres.sh stop

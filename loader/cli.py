@@ -229,6 +229,27 @@ def backfill() -> None:
     """Re-snapshot a table, replay an LSN range, rebuild current from history."""
 
 
+@backfill.command("rebuild-current")
+@click.option("--table", "table", required=True, help="schema.table whose current table to recompute.")
+@click.option("--upto-lsn", "upto_lsn", default=None, help="Recompute as of this commit LSN (X/Y); default: all loaded.")
+@pass_ctx
+@catch_errors
+def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None) -> None:
+    """Recompute a current table from its history (as of an LSN), in one atomic commit."""
+    from loader.lsn import ChangePosition, parse_lsn
+    from loader.merge.current import CurrentMerge
+
+    upto = None
+    if upto_lsn is not None:
+        try:
+            # Every change of every transaction that committed at or before the LSN.
+            upto = ChangePosition(parse_lsn(upto_lsn), 9_999_999_999)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--upto-lsn") from exc
+    res = CurrentMerge(ctx.spark(), ctx.settings).rebuild(table, upto)
+    click.echo(f"rebuilt {res.table}: {res.keys_changed} keys, merged through {res.merged_through or '-'}")
+
+
 @main.command("spark-conf")
 @pass_ctx
 @catch_errors

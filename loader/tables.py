@@ -38,6 +38,12 @@ PROP_PRIMARY_KEY = "loader.primary-key"
 PROP_PG_TYPES = "loader.pg-types"
 SUMMARY_LOADED_THROUGH = "loader.loaded-through"
 SUMMARY_MERGED_THROUGH = "loader.merged-through"
+# Columns dropped at the source: {column: position token where the drop was first seen}.
+PROP_DROPPED_COLUMNS = "loader.dropped-columns"
+# Smallest change position a history append added (a late file shows up below merged-through).
+SUMMARY_MIN_POSITION = "loader.min-position"
+# The history snapshot a MERGE read its increment from.
+SUMMARY_HISTORY_SNAPSHOT = "loader.history-snapshot-id"
 
 
 @dataclass(frozen=True, order=True)

@@ -20,14 +20,17 @@ from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder
 from loader.load.evolution import plan_evolution
-from loader.load.typemap import quote_ident, spark_type, sql_string, typed_expr
+from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string, typed_expr
+from loader.lsn import ChangePosition
 from loader.tables import (
     HISTORY_METADATA,
     METADATA_NAMES,
+    PROP_DROPPED_COLUMNS,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
     PROP_SOURCE_TABLE,
     SUMMARY_LOADED_THROUGH,
+    SUMMARY_MIN_POSITION,
     SourceTable,
     TableNames,
 )
@@ -63,6 +66,29 @@ class LoadResult:
         )
 
 
+# History tables take many small appends and are read by LSN range and by commit day.
+HISTORY_TABLE_PROPERTIES: dict[str, str] = {
+    "format-version": "2",
+    "write.parquet.compression-codec": "zstd",
+    # Appends are already sorted by (pg_lsn, pg_seq) in each task: no shuffle before writing.
+    "write.distribution-mode": "none",
+    # Commit timestamps are not strictly monotone in LSN order, so one task may revisit a day
+    # partition; the fanout writer keeps one file open per partition instead of failing.
+    "write.spark.fanout.enabled": "true",
+    # Min/max of the ordering columns must always be kept: they are what prunes history files
+    # for the merge's LSN-range increment and for time-ranged audits (metrics are kept only for
+    # the first 100 columns by default, and the metadata columns come after the source ones).
+    "write.metadata.metrics.column.pg_lsn": "full",
+    "write.metadata.metrics.column.pg_seq": "full",
+    "write.metadata.metrics.column.pg_txn_timestamp": "full",
+    # Frequent small commits: merge manifests early, keep metadata files bounded, retry races.
+    "commit.manifest.min-count-to-merge": "50",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+    "commit.retry.num-retries": "10",
+}
+
+
 def ensure_loader_tables(spark: "SparkSession", names: TableNames) -> None:
     for ns in names.namespaces():
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
@@ -86,6 +112,26 @@ def table_exists(spark: "SparkSession", ident: str) -> bool:
         if "TABLE_OR_VIEW_NOT_FOUND" in str(exc) or "not found" in str(exc).lower():
             return False
         raise
+
+
+def absent_columns_sql(pg_types: dict[str, str], dropped: dict[str, ChangePosition]) -> str:
+    """pg_absent_columns: the columns an update did not send because their value is unchanged.
+
+    Not sent but not "unchanged": fixed-length columns (never TOASTed) and columns dropped at or
+    before the change's position; those read NULL.
+    """
+    items = []
+    for name, pg_type in pg_types.items():
+        if never_toasted(pg_type):
+            continue
+        cond = f"NOT array_contains(col_names, {sql_string(name)})"
+        if name in dropped:
+            d = dropped[name]
+            cond += f" AND struct(commit_lsn, seq) < struct(CAST({d.commit_lsn} AS BIGINT) AS commit_lsn, CAST({d.seq} AS BIGINT) AS seq)"
+        items.append(f"IF({cond}, {sql_string(name)}, NULL)")
+    if not items:
+        return "CAST(array() AS ARRAY<STRING>)"
+    return f"IF(op = 'update', array_compact(array({', '.join(items)})), CAST(array() AS ARRAY<STRING>))"
 
 
 class HistoryLoad:
@@ -126,17 +172,28 @@ class HistoryLoad:
             for table, columns, pk in self._tables_in(good):
                 self._load_table(good, table, columns, pk, batch[-1], result)
             ledger_rows = self._ledger_rows(decoded, batch)
+            loaded_through = self._loaded_through(batch)
             (
                 self.spark.createDataFrame(ledger_rows, LEDGER_DDL)
                 .writeTo(self.names.ledger)
-                .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", batch[-1].last.token())
+                .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
                 .append()
             )
         finally:
             decoded.unpersist()
         result.files = [f.name for f in batch]
-        result.loaded_through = batch[-1].last.token()
+        result.loaded_through = loaded_through
         return result
+
+    def _loaded_through(self, batch: list[LandingFile]) -> str:
+        """The watermark never moves back: a late file below it leaves it where it was."""
+        from loader.commit import latest_summary_value
+
+        newest = max(f.last for f in batch)
+        previous = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+        if previous is not None and ChangePosition.from_token(previous) > newest:
+            return previous
+        return newest.token()
 
     def _tables_in(self, good: "DataFrame") -> list[tuple[SourceTable, list[tuple[str, str]], list[str]]]:
         """(table, [(column, pg type)] in source order, primary key) for every table in the batch."""
@@ -179,12 +236,7 @@ class HistoryLoad:
             col_ddl = ", ".join(f"{quote_ident(n)} {spark_type(t).sql}" for n, t in columns)
             meta_ddl = ", ".join(f"{n} {t}" for n, t in HISTORY_METADATA)
             props = {
-                "format-version": "2",
-                "write.parquet.compression-codec": "zstd",
-                "write.metadata.delete-after-commit.enabled": "true",
-                "write.metadata.previous-versions-max": "100",
-                "commit.retry.num-retries": "10",
-                "write.distribution-mode": "none",
+                **HISTORY_TABLE_PROPERTIES,
                 PROP_SOURCE_TABLE: table.qualified,
                 PROP_PRIMARY_KEY: json.dumps(pk),
                 PROP_PG_TYPES: json.dumps(pg_types),
@@ -231,7 +283,7 @@ class HistoryLoad:
         ident = self.names.history(table)
         rows = good.where((F.col("src_schema") == table.schema) & (F.col("src_table") == table.table))
         rows = rows.withColumn("_m", F.map_from_arrays("col_names", "col_values"))
-        all_cols = list(pg_types)
+        dropped = self._dropped_columns(ident, rows, pg_types)
         select = []
         checks = []
         for name, pg_type in pg_types.items():
@@ -243,7 +295,6 @@ class HistoryLoad:
                     f"IF({raw} IS NOT NULL AND ({expr}) IS NULL, "
                     f"concat('column {name.replace(chr(39), '')} ({pg_type}): value ', {raw}, ' does not fit'), NULL)"
                 )
-        all_cols_sql = "array(" + ", ".join(sql_string(c) for c in all_cols) + ")"
         select += [
             "commit_lsn AS pg_lsn",
             "seq AS pg_seq",
@@ -252,7 +303,7 @@ class HistoryLoad:
             "CAST(ts AS TIMESTAMP) AS pg_txn_timestamp",
             "change_lsn AS pg_change_lsn",
             "IF(size(key_names) > 0, to_json(map_from_arrays(key_names, key_values)), NULL) AS pg_old_key",
-            f"IF(op = 'update', filter({all_cols_sql}, c -> NOT array_contains(col_names, c)), array()) AS pg_absent_columns",
+            f"{absent_columns_sql(pg_types, dropped)} AS pg_absent_columns",
             "landing_file AS pg_landing_file",
             "line AS _line",
             (f"concat_ws('; ', {', '.join(checks)})" if checks else "''") + " AS _reason",
@@ -279,18 +330,59 @@ class HistoryLoad:
         new = new.select(*[F.col(quote_ident(c)) if c in new.columns else F.lit(None).alias(c) for c in target_cols])
         new = new.persist()
         try:
-            n = new.count()
+            stats = new.agg(F.count(F.lit(1)), F.min(F.struct("pg_lsn", "pg_seq"))).collect()[0]
+            n = stats[0]
             if n:
                 (
                     new.sortWithinPartitions("pg_lsn", "pg_seq")
                     .writeTo(ident)
                     .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", last_file.last.token())
+                    .option(f"snapshot-property.{SUMMARY_MIN_POSITION}", ChangePosition(*stats[1]).token())
                     .append()
                 )
         finally:
             new.unpersist()
         result.rows_per_table[table.qualified] = n
         result.duplicates_skipped += bounds[2] - n
+
+    def _dropped_columns(self, ident: str, rows: "DataFrame", pg_types: dict[str, str]) -> dict[str, ChangePosition]:
+        """Columns dropped at the source, with the position the drop was first seen.
+
+        wal2json sends every column of an insert, and every fixed-length column of an update;
+        only varlena values left unchanged in TOAST storage are omitted from updates. So a column
+        missing from an insert (or a fixed-length one missing from an update) no longer exists.
+        Updates after that position carry the dropped column as NULL instead of "unchanged", and
+        the merge writes NULL. Known drops are kept in the history table's properties; a column
+        seen again after its drop (re-added under the same name) is live again.
+        """
+        known = {
+            c: ChangePosition.from_token(t)
+            for c, t in json.loads(table_properties(self.spark, ident).get(PROP_DROPPED_COLUMNS, "{}")).items()
+        }
+        aggs = []
+        for i, (name, pg_type) in enumerate(pg_types.items()):
+            lit = sql_string(name)
+            evidence = "op IN ('insert', 'read')" + (" OR op = 'update'" if never_toasted(pg_type) else "")
+            aggs.append(f"min(IF(({evidence}) AND NOT array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS d{i}")
+            aggs.append(f"max(IF(array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS p{i}")
+        if not aggs:
+            return known
+        row = rows.selectExpr(*aggs).collect()[0]
+        changed = False
+        for i, name in enumerate(pg_types):
+            gone, seen = row[f"d{i}"], row[f"p{i}"]
+            gone_at = ChangePosition(*gone) if gone is not None else None
+            seen_at = ChangePosition(*seen) if seen is not None else None
+            if name in known and seen_at is not None and seen_at > known[name]:
+                del known[name]
+                changed = True
+            if gone_at is not None and name not in known and (seen_at is None or seen_at < gone_at):
+                known[name] = gone_at
+                changed = True
+        if changed:
+            value = json.dumps({c: p.token() for c, p in sorted(known.items())})
+            self.spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({sql_string(PROP_DROPPED_COLUMNS)}={sql_string(value)})")
+        return known
 
     def _write_rejects(self, bad: "DataFrame", result: LoadResult, typed: bool) -> None:
         from pyspark.sql import functions as F

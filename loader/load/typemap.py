@@ -1,8 +1,26 @@
 """PostgreSQL type -> Spark/Iceberg type, and the Spark SQL expression that types a text value.
 
 Pure functions: no Spark session needed. Every landed value is PostgreSQL's text form; the load
-casts it with ``try_cast`` so a value that does not fit becomes a reject instead of a NULL.
-Types Iceberg cannot hold losslessly as a native type keep their exact text (see README).
+types it with an expression that yields NULL for a value that does not fit, so the load can turn
+that into a reject instead of a silent NULL. Types Iceberg cannot hold losslessly as a native type
+keep their exact PostgreSQL text (see README, "Type mapping").
+
+Mapping (PostgreSQL as wal2json prints it -> Iceberg):
+  smallint, integer                      -> int
+  bigint, oid                            -> long
+  real / double precision                -> float / double
+  numeric(p,s), p <= 38                  -> decimal(p,s)
+  numeric(p,s), p > 38; numeric          -> string (exact text: unconstrained numeric has up to 131072 digits)
+  boolean                                -> boolean
+  date                                   -> date          (infinity / BC dates are rejected)
+  timestamp[(n)] without time zone       -> timestamp (without zone, Spark TIMESTAMP_NTZ)
+  timestamp[(n)] with time zone          -> timestamptz (UTC instant, Spark TIMESTAMP)
+  bytea                                  -> binary
+  1-D arrays of int/bigint/real/double/numeric(p,s)/boolean/date/text/varchar/char/uuid
+                                         -> list<element>  (multi-dimensional values are rejected)
+  uuid, json, jsonb, text, varchar(n), char(n), time[tz], interval, money, inet, cidr, macaddr,
+  enums, domains, ranges, bit, xml, geometric, other arrays
+                                         -> string (exact PostgreSQL text)
 """
 
 from __future__ import annotations
@@ -12,65 +30,17 @@ from dataclasses import dataclass
 
 _NUMERIC_RE = re.compile(r"^numeric\((\d+),(\d+)\)$")
 _NUMERIC_P_RE = re.compile(r"^numeric\((\d+)\)$")
+_TS_RE = re.compile(r"^timestamp(?:\(\d+\))? (with|without) time zone$")
+_TEXT_ELEMENT_RE = re.compile(r"^(text|character varying(\(\d+\))?|varchar(\(\d+\))?|character(\(\d+\))?|bpchar|uuid|name)$")
 
-
-@dataclass(frozen=True)
-class SparkType:
-    """How one PostgreSQL type is stored in history/current tables."""
-
-    sql: str  # Spark SQL type for DDL
-    cast: str  # template with {v} for the text value; must yield NULL only for NULL input
-    lossless_text: bool = False  # stored as its exact PostgreSQL text
-
-
-def _text() -> SparkType:
-    return SparkType("STRING", "{v}", lossless_text=True)
-
-
-_SIMPLE: dict[str, SparkType] = {
-    "smallint": SparkType("INT", "try_cast({v} AS INT)"),
-    "int2": SparkType("INT", "try_cast({v} AS INT)"),
-    "integer": SparkType("INT", "try_cast({v} AS INT)"),
-    "int4": SparkType("INT", "try_cast({v} AS INT)"),
-    "int": SparkType("INT", "try_cast({v} AS INT)"),
-    "bigint": SparkType("BIGINT", "try_cast({v} AS BIGINT)"),
-    "int8": SparkType("BIGINT", "try_cast({v} AS BIGINT)"),
-    "oid": SparkType("BIGINT", "try_cast({v} AS BIGINT)"),
-    "real": SparkType("FLOAT", "try_cast({v} AS FLOAT)"),
-    "float4": SparkType("FLOAT", "try_cast({v} AS FLOAT)"),
-    "double precision": SparkType("DOUBLE", "try_cast({v} AS DOUBLE)"),
-    "float8": SparkType("DOUBLE", "try_cast({v} AS DOUBLE)"),
-    "boolean": SparkType("BOOLEAN", "try_cast({v} AS BOOLEAN)"),
-    "bool": SparkType("BOOLEAN", "try_cast({v} AS BOOLEAN)"),
-    "date": SparkType("DATE", "try_cast({v} AS DATE)"),
-    "timestamp without time zone": SparkType("TIMESTAMP_NTZ", "try_cast({v} AS TIMESTAMP_NTZ)"),
-    "timestamp": SparkType("TIMESTAMP_NTZ", "try_cast({v} AS TIMESTAMP_NTZ)"),
-    "timestamp with time zone": SparkType("TIMESTAMP", "try_cast({v} AS TIMESTAMP)"),
-    "timestamptz": SparkType("TIMESTAMP", "try_cast({v} AS TIMESTAMP)"),
-    # wal2json renders bytea as hex without the leading \x.
-    "bytea": SparkType("BINARY", "unhex(IF(substr({v}, 1, 2) = concat(chr(92), 'x'), substr({v}, 3), {v}))"),
-}
-
-
-def spark_type(pg_type: str) -> SparkType:
-    """Map a PostgreSQL type name (as wal2json prints it) to its storage type."""
-    t = pg_type.strip().lower()
-    if t in _SIMPLE:
-        return _SIMPLE[t]
-    m = _NUMERIC_RE.match(t) or _NUMERIC_P_RE.match(t)
-    if m:
-        precision = int(m.group(1))
-        scale = int(m.group(2)) if m.lastindex and m.lastindex >= 2 else 0
-        if precision <= 38:
-            return SparkType(f"DECIMAL({precision},{scale})", f"try_cast({{v}} AS DECIMAL({precision},{scale}))")
-        return _text()
-    # numeric without a typmod, uuid, json/jsonb, text, varchar, char, time, interval, enums,
-    # arrays, network types, money, ranges, domains: exact text keeps every value.
-    return _text()
-
-
-def typed_expr(pg_type: str, value_sql: str) -> str:
-    return spark_type(pg_type).cast.format(v=value_sql)
+# A PostgreSQL array literal's elements: a double-quoted element (backslash escapes) or a bare one.
+_ARRAY_ELEMENT_REGEX = r'"(?:[^"\\]|\\.)*"|[^,{}"]+'
+# Java regexes used inside Spark SQL string literals (see sql_string).
+_UNESCAPE_REGEX = r"(?s)\\(.)"
+_BYTEA_REGEX = r"^(\\x)?([0-9a-fA-F]{2})*$"
+_BYTEA_PREFIX_REGEX = r"^\\x"
+_TZ_HOURS_REGEX = r"([+-][0-9]{2})$"
+_DATE_REGEX = r"^[0-9]{4,}-[0-9]{2}-[0-9]{2}$"
 
 
 def quote_ident(name: str) -> str:
@@ -81,3 +51,136 @@ def quote_ident(name: str) -> str:
 def sql_string(value: str) -> str:
     """A Spark SQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_regex(regex: str) -> str:
+    """A Java regex as a Spark SQL string literal."""
+    return sql_string(regex)
+
+
+@dataclass(frozen=True)
+class SparkType:
+    """How one PostgreSQL type is stored in history/current tables."""
+
+    sql: str  # Spark SQL type for DDL
+    cast: str  # template: "{v}" stands for the text value; NULL only for NULL input or a misfit
+    lossless_text: bool = False  # stored as its exact PostgreSQL text
+    array_of: "SparkType | None" = None  # element type of a native array
+
+
+def _text() -> SparkType:
+    return SparkType("STRING", "{v}", lossless_text=True)
+
+
+def _cast(sql: str) -> SparkType:
+    return SparkType(sql, f"try_cast({{v}} AS {sql})")
+
+
+# Timestamps: wal2json prints timestamptz with a '+00' style offset; Spark parses '+00:00'.
+_TSTZ = SparkType("TIMESTAMP", "try_cast(regexp_replace({v}, " + sql_regex(_TZ_HOURS_REGEX) + ", '$1:00') AS TIMESTAMP)")
+
+_SIMPLE: dict[str, SparkType] = {
+    "smallint": _cast("INT"),
+    "int2": _cast("INT"),
+    "integer": _cast("INT"),
+    "int4": _cast("INT"),
+    "int": _cast("INT"),
+    "bigint": _cast("BIGINT"),
+    "int8": _cast("BIGINT"),
+    "oid": _cast("BIGINT"),
+    "real": _cast("FLOAT"),
+    "float4": _cast("FLOAT"),
+    "double precision": _cast("DOUBLE"),
+    "float8": _cast("DOUBLE"),
+    "boolean": _cast("BOOLEAN"),
+    "bool": _cast("BOOLEAN"),
+    # 'infinity' and BC dates do not fit Spark's DATE: try_cast yields NULL -> reject.
+    "date": SparkType("DATE", "IF({v} RLIKE " + sql_regex(_DATE_REGEX) + ", try_cast({v} AS DATE), NULL)"),
+    "timestamp": _cast("TIMESTAMP_NTZ"),
+    "timestamptz": _TSTZ,
+    # wal2json renders bytea as hex without the leading \x (PostgreSQL's own text form has it).
+    "bytea": SparkType(
+        "BINARY",
+        "IF({v} RLIKE " + sql_regex(_BYTEA_REGEX) + ", unhex(regexp_replace({v}, " + sql_regex(_BYTEA_PREFIX_REGEX) + ", '')), NULL)",
+    ),
+}
+
+# Array element types that become native Spark arrays (only 1-D values; see _array_type).
+_ARRAY_ELEMENT_TYPES = {
+    "smallint", "int2", "integer", "int4", "int", "bigint", "int8", "real", "float4",
+    "double precision", "float8", "boolean", "bool", "date",
+}
+
+
+def _scalar_type(t: str) -> SparkType:
+    if t in _SIMPLE:
+        return _SIMPLE[t]
+    m = _TS_RE.match(t)
+    if m:
+        return _TSTZ if m.group(1) == "with" else _cast("TIMESTAMP_NTZ")
+    m = _NUMERIC_RE.match(t) or _NUMERIC_P_RE.match(t)
+    if m:
+        precision = int(m.group(1))
+        scale = int(m.group(2)) if m.lastindex and m.lastindex >= 2 else 0
+        if precision <= 38:
+            return _cast(f"DECIMAL({precision},{scale})")
+    return _text()
+
+
+def _array_type(element: str) -> SparkType | None:
+    """Native array for a 1-D PostgreSQL array of a scalar type, else None (kept as text).
+
+    The expression parses PostgreSQL's array literal: quoted elements (with backslash escapes),
+    bare elements and the bare NULL marker (a quoted "NULL" is the string NULL). A value with more
+    than one dimension or explicit bounds ('[0:1]={..}') does not fit and yields NULL -> reject.
+    """
+    if _TEXT_ELEMENT_RE.match(element):
+        elem = _text()
+    elif element in _ARRAY_ELEMENT_TYPES or _NUMERIC_RE.match(element):
+        elem = _scalar_type(element)
+        if elem.lossless_text:
+            return None
+    else:
+        return None
+    items = "regexp_extract_all({v}, " + sql_regex(_ARRAY_ELEMENT_REGEX) + ", 0)"
+    raw_elem = (
+        "IF(substr(_e, 1, 1) = '\"', regexp_replace(substr(_e, 2, length(_e) - 2), "
+        + sql_regex(_UNESCAPE_REGEX) + ", '$1'), IF(_e = 'NULL', NULL, _e))"
+    )
+    typed_elem = elem.cast.replace("{v}", "_x")
+    # Elements are parsed into text first, then typed; any element that fails to type
+    # makes the whole value NULL (a reject), never a silently NULL element.
+    parsed = f"transform({items}, _e -> {raw_elem})"
+    well_formed = "(startswith({v}, '{') AND NOT startswith({v}, '{{') AND endswith({v}, '}'))"
+    cast = (
+        f"IF({well_formed}, "
+        f"IF(exists({parsed}, _x -> _x IS NOT NULL AND ({typed_elem}) IS NULL), NULL, "
+        f"transform({parsed}, _x -> {typed_elem})), NULL)"
+    )
+    return SparkType(f"ARRAY<{elem.sql}>", cast, array_of=elem)
+
+
+def spark_type(pg_type: str) -> SparkType:
+    """Map a PostgreSQL type name (as wal2json prints it) to its storage type."""
+    t = pg_type.strip().lower()
+    if t.endswith("[]"):
+        return _array_type(t[:-2]) or _text()
+    return _scalar_type(t)
+
+
+def typed_expr(pg_type: str, value_sql: str) -> str:
+    return spark_type(pg_type).cast.replace("{v}", value_sql)
+
+
+# Fixed-length types are never TOASTed: such a column missing from an update was dropped at
+# the source, not left unchanged (see loader.load.history: dropped columns).
+_FIXED_LENGTH_RE = re.compile(
+    r"^(smallint|int2|integer|int4|int|bigint|int8|oid|real|float4|double precision|float8|boolean|bool|date"
+    r"|timestamp(\(\d+\))? with(out)? time zone|timestamp|timestamptz|time(\(\d+\))? with(out)? time zone"
+    r"|uuid|money|interval(\(\d+\))?|macaddr|macaddr8|\"char\")$"
+)
+
+
+def never_toasted(pg_type: str) -> bool:
+    """True for fixed-length PostgreSQL types, which wal2json always sends on an update."""
+    return bool(_FIXED_LENGTH_RE.match(pg_type.strip().lower()))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from loader.commit import latest_summary_value, with_commit_properties
 from loader.config import LoaderSettings
+from loader.errors import CatalogError, ConfigError
 from loader.load.history import ensure_loader_tables, table_exists, table_properties
 from loader.load.typemap import quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition
@@ -27,14 +28,16 @@ from loader.tables import (
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
     PROP_SOURCE_TABLE,
+    SUMMARY_HISTORY_SNAPSHOT,
     SUMMARY_LOADED_THROUGH,
     SUMMARY_MERGED_THROUGH,
+    SUMMARY_MIN_POSITION,
     SourceTable,
     TableNames,
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 
 @dataclass
@@ -44,6 +47,7 @@ class TableMerge:
     keys_changed: int = 0
     merged_through: str | None = None
     skipped_reason: str | None = None
+    note: str = ""
 
 
 @dataclass
@@ -56,8 +60,95 @@ class MergeResult:
             if t.skipped_reason:
                 parts.append(f"{t.table}: {t.skipped_reason}")
             else:
-                parts.append(f"{t.table}: {t.increment_rows} changes -> {t.keys_changed} keys")
-        return "merge: " + ("; ".join(parts) if parts else "no history tables")
+                note = f" ({t.note})" if t.note else ""
+                parts.append(f"{t.table}: {t.increment_rows} changes -> {t.keys_changed} keys{note}")
+        head = "merge: " + ("; ".join(parts) if parts else "no history tables")
+        return head + (f"\nconsistent through: {self.consistent_through}" if self.consistent_through else "")
+
+    @property
+    def consistent_through(self) -> str | None:
+        """The position every merged table has reached: the tables agree as of this LSN."""
+        done = [t.merged_through for t in self.tables if t.merged_through]
+        return str(ChangePosition.from_token(min(done))) if done else None
+
+
+def current_snapshot_id(spark: "SparkSession", ident: str) -> int | None:
+    rows = spark.sql(
+        f"SELECT snapshot_id FROM {ident}.history WHERE is_current_ancestor ORDER BY made_current_at DESC LIMIT 1"
+    ).collect()
+    return int(rows[0][0]) if rows else None
+
+
+def resolve_key_change_toast(
+    spark: "SparkSession", events: "DataFrame", current: str | None, pk: list[str], columns: list[str]
+) -> "DataFrame":
+    """Fill the unchanged-TOAST columns of key-changing updates from the old key's row.
+
+    An update that changes the key and leaves a TOASTed value unchanged does not send it, and
+    the value lives under the old key: in an earlier change of the increment or in the current
+    table. Key changes are rare, so the few keys they involve are replayed here in commit order
+    (following chains of key changes) and the missing values patched into the events.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+
+    key_changes = events.where("_from IS NOT NULL")
+    if not key_changes.where("size(pg_absent_columns) > 0").limit(1).collect():
+        return events
+    q = quote_ident
+    non_key = [c for c in columns if c not in pk]
+    keys: set[tuple] = set()
+    for r in key_changes.select(*[q(k) for k in pk], "_from").collect():
+        keys.add(tuple(r[k] for k in pk))
+        keys.add(tuple(r["_from"]))
+    key_schema = StructType([events.schema[k] for k in pk])
+    key_df = spark.createDataFrame(sorted(keys, key=repr), key_schema)
+    on = [events[q(k)].eqNullSafe(key_df[q(k)]) for k in pk]
+    involved = events.join(key_df, on, "left_semi").orderBy("pg_lsn", "pg_seq", "_sub").collect()
+    state: dict[tuple, dict[str, object] | None] = {}
+    if current is not None:
+        cur_df = spark.table(current)
+        on_cur = [cur_df[q(k)].eqNullSafe(key_df[q(k)]) for k in pk]
+        for r in cur_df.join(key_df, on_cur, "left_semi").collect():
+            state[tuple(r[k] for k in pk)] = {c: r[c] for c in non_key}
+    before_delete: dict[tuple, dict[str, object] | None] = {}
+    patches = []
+    for e in involved:
+        k = tuple(e[c] for c in pk)
+        if e["_kind"] == "delete":
+            before_delete[k] = state.get(k)
+            state[k] = None
+            continue
+        absent = set(e["pg_absent_columns"] or ())
+        if e["_from"] is not None:
+            base = before_delete.get(tuple(e["_from"])) or {}
+            patched = sorted(c for c in absent if c in base)
+        else:
+            base = state.get(k) or {}
+            patched = []
+        state[k] = {c: (base.get(c) if c in absent else e[c]) for c in non_key}
+        if patched:
+            patches.append((e["pg_lsn"], e["pg_seq"], *[state[k][c] for c in non_key], patched))
+    if not patches:
+        return events
+    patch_schema = StructType(
+        [events.schema["pg_lsn"], events.schema["pg_seq"]]
+        + [StructField(f"_p{i}", events.schema[c].dataType, True) for i, c in enumerate(non_key)]
+        + [StructField("_patched", ArrayType(StringType()), False)]
+    )
+    patch_df = spark.createDataFrame(patches, patch_schema)
+    joined = events.join(patch_df, ["pg_lsn", "pg_seq"], "left")
+    is_patch = "(_sub = 1 AND _patched IS NOT NULL)"
+    cols = []
+    for c in events.columns:
+        if c in non_key:
+            i = non_key.index(c)
+            cols.append(F.expr(f"IF({is_patch} AND array_contains(_patched, {sql_string(c)}), _p{i}, {q(c)})").alias(c))
+        elif c == "pg_absent_columns":
+            cols.append(F.expr(f"IF({is_patch}, array_except(pg_absent_columns, _patched), pg_absent_columns)").alias(c))
+        else:
+            cols.append(F.col(q(c)))
+    return joined.select(*cols)
 
 
 def history_tables(spark: "SparkSession", names: TableNames) -> list[SourceTable]:
@@ -81,7 +172,22 @@ class CurrentMerge:
             result.tables.append(self.merge_table(table, loaded))
         return result
 
-    def merge_table(self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None = None) -> TableMerge:
+    def rebuild(self, qualified: str, upto: ChangePosition | None = None) -> TableMerge:
+        """Recompute one current table from its history as of ``upto`` (default: all loaded)."""
+        ensure_loader_tables(self.spark, self.names)
+        schema, _, name = qualified.partition(".")
+        table = SourceTable(schema, name)
+        if table not in history_tables(self.spark, self.names):
+            raise ConfigError(
+                f"no history table for {qualified}", hint="give --table as schema.table of a loaded source table"
+            )
+        loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+        return self.merge_table(table, loaded, upto=upto, rebuild=True)
+
+    def merge_table(
+        self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None = None, rebuild: bool = False
+    ) -> TableMerge:
+        """Merge one table's increment; ``rebuild`` recomputes the whole current table from history."""
         from pyspark.sql import functions as F
 
         out = TableMerge(table.qualified)
@@ -102,50 +208,129 @@ class CurrentMerge:
         self._ensure_current(table, cur, pk, pg_types)
         merged = latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH)
         since = ChangePosition.from_token(merged) if merged else None
-        if since is not None and since >= cut:
+        hist_snapshot = current_snapshot_id(self.spark, hist)
+        if not rebuild and since is not None and self._late_changes(hist, cur, since):
+            # A landing file arrived after later changes were merged: the LSN guard alone cannot
+            # place its changes (TOAST carry-over, deletes), so recompute this table from history.
+            rebuild = True
+            out.note = "late changes below the merged position: rebuilt from history"
+        if rebuild:
+            since = None
+        elif since is not None and since >= cut:
             out.merged_through = merged
             return out
-        inc = self.spark.table(hist).where(F.col("pg_lsn") <= cut.commit_lsn)
+        props_out = {SUMMARY_MERGED_THROUGH: cut.token()}
+        if hist_snapshot is not None:
+            props_out[SUMMARY_HISTORY_SNAPSHOT] = str(hist_snapshot)
+        if hist_snapshot is None:
+            inc = self.spark.table(hist)
+        else:
+            # Read the snapshot the watermark was taken against, not whatever a concurrent load adds.
+            inc = self.spark.sql(f"SELECT * FROM {hist} VERSION AS OF {hist_snapshot}")
+        inc = inc.where(F.col("pg_lsn") <= cut.commit_lsn)
+        inc = inc.where((F.col("pg_lsn") < cut.commit_lsn) | (F.col("pg_seq") <= cut.seq))
         if since is not None:
             inc = inc.where(
                 (F.col("pg_lsn") > since.commit_lsn)
                 | ((F.col("pg_lsn") == since.commit_lsn) & (F.col("pg_seq") > since.seq))
             )
-        inc = inc.where((F.col("pg_lsn") < cut.commit_lsn) | (F.col("pg_seq") <= cut.seq))
+        inc = inc.persist()
+        try:
+            out.increment_rows = inc.count()
+            truncated = self._last_truncate(inc)
+            if truncated is not None:
+                out.note = (out.note + "; " if out.note else "") + f"truncated at {truncated}"
+                inc_events = inc.where(
+                    (F.col("pg_lsn") > truncated.commit_lsn)
+                    | ((F.col("pg_lsn") == truncated.commit_lsn) & (F.col("pg_seq") > truncated.seq))
+                )
+            else:
+                inc_events = inc
+            self._apply(table, cur, inc_events, pk, pg_types, props_out, out, rebuild, truncated)
+        finally:
+            inc.unpersist()
+        out.merged_through = cut.token()
+        return out
+
+    def _apply(
+        self,
+        table: SourceTable,
+        cur: str,
+        inc: "DataFrame",
+        pk: list[str],
+        pg_types: dict[str, str],
+        commit_props: dict[str, str],
+        out: TableMerge,
+        rebuild: bool,
+        truncated: ChangePosition | None,
+    ) -> None:
+        from pyspark.sql import functions as F
+
         columns = list(pg_types)
-        view = f"_inc_{table.iceberg_name}".replace("-", "_")
+        view = f"_inc_{table.iceberg_name}"
         inc.createOrReplaceTempView(quote_ident(view))
+        events = self.spark.sql(key_events_sql(quote_ident(view), pk, pg_types, columns))
+        events = resolve_key_change_toast(self.spark, events, None if rebuild else cur, pk, columns)
         events_view, reduced_view = view + "_events", view + "_reduced"
-        self.spark.sql(key_events_sql(quote_ident(view), pk, pg_types, columns)).createOrReplaceTempView(quote_ident(events_view))
+        events.createOrReplaceTempView(quote_ident(events_view))
         reduced = self.spark.sql(reduce_sql(quote_ident(events_view), pk, columns)).persist()
         try:
             reduced.createOrReplaceTempView(quote_ident(reduced_view))
             out.keys_changed = reduced.count()
-            out.increment_rows = inc.count()
-            statement = merge_sql(cur, quote_ident(reduced_view), pk, columns)
-            with_commit_properties(
-                self.spark,
-                {SUMMARY_MERGED_THROUGH: cut.token()},
-                lambda: self.spark.sql(statement),
+            if rebuild:
+                rows = reduced.where("_kind = 'upsert'").select(
+                    *[quote_ident(c) for c in columns], *[n for n, _ in CURRENT_METADATA]
+                )
+                writer = rows.sortWithinPartitions(*[quote_ident(k) for k in pk]).writeTo(cur)
+                for k, v in commit_props.items():
+                    writer = writer.option(f"snapshot-property.{k}", v)
+                # One atomic commit replaces every row, whatever the table held.
+                writer.overwrite(F.lit(True))
+                return
+            if out.keys_changed == 0 and truncated is None:
+                self._record_progress(cur, commit_props)
+                return
+            statement = merge_sql(
+                cur, quote_ident(reduced_view), pk, columns,
+                (truncated.commit_lsn, truncated.seq) if truncated is not None else None,
             )
-            if out.keys_changed == 0:
-                # A MERGE with an empty source commits nothing; record progress explicitly.
-                self._record_progress(cur, cut)
+            with_commit_properties(self.spark, commit_props, lambda: self.spark.sql(statement))
+            if latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH) != commit_props[SUMMARY_MERGED_THROUGH]:
+                # Every matched row was already at or past its event (a replayed increment): the
+                # MERGE changed nothing and committed nothing; record the progress explicitly.
+                self._record_progress(cur, commit_props)
         finally:
             reduced.unpersist()
-        out.merged_through = cut.token()
-        return out
 
-    def _record_progress(self, cur: str, cut: ChangePosition) -> None:
-        with_commit_properties(
-            self.spark,
-            {SUMMARY_MERGED_THROUGH: cut.token()},
-            lambda: self.spark.sql(f"DELETE FROM {cur} WHERE false"),
-        )
-        if latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH) != cut.token():
-            # An empty DELETE may not commit either; fall back to a table-property commit.
-            self.spark.sql(
-                f"ALTER TABLE {cur} SET TBLPROPERTIES ({sql_string('loader.merged-through-empty')}={sql_string(cut.token())})"
+    def _last_truncate(self, inc: "DataFrame") -> ChangePosition | None:
+        from pyspark.sql import functions as F
+
+        row = inc.where(F.col("pg_operation") == "truncate").agg(F.max(F.struct("pg_lsn", "pg_seq"))).collect()[0][0]
+        return ChangePosition(*row) if row is not None else None
+
+    def _late_changes(self, hist: str, cur: str, since: ChangePosition) -> bool:
+        """Did a history append after the last merge add changes at or below its position?"""
+        last = latest_summary_value(self.spark, cur, SUMMARY_HISTORY_SNAPSHOT)
+        if last is None:
+            return False
+        key = sql_string(SUMMARY_MIN_POSITION)
+        rows = self.spark.sql(
+            f"SELECT count(*) FROM {hist}.snapshots s JOIN {hist}.history h ON s.snapshot_id = h.snapshot_id "
+            f"WHERE h.is_current_ancestor AND s.summary[{key}] <= {sql_string(since.token())} "
+            f"AND s.committed_at > (SELECT max(committed_at) FROM {hist}.snapshots WHERE snapshot_id = {int(last)})"
+        ).collect()
+        return bool(rows[0][0])
+
+    def _record_progress(self, cur: str, commit_props: dict[str, str]) -> None:
+        """Commit the watermark without data: an empty append carries it in its snapshot summary."""
+        writer = self.spark.table(cur).limit(0).writeTo(cur)
+        for k, v in commit_props.items():
+            writer = writer.option(f"snapshot-property.{k}", v)
+        writer.append()
+        if latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH) != commit_props[SUMMARY_MERGED_THROUGH]:
+            raise CatalogError(
+                f"the merge of {cur} could not record its watermark {commit_props[SUMMARY_MERGED_THROUGH]}",
+                hint="check that the catalog accepts commits, then re-run 'loader merge'",
             )
 
     def _ensure_current(self, table: SourceTable, cur: str, pk: list[str], pg_types: dict[str, str]) -> None:
