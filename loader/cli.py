@@ -287,6 +287,80 @@ def demo(ctx: Context, transactions: int, seed: int, with_dbt: bool) -> None:
         sys.exit(EXIT_NOT_RECONCILED)
 
 
+@main.command(
+    "dbt",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+)
+@click.argument("dbt_args", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+@catch_errors
+def dbt_cmd(ctx: Context, dbt_args: tuple[str, ...]) -> None:
+    """Run dbt on the loader's catalog, e.g. 'loader dbt build', 'loader dbt docs generate'.
+
+    Sources and per-table models are regenerated from the catalog first. The target is the
+    in-process Spark session unless '--target thrift' (the server of 'loader sql-server').
+    Exit status 1 when dbt fails (a failing audit included).
+    """
+    from loader.dbt import run_dbt
+
+    if not run_dbt(ctx.settings, list(dbt_args) or ["--help"], echo=click.echo):
+        sys.exit(EXIT_ERROR)
+
+
+@main.command("dbt-sources")
+@click.option(
+    "--project-dir", "project", type=click.Path(file_okay=False), default=None,
+    help="dbt project to write into or check (default: the shipped dbt_project).",
+)
+@click.option("--check", is_flag=True, help="Only compare: exit 1 when catalog and declared sources differ.")
+@pass_ctx
+@catch_errors
+def dbt_sources(ctx: Context, project: str | None, check: bool) -> None:
+    """Generate dbt sources and per-table models from the catalog, or check them for drift."""
+    from pathlib import Path
+
+    from loader.dbt import project_dir, write_sources
+    from loader.dbtgen import declared_sources, read_catalog, source_drift
+
+    target = Path(project) if project else project_dir(ctx.settings)
+    if check:
+        problems = source_drift(read_catalog(ctx.settings), declared_sources(target))
+        for p in problems:
+            click.echo(p)
+        if problems:
+            click.echo(f"{len(problems)} differences: run 'loader dbt-sources --project-dir {target}'", err=True)
+            sys.exit(EXIT_ERROR)
+        click.echo("sources in step with the catalog")
+        return
+    for rel in write_sources(ctx.settings, target):
+        click.echo(f"wrote {target / rel}")
+
+
+@main.command("sql-server")
+@click.option("--port", type=int, default=None, help="Port (default: sql_server.port, 10000).")
+@click.option("--host", default=None, help="Bind address (default: sql_server.host, 127.0.0.1).")
+@click.option("--background", is_flag=True, help="Start, wait until it accepts connections, return.")
+@click.option("--stop", is_flag=True, help="Stop a server started with --background.")
+@pass_ctx
+@catch_errors
+def sql_server(ctx: Context, port: int | None, host: str | None, background: bool, stop: bool) -> None:
+    """Spark Thrift Server (JDBC/ODBC for BI tools) on the loader's catalog; Ctrl-C stops it."""
+    from loader import sqlserver
+
+    settings = ctx.settings
+    updates = {k: v for k, v in (("port", port), ("host", host)) if v is not None}
+    if updates:
+        settings = settings.model_copy(update={"sql_server": settings.sql_server.model_copy(update=updates)})
+    if stop:
+        click.echo("stopped" if sqlserver.stop_background(settings) else "no background server recorded")
+        return
+    if background:
+        server = sqlserver.start_server(settings, background=True, echo=click.echo)
+        click.echo(f"log: {server.log_path}; stop with 'loader sql-server --stop --port {settings.sql_server.port}'")
+        return
+    sys.exit(sqlserver.run_foreground(settings, echo=click.echo))
+
+
 def _timed(label: str) -> Callable[[], None]:
     t = time.monotonic()
     return lambda: click.echo(f"{label}: {time.monotonic() - t:.1f}s")
