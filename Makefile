@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEB_PACKAGES := postgresql-15 postgresql-15-wal2json libpostgresql-jdbc-java libxerial-sqlite-jdbc-java openjdk-17-jre-headless
 # The test cluster is separate from the demo's, so 'make test' never touches demo state.
-TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=55433
+TEST_PGPORT ?= 55433
+TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=$(TEST_PGPORT)
 PYTEST_ARGS ?=
 
 .PHONY: help deps venv demo test test-unit bench pg-start pg-stop clean lint s3a-jars
@@ -46,7 +47,7 @@ demo: deps venv pg-start
 test: deps venv s3a-jars
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
-	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:55433 $(BIN)/pytest $(PYTEST_ARGS)
+	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: venv
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
@@ -54,7 +55,7 @@ test-unit: venv
 bench: deps venv
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
-	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:55433 $(BIN)/python -m bench
+	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/python -m bench
 
 # S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package; see PLATFORM.md):
 # taken from the PyPI sdist sagemaker-pyspark==1.4.5. Point LOADER_SPARK__EXTRA_JARS at them.
