@@ -9,6 +9,7 @@ source database and the Iceberg JDBC catalog, a warehouse and a landing area und
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,11 @@ from pydantic_settings import (
 )
 
 from loader.errors import ConfigError
+
+
+# The --config file of the settings being built; a context variable, not os.environ, so one
+# process can build settings from several files without leaking one into child processes.
+_config_file: ContextVar[str | None] = ContextVar("loader_config_file", default=None)
 
 
 def state_dir() -> Path:
@@ -150,7 +156,7 @@ class LoaderSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get("LOADER_CONFIG")
+        path = _config_file.get() or os.environ.get("LOADER_CONFIG")
         if path:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
@@ -164,8 +170,10 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Lo
             raise ConfigError(
                 f"config file {path} does not exist", hint="pass an existing TOML file to --config"
             )
-        os.environ["LOADER_CONFIG"] = str(path.resolve())
+    token = _config_file.set(str(Path(config_file).resolve()) if config_file is not None else None)
     try:
         return LoaderSettings(**overrides)
     except Exception as exc:  # pydantic's ValidationError lists every bad key
         raise ConfigError(f"invalid configuration: {exc}", hint="see README 'Configuration'") from exc
+    finally:
+        _config_file.reset(token)
