@@ -1,0 +1,195 @@
+"""Debezium PostgreSQL connector envelopes, as a Kafka S3 sink writes them (JSON, one per line).
+
+Accepted shapes per document: the envelope itself (``{"before", "after", "source", "op", ...}``),
+the Kafka Connect JSON form ``{"schema": ..., "payload": envelope}``, or a record with its key
+``{"key": ..., "value": ...}`` (sinks that store keys). ``op`` c/u/d/r/t maps to I/U/D/R/T,
+``source.lsn`` is the change LSN, ``source.txId`` the transaction, ``source.ts_ms`` its commit time.
+
+Values become PostgreSQL text. With the Connect schema present, logical types are decoded:
+``Decimal`` (base64 unscaled bytes + scale), ``io.debezium.time.{Date, Time, MicroTime, NanoTime,
+Timestamp, MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime}``, ``VariableScaleDecimal``,
+bytes (base64 -> ``\\x`` hex); the column type is the source type when the connector ran with
+``column.propagate.source.type`` (``__debezium.source.column.type``), else one derived from the
+Connect type. Without a schema, values are kept as their JSON text and typed ``text`` (numbers as
+``numeric``, booleans as ``boolean``): history keeps them, typing is coarser.
+
+The key is the record key when present, else ``--pk``; without either the table is history only.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from loader.capture.records import Column
+from loader.errors import DecodeError
+from loader.inputs.common import InputChange, json_documents, lsn_value, value_text
+
+_OPS = {"c": "I", "u": "U", "d": "D", "r": "R", "t": "T"}
+_EPOCH = datetime(1970, 1, 1)
+_CONNECT_TYPES = {
+    "int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "float32": "real",
+    "float64": "double precision", "boolean": "boolean", "string": "text", "bytes": "bytea",
+}
+_LOGICAL_TYPES = {
+    "org.apache.kafka.connect.data.Decimal": "numeric",
+    "io.debezium.data.VariableScaleDecimal": "numeric",
+    "io.debezium.time.Date": "date",
+    "org.apache.kafka.connect.data.Date": "date",
+    "io.debezium.time.Time": "time without time zone",
+    "io.debezium.time.MicroTime": "time without time zone",
+    "io.debezium.time.NanoTime": "time without time zone",
+    "io.debezium.time.Timestamp": "timestamp without time zone",
+    "io.debezium.time.MicroTimestamp": "timestamp without time zone",
+    "io.debezium.time.NanoTimestamp": "timestamp without time zone",
+    "org.apache.kafka.connect.data.Timestamp": "timestamp without time zone",
+    "io.debezium.time.ZonedTimestamp": "timestamp with time zone",
+    "io.debezium.time.ZonedTime": "time with time zone",
+    "io.debezium.data.Json": "jsonb",
+    "io.debezium.data.Uuid": "uuid",
+    "io.debezium.time.MicroDuration": "interval",
+    "io.debezium.time.Interval": "interval",
+}
+
+
+def _ts_text(dt: datetime) -> str:
+    text = dt.strftime("%Y-%m-%d %H:%M:%S")
+    if dt.microsecond:
+        text += f".{dt.microsecond:06d}".rstrip("0")
+    return text
+
+
+def _time_text(micros: int) -> str:
+    s, us = divmod(micros, 1_000_000)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}" + (f".{us:06d}".rstrip("0") if us else "")
+
+
+def _decimal_text(raw: Any, scale: int) -> str:
+    unscaled = int.from_bytes(base64.b64decode(raw), "big", signed=True)
+    d = Decimal(unscaled).scaleb(-scale)
+    return f"{d:f}"
+
+
+def _convert_value(value: Any, field: dict[str, Any] | None) -> tuple[str, str | None]:
+    """(PostgreSQL type, text value) of one field."""
+    if field is None:
+        if value is None:
+            return "text", None
+        if value is True or value is False:
+            return "boolean", value_text(value)
+        if isinstance(value, str) and value.lstrip("-").replace(".", "", 1).isdigit():
+            return "numeric", value  # parse_int/parse_float kept the exact text
+        return "text", value_text(value)
+    params = field.get("parameters") or {}
+    logical = field.get("name") or ""
+    pg_type = str(params.get("__debezium.source.column.type", "")).lower() or _LOGICAL_TYPES.get(
+        logical, _CONNECT_TYPES.get(field.get("type", ""), "text")
+    )
+    if "__debezium.source.column.length" in params and pg_type == "numeric" and "__debezium.source.column.scale" in params:
+        pg_type = f"numeric({params['__debezium.source.column.length']},{params['__debezium.source.column.scale']})"
+    if value is None:
+        return pg_type, None
+    if logical == "org.apache.kafka.connect.data.Decimal":
+        return pg_type, _decimal_text(value, int(params.get("scale", 0)))
+    if logical == "io.debezium.data.VariableScaleDecimal":
+        return pg_type, _decimal_text(value["value"], int(value["scale"]))
+    if logical in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
+        return pg_type, (_EPOCH + timedelta(days=int(value))).strftime("%Y-%m-%d")
+    if logical == "io.debezium.time.Time":
+        return pg_type, _time_text(int(value) * 1000)
+    if logical == "io.debezium.time.MicroTime":
+        return pg_type, _time_text(int(value))
+    if logical == "io.debezium.time.NanoTime":
+        return pg_type, _time_text(int(value) // 1000)
+    if logical in ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"):
+        return pg_type, _ts_text(_EPOCH + timedelta(milliseconds=int(value)))
+    if logical == "io.debezium.time.MicroTimestamp":
+        return pg_type, _ts_text(_EPOCH + timedelta(microseconds=int(value)))
+    if logical == "io.debezium.time.NanoTimestamp":
+        return pg_type, _ts_text(_EPOCH + timedelta(microseconds=int(value) // 1000))
+    if logical == "io.debezium.time.ZonedTimestamp":
+        dt = datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(timezone.utc)
+        return pg_type, _ts_text(dt.replace(tzinfo=None)) + "+00"
+    if field.get("type") == "bytes":
+        return pg_type, "\\x" + base64.b64decode(value).hex()
+    return pg_type, value_text(value)
+
+
+def _fields(schema: dict[str, Any] | None, name: str) -> dict[str, dict[str, Any]] | None:
+    if not schema:
+        return None
+    for f in schema.get("fields", []):
+        if f.get("field") == name:
+            return {c["field"]: c for c in f.get("fields", [])}
+    return None
+
+
+def _row(row: dict[str, Any] | None, fields: dict[str, dict[str, Any]] | None) -> list[Column]:
+    out = []
+    for name, value in (row or {}).items():
+        pg_type, text = _convert_value(value, fields.get(name) if fields is not None else None)
+        out.append(Column(name, pg_type, text))
+    return out
+
+
+def convert(doc: Any, origin: str, pk: dict[str, list[str]]) -> InputChange | None:
+    key: dict[str, Any] | None = None
+    if isinstance(doc, dict) and "value" in doc and "key" in doc:
+        key_doc = doc["key"]
+        key = key_doc.get("payload", key_doc) if isinstance(key_doc, dict) else None
+        doc = doc["value"]
+    if doc is None:
+        return None  # tombstone after a delete: carries nothing
+    schema = doc.get("schema") if isinstance(doc, dict) and "payload" in doc else None
+    env = doc.get("payload", doc) if isinstance(doc, dict) else None
+    try:
+        assert isinstance(env, dict)
+        op = _OPS[env["op"]]
+        src = env["source"]
+        table = f"{src['schema']}.{src['table']}"
+        before = _row(env.get("before"), _fields(schema, "before"))
+        after = _row(env.get("after"), _fields(schema, "after"))
+        keys = pk.get(table) or (list(key) if key else [])
+        identity: list[Column] = []
+        if op in ("U", "D"):
+            by_name = {c.name: c for c in before}
+            after_types = {c.name: c.type for c in after}
+            if keys and all(k in by_name for k in keys):
+                identity = [by_name[k] for k in keys]
+            elif keys and key:
+                identity = [Column(k, after_types.get(k) or _convert_value(key[k], None)[0], value_text(key[k])) for k in keys]
+            elif before:
+                identity = before
+        ts_ms = int(src.get("ts_ms") or env.get("ts_ms") or 0)
+        ts = _ts_text(_EPOCH + timedelta(milliseconds=ts_ms)) + "+00"
+        txid = src.get("txId")
+        change_lsn = lsn_value(src["lsn"], origin)
+        return InputChange(
+            op=op,
+            txn=str(txid) if txid is not None else f"lsn:{change_lsn}",
+            xid=int(txid or 0),
+            change_lsn=change_lsn,
+            ts=ts,
+            schema=str(src["schema"]),
+            table=str(src["table"]),
+            columns=after if op in ("I", "U", "R") else [],
+            identity=identity,
+            pk=keys,
+            origin=origin,
+        )
+    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+        raise DecodeError(f"{origin}: not a Debezium envelope ({exc})", hint="expected op, before, after, source{lsn, txId, ts_ms}") from exc
+
+
+def read(paths: Iterable[Path], pk: dict[str, list[str]]) -> Iterator[InputChange]:
+    for path in paths:
+        for origin, doc in json_documents(path):
+            ch = convert(doc, origin, pk)
+            if ch is not None:
+                yield ch
