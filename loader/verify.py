@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import struct
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -47,6 +50,10 @@ class Reconciliation:
         )
 
 
+# char(n) -> text strips the padding PostgreSQL (and wal2json) print; psycopg reads it padded.
+_BPCHAR_RE = re.compile(r"^(character|char|bpchar)(\(\d+\))?$")
+
+
 def normalize(value: Any) -> Any:
     """A comparable form shared by psycopg and pyarrow values."""
     if value is None:
@@ -59,6 +66,26 @@ def normalize(value: Any) -> Any:
         return value.normalize() if value.is_finite() else str(value)
     if isinstance(value, memoryview):
         return bytes(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(normalize(v) for v in value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def normalize_column(pg_type: str, value: Any) -> Any:
+    """``normalize`` plus what depends on the column type: real values compare as 32-bit floats."""
+    st = spark_type(pg_type)
+    if "FLOAT" in st.sql and value is not None:
+        return normalize(_as_float32(value))
+    return normalize(value)
+
+
+def _as_float32(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_as_float32(v) for v in value]
+    if isinstance(value, float):
+        return struct.unpack("f", struct.pack("f", value))[0]
     return value
 
 
@@ -68,7 +95,7 @@ def _source_rows(conn: Any, table: SourceTable, pg_types: dict[str, str]) -> lis
     cols = []
     for name, pg_type in pg_types.items():
         ident = sql.Identifier(name)
-        if spark_type(pg_type).lossless_text:
+        if spark_type(pg_type).lossless_text and not _BPCHAR_RE.match(pg_type):
             cols.append(sql.SQL("{}::text AS {}").format(ident, ident))
         else:
             cols.append(ident)
@@ -103,9 +130,9 @@ def reconcile_table(settings: LoaderSettings, conn: Any, catalog: Any, table: So
     live = _existing_source_columns(conn, table)
     # Columns dropped at the source stay in the lakehouse (NULL from then on); compare the live ones.
     compared = {k: v for k, v in pg_types.items() if k in live}
-    source = [{k: normalize(v) for k, v in r.items()} for r in _source_rows(conn, table, compared)]
+    source = [{k: normalize_column(compared[k], v) for k, v in r.items()} for r in _source_rows(conn, table, compared)]
     lake_arrow = cur_table.scan(selected_fields=tuple(compared)).to_arrow()
-    lake = [{k: normalize(v) for k, v in r.items()} for r in lake_arrow.to_pylist()]
+    lake = [{k: normalize_column(compared[k], v) for k, v in r.items()} for r in lake_arrow.to_pylist()]
     res.source_rows, res.lake_rows = len(source), len(lake)
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
