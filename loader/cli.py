@@ -80,12 +80,26 @@ pass_ctx = click.make_pass_decorator(Context)
 
 @main.command()
 @click.option("--no-create-slot", is_flag=True, help="Fail instead of creating a missing slot.")
+@click.option(
+    "--snapshot",
+    "with_snapshot",
+    is_flag=True,
+    help="When the slot is created, first land a consistent snapshot of the tables' existing rows.",
+)
 @pass_ctx
 @catch_errors
-def capture(ctx: Context, no_create_slot: bool) -> None:
+def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool) -> None:
     """Decode the replication slot into landing files; advance the slot once they are durable."""
+    from loader.capture import slot as slots
     from loader.capture.capture import Capture
 
+    if with_snapshot and not no_create_slot:
+        from loader.capture.snapshot import Snapshot
+
+        with slots.connect(ctx.settings.source.dsn) as conn:
+            missing = slots.slot_info(conn, ctx.settings.source.slot) is None
+        if missing:
+            click.echo(Snapshot(ctx.settings).run().summary())
     res = Capture(ctx.settings).run(create_slot=not no_create_slot)
     click.echo(res.summary())
 
@@ -224,9 +238,46 @@ def slot_info(ctx: Context) -> None:
     )
 
 
+@slot.command("tables")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@catch_errors
+def slot_tables(ctx: Context, as_json: bool) -> None:
+    """Captured tables, their key and replica identity, and what downstream can build from each."""
+    from loader.capture import slot as slots
+    from loader.capture.capture import TableFilter
+    from loader.capture.source_tables import list_tables
+
+    src = ctx.settings.source
+    wanted = TableFilter(src.include, src.exclude)
+    with slots.connect(src.dsn) as conn:
+        tables = [t for t in list_tables(conn) if wanted(t.qualified)]
+    if as_json:
+        click.echo(json.dumps([t.as_dict() for t in tables], indent=2))
+        return
+    for t in tables:
+        click.echo(f"{t.qualified:<40} identity={t.replica_identity:<8} {t.downstream}")
+
+
 @main.group()
 def backfill() -> None:
     """Re-snapshot a table, replay an LSN range, rebuild current from history."""
+
+
+@backfill.command("snapshot")
+@click.option("--table", "tables", multiple=True, help="schema.table to snapshot (default: every captured table).")
+@click.option("--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows).")
+@pass_ctx
+@catch_errors
+def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> None:
+    """Land a consistent snapshot of existing rows as 'read' changes (creates the slot if missing).
+
+    Resumes an interrupted snapshot. With the slot already streaming, it first lands the changes
+    the slot holds, then reads the tables at a new consistent point (tables added later).
+    """
+    from loader.capture.snapshot import Snapshot
+
+    click.echo(Snapshot(ctx.settings, tables=list(tables) or None, chunk_rows=chunk_rows).run().summary())
 
 
 @backfill.command("rebuild-current")
@@ -248,6 +299,25 @@ def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None) -> 
             raise click.BadParameter(str(exc), param_hint="--upto-lsn") from exc
     res = CurrentMerge(ctx.spark(), ctx.settings).rebuild(table, upto)
     click.echo(f"rebuilt {res.table}: {res.keys_changed} keys, merged through {res.merged_through or '-'}")
+
+
+@main.command("import")
+@click.option(
+    "--format", "fmt", required=True, type=click.Choice(["pgkafka", "wal2json", "debezium"]), help="Input message format."
+)
+@click.option("--pk", "pk", multiple=True, help="schema.table=col1,col2: key of a table the input does not name.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@pass_ctx
+@catch_errors
+def import_cmd(ctx: Context, fmt: str, pk: tuple[str, ...], paths: tuple[str, ...]) -> None:
+    """Convert files of change messages (Kafka S3 sink output, pg_recvlogical files) into landing files.
+
+    They land in the landing area of source.slot (use a slot name of its own, e.g.
+    LOADER_SOURCE__SLOT=kafka_accounts), ordered by LSN with duplicates dropped; then run 'loader load'.
+    """
+    from loader.inputs.importer import import_files
+
+    click.echo(import_files(ctx.settings, fmt, paths, pk).summary())
 
 
 @main.command("spark-conf")

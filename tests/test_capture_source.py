@@ -546,3 +546,40 @@ def test_s3_landing_uses_multipart_for_large_files(src: Src, s3_server: str) -> 
     store = open_landing(settings)
     assert len([r for r in store.read_records(res.files[0]) if r.op == "I"]) == 3000
     assert store.landed_position() == ChangePosition(store.files()[-1].last.commit_lsn, 3001)
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+def test_cli_snapshot_capture_slot_info_and_tables(src: Src) -> None:
+    from click.testing import CliRunner
+
+    from loader.cli import main
+
+    src.sql("CREATE TABLE keyed (id int primary key, v text)")
+    src.sql("CREATE TABLE bare (v text)")
+    src.sql("INSERT INTO keyed VALUES (1, 'a'), (2, 'b')")
+    env = {
+        "LOADER_SOURCE__DSN": src.settings.source.dsn,
+        "LOADER_SOURCE__SLOT": src.settings.source.slot,
+        "LOADER_LANDING__URL": src.settings.landing.url,
+    }
+    runner = CliRunner()
+    out = runner.invoke(main, ["capture", "--snapshot"], env=env)
+    assert out.exit_code == 0, out.output
+    assert "snapshot of 2 tables" in out.output and "2 rows" in out.output and "captured 0 changes" in out.output
+    src.sql("INSERT INTO keyed VALUES (3, 'c')")
+    src.sql("INSERT INTO bare VALUES ('x')")
+    out = runner.invoke(main, ["capture"], env=env)
+    assert out.exit_code == 0 and "captured 2 changes" in out.output and "public.bare: history" in out.output, out.output
+    out = runner.invoke(main, ["slot", "info"], env=env)
+    info = json.loads(out.output)
+    assert info["slot"] == src.settings.source.slot and "retained_wal_bytes" in info and "lag_bytes" in info
+    out = runner.invoke(main, ["slot", "tables", "--json"], env=env)
+    tables = {t["table"]: t for t in json.loads(out.output)}
+    assert tables["public.keyed"]["key"] == ["id"] and tables["public.bare"]["key"] == []
+    assert "inserts only" in tables["public.bare"]["downstream"]
+    # Missing slot after data landed: one clear line, exit 1.
+    with slots.connect(src.settings.source.dsn) as conn:
+        slots.drop_slot(conn, src.settings.source.slot)
+    out = runner.invoke(main, ["capture"], env=env)
+    assert out.exit_code == 1 and "does not exist" in out.output and "backfill" in out.output
