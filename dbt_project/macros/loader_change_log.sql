@@ -12,24 +12,29 @@
   (inserts, updates, snapshot reads). Within a key, the state after a put carries columns the
   change did not send (unchanged TOAST values, listed in pg_absent_columns) from the previous put;
   a put that moves a row to a new key takes them from the old key's state. The state before a
-  change is the state after the key's previous put (none after an end).
+  change is the state after the key's previous put (none after an end). A TRUNCATE starts a new
+  epoch: windows are partitioned by key and epoch, so nothing is carried across it.
 -#}
 {% macro loader_change_log(history, key, columns, old_key) %}
 {%- set nonkey = [] -%}
 {%- for c in columns if c not in key %}{% do nonkey.append(c) %}{% endfor -%}
 {%- set pos = 'pg_lsn, pg_seq, __l_sub' -%}
-{%- set part = loader_key_list(key) -%}
+{%- set part = loader_key_list(key) ~ ', __l_epoch' -%}
 {%- set upto = 'rows between unbounded preceding and current row' -%}
-with h as (
+with truncates as (
+  {{ loader_truncates(history) }}
+),
+h as (
   select
-    *,
+    hist.*,
+    {{ loader_epoch('truncates.arr', 'hist.pg_lsn', 'hist.pg_seq') }} as __l_epoch,
     {%- for k in key %}
     {{ old_key[k] }} as __l_ok_{{ loop.index }},
     {%- endfor %}
     pg_operation = 'update' and pg_old_key is not null and not (
       {%- for k in key %}{{ old_key[k] }} <=> {{ loader_q(k) }}{% if not loop.last %} and {% endif %}{% endfor -%}
     ) as __l_key_changed
-  from {{ history }}
+  from {{ history }} hist cross join truncates
 ),
 ev as (
   select
@@ -39,7 +44,7 @@ ev as (
     {%- for c in nonkey %}
     null as {{ loader_q(c) }},
     {%- endfor %}
-    pg_lsn, pg_seq, pg_txn_id, pg_txn_timestamp, pg_operation,
+    pg_lsn, pg_seq, pg_txn_id, pg_txn_timestamp, pg_operation, __l_epoch,
     'end' as __l_kind, 0 as __l_sub, cast(array() as array<string>) as __l_absent
   from h
   where pg_operation = 'delete' or __l_key_changed
@@ -51,7 +56,7 @@ ev as (
     {%- for c in nonkey %}
     {{ loader_q(c) }},
     {%- endfor %}
-    pg_lsn, pg_seq, pg_txn_id, pg_txn_timestamp, pg_operation,
+    pg_lsn, pg_seq, pg_txn_id, pg_txn_timestamp, pg_operation, __l_epoch,
     'put' as __l_kind, 1 as __l_sub, coalesce(pg_absent_columns, cast(array() as array<string>)) as __l_absent
   from h
   where pg_operation in ('insert', 'update', 'read')
@@ -157,4 +162,18 @@ select
   ), x -> x is not null) as changed_columns,
   pg_absent_columns
 from joined
+union all
+-- a TRUNCATE ends every row of the table; no key, nothing before or after
+select
+  pg_lsn, pg_seq, pg_txn_id, pg_txn_timestamp, pg_operation,
+  {%- for k in key %}
+  null,
+  {%- endfor %}
+  false, false, false,
+  {%- for c in columns %}
+  null, null,
+  {%- endfor %}
+  cast(array() as array<string>), cast(array() as array<string>)
+from {{ history }}
+where pg_operation = 'truncate'
 {% endmacro %}

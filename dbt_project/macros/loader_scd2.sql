@@ -7,7 +7,10 @@
 -#}
 {% macro loader_scd2(change_log, key, columns) %}
 {%- set part = loader_key_list(key) -%}
-with ev as (
+with truncates as (
+  {{ loader_truncates(change_log) }}
+),
+ev as (
   select
     {%- for c in columns %}
     {{ loader_q(c ~ '__after') }} as {{ loader_q(c) }},
@@ -31,24 +34,35 @@ versions as (
     lead(pg_txn_timestamp) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as valid_to,
     lead(pg_lsn) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as valid_to_lsn,
     lead(pg_seq) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as valid_to_seq,
-    lead(pg_operation) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as ended_by
-  from ev
+    lead(pg_operation) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as ended_by,
+    -- the first TRUNCATE after the version started ends it too
+    array_min(filter(truncates.arr, t -> t.lsn > pg_lsn or (t.lsn = pg_lsn and t.seq > pg_seq))) as next_truncate
+  from ev cross join truncates
+),
+ended as (
+  select
+    *,
+    next_truncate is not null and (
+      valid_to_lsn is null or next_truncate.lsn < valid_to_lsn
+      or (next_truncate.lsn = valid_to_lsn and next_truncate.seq < valid_to_seq)
+    ) as __l_truncated
+  from versions
 )
 select
   {%- for c in columns %}
   {{ loader_q(c) }},
   {%- endfor %}
   pg_txn_timestamp as valid_from,
-  valid_to,
+  if(__l_truncated, next_truncate.ts, valid_to) as valid_to,
   pg_lsn as valid_from_lsn,
   pg_seq as valid_from_seq,
-  valid_to_lsn,
-  valid_to_seq,
-  valid_to_lsn is null as is_current,
+  if(__l_truncated, next_truncate.lsn, valid_to_lsn) as valid_to_lsn,
+  if(__l_truncated, next_truncate.seq, valid_to_seq) as valid_to_seq,
+  valid_to_lsn is null and next_truncate is null as is_current,
   pg_operation as started_by,
-  ended_by,
+  if(__l_truncated, 'truncate', ended_by) as ended_by,
   pg_txn_id
-from versions
+from ended
 where __l_start = 1
 {% endmacro %}
 
