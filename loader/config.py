@@ -8,13 +8,15 @@ source database and the Iceberg JDBC catalog, a warehouse and a landing area und
 
 from __future__ import annotations
 
+import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
+    NoDecode,
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -86,8 +88,19 @@ class SparkSettings(BaseModel):
     master: str = "local[2]"
     shuffle_partitions: int = 4
     driver_memory: str = "2g"
-    # Extra jars (comma-separated paths or URLs): S3A / AWS SDK jars on clusters without them.
-    extra_jars: list[str] = Field(default_factory=list)
+    # Extra jars (comma-separated paths or URLs, or a JSON list): S3A / AWS SDK jars for a warehouse
+    # on s3:// where the platform does not provide them ('make s3a-jars' fetches them into .state/jars).
+    extra_jars: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("extra_jars", mode="before")
+    @classmethod
+    def _split_jars(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [p.strip() for p in text.split(",") if p.strip()]
+        return value
     # Override the JDBC driver jar of the catalog database; found from Debian's packages by default.
     jdbc_driver_jar: str | None = None
     # Override the Iceberg Spark runtime jar; found in the installed Python package by default.

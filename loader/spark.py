@@ -160,6 +160,45 @@ def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> "
     return spark
 
 
+def hadoop_s3a_conf(settings: LoaderSettings) -> dict[str, str]:
+    """The S3A settings of ``spark_conf`` as Hadoop keys (without the ``spark.hadoop.`` prefix)."""
+    prefix = "spark.hadoop."
+    return {k[len(prefix) :]: v for k, v in spark_conf(settings).items() if k.startswith(prefix + "fs.s3")}
+
+
+def configure_running_session(spark: "SparkSession", settings: LoaderSettings) -> None:
+    """Register these settings' catalog (and S3A access) on a session started with other settings.
+
+    Catalogs are created on first use, so a catalog name the session has not used yet can be
+    configured at run time; Hadoop's S3A settings are read when a bucket's filesystem is first
+    opened. Jars cannot be added to a running JVM: the S3A jars must be on the session from the start.
+    """
+    cat = f"spark.sql.catalog.{settings.catalog.name}"
+    for k, v in spark_conf(settings).items():
+        if k == cat or k.startswith(cat + "."):
+            spark.conf.set(k, v)
+    if uses_s3(settings):
+        require_s3a(spark)
+        hconf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+        for k, v in hadoop_s3a_conf(settings).items():
+            hconf.set(k, v)
+
+
+def require_s3a(spark: "SparkSession") -> None:
+    """Fail clearly when the warehouse is on S3 but the S3A filesystem jars are not loaded."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+        jvm.java.lang.Class.forName("org.apache.hadoop.fs.s3a.S3AFileSystem", False, loader)
+    except Exception as exc:
+        raise ConfigError(
+            "the warehouse is on S3 but Spark has no S3A filesystem (hadoop-aws) on its classpath",
+            hint="run 'make s3a-jars' and set LOADER_SPARK__EXTRA_JARS=.state/jars/hadoop-aws-3.3.1.jar,"
+            ".state/jars/aws-java-sdk-bundle-1.11.901.jar (or give the platform's jars)",
+        ) from exc
+
+
 def under_spark_submit() -> bool:
     """True when spark-submit launched this Python process (the JVM is already running)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ

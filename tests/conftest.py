@@ -46,6 +46,16 @@ def _create_db(admin: str, name: str) -> None:
         conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
 
 
+def s3a_jars() -> list[str]:
+    """S3A jars for the one Spark session (jars cannot be added later): LOADER_SPARK__EXTRA_JARS,
+    else what 'make s3a-jars' put in .state/jars. Without them the S3 warehouse test skips."""
+    configured = os.environ.get("LOADER_SPARK__EXTRA_JARS")
+    if configured:
+        return [p.strip() for p in configured.strip("[]").replace('"', "").split(",") if p.strip()]
+    jars = Path(__file__).resolve().parent.parent / ".state" / "jars"
+    return sorted(str(p) for p in jars.glob("*.jar")) if jars.is_dir() else []
+
+
 @pytest.fixture(scope="session")
 def base_settings(pg_admin: str, tmp_path_factory: pytest.TempPathFactory) -> LoaderSettings:
     catalog_db = f"iceberg_test_{os.getpid()}"
@@ -55,7 +65,7 @@ def base_settings(pg_admin: str, tmp_path_factory: pytest.TempPathFactory) -> Lo
         source={"dsn": f"{TEST_PG}/postgres", "slot": "unused", "max_changes_per_file": 500},
         landing={"url": (root / "landing").as_uri()},
         catalog={"name": "lakehouse", "uri": f"{TEST_PG}/{catalog_db}", "warehouse": (root / "warehouse").as_uri()},
-        spark={"shuffle_partitions": 2, "driver_memory": "3g"},
+        spark={"shuffle_partitions": 2, "driver_memory": "3g", "extra_jars": s3a_jars()},
         merge={"key_buckets": 4},
     )
 
