@@ -250,3 +250,22 @@ def test_bad_input_names_the_file_and_line(tmp_path: Path, pg_admin: str) -> Non
     assert "bad.json:1" in str(err.value)
     with pytest.raises(DecodeError):
         import_files(settings, "debezium", [str(bad)])
+
+
+def test_debezium_logical_types_become_postgres_text() -> None:
+    from loader.inputs.debezium import _convert_value
+
+    dec = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "3"}}
+    raw = base64.b64encode((-1234567).to_bytes(4, "big", signed=True)).decode()
+    assert _convert_value(raw, dec) == ("numeric", "-1234.567")
+    assert _convert_value("19782", {"type": "int32", "name": "io.debezium.time.Date"}) == ("date", "2024-02-29")
+    assert _convert_value("1706702400123456", {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}) == (
+        "timestamp without time zone", "2024-01-31 12:00:00.123456")
+    assert _convert_value("2024-01-31T12:00:00.5+05:30", {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}) == (
+        "timestamp with time zone", "2024-01-31 06:30:00.5+00")
+    assert _convert_value("45296000001", {"type": "int64", "name": "io.debezium.time.MicroTime"}) == (
+        "time without time zone", "12:34:56.000001")
+    assert _convert_value("AP8=", {"type": "bytes"}) == ("bytea", "\\x00ff")
+    src_type = {"type": "string", "parameters": {"__debezium.source.column.type": "UUID"}}
+    assert _convert_value("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", src_type)[0] == "uuid"
+    assert _convert_value(None, dec) == ("numeric", None)
