@@ -72,6 +72,10 @@ def _incompatible(table: str, column: str, old: str, new: str) -> SchemaEvolutio
     return SchemaEvolutionError(
         f"table {table} column {column!r} changed type from {old} to {new}, "
         f"which Iceberg cannot widen in place",
-        hint=f"rebuild it: 'loader backfill rebuild-history --table {table}' after renaming the old "
-        "history table, or add a new column at the source instead of retyping",
+        hint=(
+            f"Iceberg widens only int->bigint, float->double and decimal precision. Either revert the "
+            f"column's type at the source, or keep the old history: rename the history and current tables "
+            f"of {table} (ALTER TABLE ... RENAME TO ...), re-run 'loader load' to start new ones with the new "
+            f"type, and re-snapshot the table"
+        ),
     )

@@ -200,10 +200,17 @@ class HistoryLoad:
         from pyspark.sql import functions as F
 
         cols = (
-            good.select("src_schema", "src_table", F.posexplode(F.arrays_zip("col_names", "col_types")))
-            .select("src_schema", "src_table", "pos", F.col("col.col_names").alias("name"), F.col("col.col_types").alias("type"))
-            .groupBy("src_schema", "src_table", "name", "type")
-            .agg(F.min("pos").alias("pos"), F.min(F.struct("pos")).alias("_"))
+            good.select(
+                "src_schema", "src_table", "commit_lsn", "seq", F.posexplode(F.arrays_zip("col_names", "col_types"))
+            )
+            .select(
+                "src_schema", "src_table", "pos", F.struct("commit_lsn", "seq").alias("at"),
+                F.col("col.col_names").alias("name"), F.col("col.col_types").alias("type"),
+            )
+            # A column retyped inside the batch takes its newest type (all its values fit it, or
+            # evolution refuses the change).
+            .groupBy("src_schema", "src_table", "name")
+            .agg(F.min("pos").alias("pos"), F.max_by("type", "at").alias("type"))
             .collect()
         )
         pks = (
