@@ -53,14 +53,43 @@ def with_commit_properties(spark: "SparkSession", properties: dict[str, str], fn
         raise callable_.error
 
 
-def latest_summary_value(spark: "SparkSession", ident: str, key: str) -> str | None:
-    """The newest snapshot summary value of ``key`` among the table's current lineage."""
-    from loader.load.typemap import sql_string
+def iceberg_table(spark: "SparkSession", ident: str) -> Any:
+    """The JVM Iceberg Table behind a Spark identifier, refreshed (metadata reads without a Spark job)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, ident)
+    table.refresh()
+    return table
 
-    rows = spark.sql(
-        f"SELECT s.summary[{sql_string(key)}] AS v FROM {ident}.snapshots s "
-        f"JOIN {ident}.history h ON s.snapshot_id = h.snapshot_id "
-        f"WHERE h.is_current_ancestor AND s.summary[{sql_string(key)}] IS NOT NULL "
-        f"ORDER BY s.committed_at DESC LIMIT 1"
-    ).collect()
-    return rows[0][0] if rows else None
+
+def latest_summary_value(spark: "SparkSession", ident: str, key: str) -> str | None:
+    """The newest snapshot summary value of ``key`` along the current snapshot's ancestry."""
+    table = iceberg_table(spark, ident)
+    snap = table.currentSnapshot()
+    while snap is not None:
+        value = snap.summary().get(key)
+        if value is not None:
+            return str(value)
+        parent = snap.parentId()
+        snap = table.snapshot(parent) if parent is not None else None
+    return None
+
+
+def current_snapshot_id(spark: "SparkSession", ident: str) -> int | None:
+    snap = iceberg_table(spark, ident).currentSnapshot()
+    return int(snap.snapshotId()) if snap is not None else None
+
+
+def snapshots_since(spark: "SparkSession", ident: str, snapshot_id: int) -> list[dict[str, str]] | None:
+    """Summaries of the current lineage's snapshots committed after ``snapshot_id`` (oldest last);
+    None when ``snapshot_id`` is not in the lineage (expired, or another branch)."""
+    table = iceberg_table(spark, ident)
+    out: list[dict[str, str]] = []
+    snap = table.currentSnapshot()
+    while snap is not None:
+        if int(snap.snapshotId()) == snapshot_id:
+            return out
+        out.append({str(k): str(v) for k, v in snap.summary().items()})
+        parent = snap.parentId()
+        snap = table.snapshot(parent) if parent is not None else None
+    return None

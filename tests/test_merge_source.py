@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
 from loader.tables import SUMMARY_MERGED_THROUGH, SourceTable
@@ -59,22 +57,33 @@ def test_delete_and_reinsert_never_carries_old_values(env: Env) -> None:
     env.assert_reconciled()
 
 
-def test_truncate_empties_current_and_history_records_it(env: Env) -> None:
+def test_truncate_empties_current_and_keyless_tables_keep_history_only(env: Env) -> None:
     env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE public.nokey (a int, b text)")
+    env.sql("ALTER TABLE public.nokey REPLICA IDENTITY FULL")
     env.capture()
     env.sql("INSERT INTO public.t SELECT g, 'v' || g FROM generate_series(1, 20) g")
-    env.run_all()
+    env.sql("INSERT INTO public.nokey VALUES (1, 'x'), (1, 'x')")
+    env.sql("DELETE FROM public.nokey WHERE a = 1")
+    _, _, merge = env.run_all()
+    assert env.history("public.nokey").count() == 4
+    assert {t.table: t.skipped_reason for t in merge.tables}["public.nokey"] == "no primary key: history only"
+    from loader.status import collect_status
+
+    st = collect_status(env.settings)
+    assert "history only" in {t.table: t.note for t in st.tables}["public.nokey"]
     env.transaction("INSERT INTO public.t VALUES (21, 'x')", "TRUNCATE public.t", "INSERT INTO public.t VALUES (5, 'after')")
     env.sql("INSERT INTO public.t VALUES (6, 'later')")
     _, _, merge = env.run_all()
+    assert "truncated at" in {t.table: t.note for t in merge.tables}["public.t"]
     ops = [r[0] for r in env.history("public.t").orderBy("pg_lsn", "pg_seq").select("pg_operation").collect()]
     assert ops.count("truncate") == 1
-    env.assert_reconciled()
+    env.assert_reconciled(["public.t"])
     assert sorted(r[0] for r in env.current("public.t").select("id").collect()) == [5, 6]
     # Truncate as the very last change of an increment.
     env.sql("TRUNCATE public.t")
     env.run_all()
-    env.assert_reconciled()
+    env.assert_reconciled(["public.t"])
     assert env.current("public.t").count() == 0
 
 
@@ -90,7 +99,16 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     second = _merged(env, "public.t")
     assert second > first
     state = sorted(env.current("public.t").collect())
-    # Replay the older increment (as a late or repeated merge would): nothing moves back.
+    # Replay the older increment's MERGE (as a late or repeated merge would): the LSN guard
+    # keeps every row where it is.
+    from loader.merge.sql import key_events_sql, merge_sql, reduce_sql
+
+    types, cols = {"id": "integer", "v": "integer"}, ["id", "v"]
+    env.history("public.t").where(f"pg_lsn <= {first.commit_lsn}").createOrReplaceTempView("replay_inc")
+    env.spark.sql(key_events_sql("replay_inc", ["id"], types, cols)).createOrReplaceTempView("replay_events")
+    env.spark.sql(reduce_sql("replay_events", ["id"], cols)).createOrReplaceTempView("replay_reduced")
+    env.spark.sql(merge_sql(env.names.current(SourceTable("public", "t")), "replay_reduced", ["id"], cols))
+    assert sorted(env.current("public.t").collect()) == state
     merge = CurrentMerge(env.spark, env.settings)
     merge.merge_table(SourceTable("public", "t"), first.token())
     assert sorted(env.current("public.t").collect()) == state
@@ -101,48 +119,40 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     assert env.spark.sql(f"SELECT count(*) FROM {env.names.current(SourceTable('public', 't'))}.snapshots").first()[0] == snaps
     env.assert_reconciled()
 
-
-def test_table_without_key_keeps_history_only(env: Env) -> None:
-    env.sql("CREATE TABLE public.nokey (a int, b text)")
-    env.sql("ALTER TABLE public.nokey REPLICA IDENTITY FULL")
-    env.capture()
-    env.sql("INSERT INTO public.nokey VALUES (1, 'x'), (1, 'x')")
-    env.sql("DELETE FROM public.nokey WHERE a = 1")
-    _, _, merge = env.run_all()
-    assert env.history("public.nokey").count() == 4
-    assert [t.skipped_reason for t in merge.tables] == ["no primary key: history only"]
-    from loader.status import collect_status
-
-    st = collect_status(env.settings)
-    assert "history only" in st.tables[0].note
-
-
-def test_rebuild_current_as_of_an_lsn(env: Env) -> None:
-    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v int)")
-    env.capture()
-    env.sql("INSERT INTO public.t SELECT g, 0 FROM generate_series(1, 5) g")
-    env.run_all()
-    at = _merged(env, "public.t")
-    expected = sorted((r["id"], r["v"]) for r in env.current("public.t").collect())
-    env.sql("UPDATE public.t SET v = 1")
-    env.sql("DELETE FROM public.t WHERE id = 1")
-    env.run_all()
+    # Rebuild mode: recompute current from history as of the first increment's LSN, via the CLI.
     from click.testing import CliRunner
 
     from loader.cli import main
     from loader.lsn import format_lsn
 
-    merge = CurrentMerge(env.spark, env.settings)
-    res = merge.rebuild("public.t", ChangePosition(at.commit_lsn, 9_999_999_999))
-    assert sorted((r["id"], r["v"]) for r in env.current("public.t").collect()) == expected
-    assert res.merged_through is not None
-    # Rebuilding to the end and merging forward both give the source again.
+    expected_then = sorted((k, 0) for k in range(1, 11))
+    result = CliRunner().invoke(
+        main, ["backfill", "rebuild-current", "--table", "public.t", "--upto-lsn", format_lsn(first.commit_lsn)],
+        env=_cli_env(env), catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted((r["id"], r["v"]) for r in env.current("public.t").collect()) == expected_then
+    assert _merged(env, "public.t").commit_lsn == first.commit_lsn
+    # The next merge moves forward from there; a full rebuild gives the source too.
     env.merge()
     env.assert_reconciled()
     merge.rebuild("public.t")
     env.assert_reconciled()
-    assert format_lsn(at.commit_lsn)  # the CLI takes this form
-    _ = CliRunner, main
+
+
+def _cli_env(env: Env) -> dict[str, str]:
+    c = env.settings.catalog
+    return {
+        "LOADER_SOURCE__DSN": env.settings.source.dsn,
+        "LOADER_SOURCE__SLOT": env.settings.source.slot,
+        "LOADER_LANDING__URL": env.settings.landing.url,
+        "LOADER_CATALOG__NAME": c.name,
+        "LOADER_CATALOG__URI": c.uri,
+        "LOADER_CATALOG__WAREHOUSE": c.warehouse,
+        "LOADER_CATALOG__HISTORY_NAMESPACE": c.history_namespace,
+        "LOADER_CATALOG__CURRENT_NAMESPACE": c.current_namespace,
+        "LOADER_CATALOG__LOADER_NAMESPACE": c.loader_namespace,
+    }
 
 
 def _merged(env: Env, table: str) -> ChangePosition:
@@ -151,5 +161,4 @@ def _merged(env: Env, table: str) -> ChangePosition:
     schema, _, name = table.partition(".")
     token = latest_summary_value(env.spark, env.names.current(SourceTable(schema, name)), SUMMARY_MERGED_THROUGH)
     assert token is not None
-    _ = json
     return ChangePosition.from_token(token)

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from loader.commit import latest_summary_value, with_commit_properties
+from loader.commit import current_snapshot_id, latest_summary_value, snapshots_since, with_commit_properties
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError
 from loader.load.history import ensure_loader_tables, table_exists, table_properties
@@ -70,13 +70,6 @@ class MergeResult:
         """The position every merged table has reached: the tables agree as of this LSN."""
         done = [t.merged_through for t in self.tables if t.merged_through]
         return str(ChangePosition.from_token(min(done))) if done else None
-
-
-def current_snapshot_id(spark: "SparkSession", ident: str) -> int | None:
-    rows = spark.sql(
-        f"SELECT snapshot_id FROM {ident}.history WHERE is_current_ancestor ORDER BY made_current_at DESC LIMIT 1"
-    ).collect()
-    return int(rows[0][0]) if rows else None
 
 
 def resolve_key_change_toast(
@@ -236,8 +229,14 @@ class CurrentMerge:
             )
         inc = inc.persist()
         try:
-            out.increment_rows = inc.count()
-            truncated = self._last_truncate(inc)
+            stats = inc.agg(
+                F.count(F.lit(1)),
+                F.max(F.when(F.col("pg_operation") == "truncate", F.struct("pg_lsn", "pg_seq"))),
+                F.count(F.when((F.col("pg_operation") == "update") & (F.size("pg_absent_columns") > 0), 1)),
+            ).collect()[0]
+            out.increment_rows = stats[0]
+            truncated = ChangePosition(*stats[1]) if stats[1] is not None else None
+            toast_updates = stats[2]
             if truncated is not None:
                 out.note = (out.note + "; " if out.note else "") + f"truncated at {truncated}"
                 inc_events = inc.where(
@@ -246,7 +245,7 @@ class CurrentMerge:
                 )
             else:
                 inc_events = inc
-            self._apply(table, cur, inc_events, pk, pg_types, props_out, out, rebuild, truncated)
+            self._apply(table, cur, inc_events, pk, pg_types, props_out, out, rebuild, truncated, toast_updates > 0)
         finally:
             inc.unpersist()
         out.merged_through = cut.token()
@@ -263,6 +262,7 @@ class CurrentMerge:
         out: TableMerge,
         rebuild: bool,
         truncated: ChangePosition | None,
+        toast_updates: bool = True,
     ) -> None:
         from pyspark.sql import functions as F
 
@@ -270,7 +270,8 @@ class CurrentMerge:
         view = f"_inc_{table.iceberg_name}"
         inc.createOrReplaceTempView(quote_ident(view))
         events = self.spark.sql(key_events_sql(quote_ident(view), pk, pg_types, columns))
-        events = resolve_key_change_toast(self.spark, events, None if rebuild else cur, pk, columns)
+        if toast_updates:
+            events = resolve_key_change_toast(self.spark, events, None if rebuild else cur, pk, columns)
         events_view, reduced_view = view + "_events", view + "_reduced"
         events.createOrReplaceTempView(quote_ident(events_view))
         reduced = self.spark.sql(reduce_sql(quote_ident(events_view), pk, columns)).persist()
@@ -302,24 +303,15 @@ class CurrentMerge:
         finally:
             reduced.unpersist()
 
-    def _last_truncate(self, inc: "DataFrame") -> ChangePosition | None:
-        from pyspark.sql import functions as F
-
-        row = inc.where(F.col("pg_operation") == "truncate").agg(F.max(F.struct("pg_lsn", "pg_seq"))).collect()[0][0]
-        return ChangePosition(*row) if row is not None else None
-
     def _late_changes(self, hist: str, cur: str, since: ChangePosition) -> bool:
         """Did a history append after the last merge add changes at or below its position?"""
         last = latest_summary_value(self.spark, cur, SUMMARY_HISTORY_SNAPSHOT)
         if last is None:
             return False
-        key = sql_string(SUMMARY_MIN_POSITION)
-        rows = self.spark.sql(
-            f"SELECT count(*) FROM {hist}.snapshots s JOIN {hist}.history h ON s.snapshot_id = h.snapshot_id "
-            f"WHERE h.is_current_ancestor AND s.summary[{key}] <= {sql_string(since.token())} "
-            f"AND s.committed_at > (SELECT max(committed_at) FROM {hist}.snapshots WHERE snapshot_id = {int(last)})"
-        ).collect()
-        return bool(rows[0][0])
+        newer = snapshots_since(self.spark, hist, int(last))
+        if newer is None:
+            return False  # the snapshot expired: nothing to compare with
+        return any(s.get(SUMMARY_MIN_POSITION, "~") <= since.token() for s in newer)
 
     def _record_progress(self, cur: str, commit_props: dict[str, str]) -> None:
         """Commit the watermark without data: an empty append carries it in its snapshot summary."""

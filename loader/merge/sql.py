@@ -114,13 +114,19 @@ def merge_sql(
     return statement
 
 
-def full_recompute_sql(history_ident: str, pk: list[str], columns: list[str]) -> str:
+def full_recompute_sql(history_ident: str, pk: list[str], pk_types: dict[str, str], columns: list[str]) -> str:
     """What Simple's views did: newest history row per key over the whole history, deletes removed.
 
-    Used by the benchmark as the baseline the incremental merge is compared with.
+    (Deletes carry their key in pg_old_key.) Used by the benchmark as the baseline the incremental
+    merge is compared with; it reads every history row on every run.
     """
     q = quote_ident
-    part = ", ".join(q(k) for k in pk)
+
+    def key(k: str) -> str:
+        old = typed_expr(pk_types[k], f"from_json(pg_old_key, 'map<string,string>')[{sql_string(k)}]")
+        return f"IF(pg_operation = 'delete', {old}, {q(k)})"
+
+    part = ", ".join(key(k) for k in pk)
     cols = ", ".join(q(c) for c in columns)
     return (
         f"SELECT {cols}, pg_lsn, pg_seq, pg_txn_timestamp FROM ("
