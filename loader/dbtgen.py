@@ -296,7 +296,8 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                 "name": f"{m}__changes",
                 "description": (
                     f"Change log of {src}: one row per change with every column before and after it and the "
-                    "columns that changed. Columns an update did not send (unchanged TOAST) keep their value."
+                    "columns that changed. Columns an update did not send (unchanged TOAST) keep their value. "
+                    "An Iceberg table, rebuilt by each dbt build/run."
                 ),
                 "meta": {"source_table": src, "primary_key": spec.pk},
                 "columns": change_cols,
@@ -305,7 +306,8 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                 "name": f"{m}__scd2",
                 "description": (
                     f"Exact SCD type 2 of {src}: one version per change, valid_from/valid_to from commit "
-                    "timestamps (ties broken by commit order), valid_to NULL for the current version."
+                    "timestamps (ties broken by commit order), valid_to NULL for the current version. "
+                    "An Iceberg table, rebuilt by each dbt build/run."
                 ),
                 "meta": {"source_table": src, "primary_key": spec.pk},
                 "columns": plain[: len(spec.pg_types)]
@@ -335,8 +337,17 @@ def _model_sql(spec: TableSpec) -> dict[str, str]:
     cur = f"source('current', {_jinja(spec.history_name)})"
     return {
         f"{m}.sql": f"{head}{{{{ loader_current_view({cur}, {cols}) }}}}\n",
-        f"{m}__changes.sql": f"{head}{{{{ loader_change_log({hist}, {key}, {cols}, {_jinja(old_key_exprs(spec))}) }}}}\n",
-        f"{m}__scd2.sql": f"{head}{{{{ loader_scd2(ref('{m}__changes'), {key}, {cols}) }}}}\n",
+        # Tables: the change log and SCD2 are the expensive derivations (windows over all of history);
+        # materialized, the recompute view and the audits over them plan and run fast. Both are as of
+        # the last dbt build/run; the current views are live.
+        f"{m}__changes.sql": (
+            f"{head}{{{{ config(materialized='table', file_format='iceberg') }}}}\n"
+            f"{{{{ loader_change_log({hist}, {key}, {cols}, {_jinja(old_key_exprs(spec))}) }}}}\n"
+        ),
+        f"{m}__scd2.sql": (
+            f"{head}{{{{ config(materialized='table', file_format='iceberg') }}}}\n"
+            f"{{{{ loader_scd2(ref('{m}__changes'), {key}, {cols}) }}}}\n"
+        ),
         f"{m}__from_history.sql": f"{head}{{{{ loader_current_from_history(ref('{m}__scd2'), {cols}) }}}}\n",
     }
 
