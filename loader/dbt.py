@@ -167,6 +167,8 @@ def invoke_dbt(settings: LoaderSettings, args: list[str], echo: Callable[[str], 
 
     target = _target_in_args(args) or settings.dbt.target
     env = profile_env(settings, target)
+    if next((a for a in args if not a.startswith("-")), None) not in _PROJECT_COMMANDS:
+        return dbtRunner().invoke(list(args))  # --help, --version, init: no project, no Spark
     if target == "session":
         from loader.spark import get_spark
 
