@@ -86,6 +86,8 @@ class Capture:
         # Test seam and hook: called after each file is durable, before the slot moves.
         self.on_published = on_published
         self.round_changes = round_changes or max(settings.source.max_changes_per_file * 4, 10_000)
+        self.options: tuple[str, ...] = WAL2JSON_OPTIONS  # extended in run() by what the plugin supports
+        self.keys: KeyLookup | None = None
 
     def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
         """Capture every transaction committed before ``upto_lsn`` (default: the WAL end now).
@@ -149,7 +151,7 @@ class Capture:
         writer = LandingWriter(self.store, src.max_changes_per_file)
         rows = 0
         txn_has_output = False
-        options = getattr(self, "options", WAL2JSON_OPTIONS)
+        options = self.options
         placeholders = ", ".join(["%s"] * len(options))
         sql = (
             "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, %s, "
@@ -205,8 +207,7 @@ class Capture:
         and note tables whose changes cannot build a current table."""
         if rec.op == "T":
             return
-        keys = getattr(self, "keys", None)
-        info = keys.info(rec.schema, rec.table) if keys is not None else None
+        info = self.keys.info(rec.schema, rec.table) if self.keys is not None else None
         if info is None:
             return
         if not rec.pk:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +167,7 @@ def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = Fal
     return ExportedSnapshot(repl, slot, parse_lsn(row[1]), row[2])
 
 
-_SLOT_NAME_RE = __import__("re").compile(r"^[a-z0-9_]{1,63}$")
+_SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
 @dataclass
