@@ -232,10 +232,19 @@ def slot_info(ctx: Context) -> None:
                 "current_wal_lsn": format_lsn(info.current_wal_lsn),
                 "retained_wal_bytes": info.retained_wal_bytes,
                 "lag_bytes": info.lag_bytes,
+                "snapshot": _snapshot_state(ctx.settings),
             },
             indent=2,
         )
     )
+
+
+def _snapshot_state(settings: LoaderSettings) -> dict[str, Any] | None:
+    """The landing area's snapshot state (consistent point, tables, done), if a snapshot was taken."""
+    from loader.capture.capture import SNAPSHOT_STATE
+    from loader.capture.landing import open_landing
+
+    return open_landing(settings).read_state(SNAPSHOT_STATE)
 
 
 @slot.command("tables")

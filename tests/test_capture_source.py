@@ -574,6 +574,7 @@ def test_cli_snapshot_capture_slot_info_and_tables(src: Src) -> None:
     out = runner.invoke(main, ["slot", "info"], env=env)
     info = json.loads(out.output)
     assert info["slot"] == src.settings.source.slot and "retained_wal_bytes" in info and "lag_bytes" in info
+    assert info["snapshot"]["done"] and info["snapshot"]["tables"] == ["public.bare", "public.keyed"]
     out = runner.invoke(main, ["slot", "tables", "--json"], env=env)
     tables = {t["table"]: t for t in json.loads(out.output)}
     assert tables["public.keyed"]["key"] == ["id"] and tables["public.bare"]["key"] == []
