@@ -64,7 +64,7 @@ def make_docs_table(env: Env) -> dict[str, str]:
     return {"big1": big1, "big3": big3}
 
 
-def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path) -> None:
+def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     workload = BankWorkload(env.settings.source.dsn, seed=11)
     workload.create_schema()
     env.capture()  # slot exists before the changes
@@ -183,3 +183,26 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path
     assert one(st, "history_order", "history_public__transactions") == "pass"
     assert one(st, "toast_placeholder", "public__accounts") == "pass"
     assert len(failed) <= 12, failed
+
+    # the CLI: 'loader dbt' passes through and exits non-zero when dbt fails; drift check exits 0
+    from click.testing import CliRunner
+
+    from loader.cli import main
+
+    c = settings.catalog
+    for key, value in {
+        "LOADER_SOURCE__DSN": settings.source.dsn,
+        "LOADER_CATALOG__URI": c.uri,
+        "LOADER_CATALOG__WAREHOUSE": c.warehouse,
+        "LOADER_CATALOG__HISTORY_NAMESPACE": c.history_namespace,
+        "LOADER_CATALOG__CURRENT_NAMESPACE": c.current_namespace,
+        "LOADER_CATALOG__LOADER_NAMESPACE": c.loader_namespace,
+        "LOADER_DBT__ANALYTICS_NAMESPACE": settings.dbt.analytics_namespace,
+        "LOADER_DBT__WORK_DIR": str(settings.dbt.work_dir),
+    }.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+    out = runner.invoke(main, ["dbt-sources", "--check", "--project-dir", str(work)])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(main, ["dbt", "test", "--select", "source:current.public__transactions"])
+    assert out.exit_code == 1, out.output
