@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
-from loader.capture.source_tables import KeyLookup
+from loader.capture.source_tables import KeyLookup, column_numbers, detect_renames
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.config import LoaderSettings
 from loader.errors import LandingError, TransientError
@@ -23,6 +23,8 @@ from loader.lsn import ChangePosition, format_lsn
 
 # Name of the state object an unfinished snapshot leaves in the landing area (see snapshot.py).
 SNAPSHOT_STATE = "snapshot.state.json"
+# attnum -> name of the columns of every captured table, as of the last capture (rename detection).
+COLUMNS_STATE = "columns.state.json"
 
 
 class SnapshotInProgressError(TransientError):
@@ -42,6 +44,8 @@ class CaptureResult:
     # Tables seen in this run whose changes cannot give a current table, with the reason.
     limited_tables: dict[str, str] = field(default_factory=dict)
     numeric_special_values: bool = False  # wal2json keeps NaN/Infinity (numeric-data-types-as-string)
+    tables: set[str] = field(default_factory=set)  # tables with changes landed in this run
+    renamed_columns: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         lsn = format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else "-"
@@ -53,6 +57,8 @@ class CaptureResult:
         )
         for table, what in sorted(self.limited_tables.items()):
             text += f"\n  note: {table}: {what}"
+        for rename in self.renamed_columns:
+            text += f"\n  note: {rename}"
         return text
 
 
@@ -123,12 +129,33 @@ class Capture:
                 rows, landed = self._round(conn, upto, landed, result)
                 if rows == 0:
                     break
+            self._note_renames(conn, result)
             info = slots.slot_info(conn, src.slot)
             if info is not None:
                 result.confirmed_lsn = info.confirmed_flush_lsn
                 result.lag_bytes = info.lag_bytes
                 result.retained_wal_bytes = info.retained_wal_bytes
         return result
+
+    def _note_renames(self, conn: "slots.psycopg.Connection", result: CaptureResult) -> None:
+        """Report columns renamed since the last capture (same attnum, new name).
+
+        wal2json only prints names, so downstream sees a rename as a new column; this note tells the
+        operator which new column continues which old one.
+        """
+        if not result.tables:
+            return
+        state = self.store.read_state(COLUMNS_STATE) or {}
+        for qualified in sorted(result.tables):
+            schema, _, table = qualified.partition(".")
+            now = column_numbers(conn, schema, table)
+            for old, new in detect_renames(state.get(qualified, {}), now):
+                result.renamed_columns.append(
+                    f"{qualified}: column {old!r} was renamed to {new!r} (same attnum); history holds it as a new column"
+                )
+            if now:
+                state[qualified] = now
+        self.store.write_state(COLUMNS_STATE, state)
 
     def check_no_snapshot_in_progress(self) -> None:
         state = self.store.read_state(SNAPSHOT_STATE)
@@ -179,6 +206,7 @@ class Capture:
                             if not self._wanted(rec):
                                 continue
                             self._complete_key(rec, result)
+                            result.tables.add(rec.qualified_table)
                             txn_has_output = True
                             writer.write(rec)
                             result.changes += 1

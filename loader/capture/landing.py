@@ -26,6 +26,7 @@ from loader.config import LoaderSettings
 from loader.errors import LandingError
 from loader.lsn import ChangePosition
 
+STATE_PREFIX = "_state"
 _NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz$")
 
 
@@ -76,21 +77,30 @@ class LandingStore(ABC):
     def delete(self, name: str) -> None:
         """Remove one object (used only for unloaded files of an interrupted snapshot)."""
 
+    @abstractmethod
+    def exists(self, name: str) -> bool:
+        """Whether an object (possibly under a sub-prefix) exists."""
+
     def write_state(self, name: str, doc: dict[str, Any]) -> None:
-        """Durably replace a small JSON state object (never a landing file name)."""
+        """Durably replace a small JSON state object, kept under ``_state/`` beside the landing files.
+
+        The sub-prefix keeps state out of ``names()``, which lists the landing files' level only.
+        """
         fd, tmp = tempfile.mkstemp(suffix=".json")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(json.dumps(doc, indent=2, sort_keys=True).encode("utf-8"))
-            self.publish(Path(tmp), name)
+            self.publish(Path(tmp), f"{STATE_PREFIX}/{name}")
         finally:
             Path(tmp).unlink(missing_ok=True)
 
     def read_state(self, name: str) -> dict[str, Any] | None:
-        if name not in self.names():
+        key = f"{STATE_PREFIX}/{name}"
+        if not self.exists(key):
             return None
-        doc = json.loads(self.open_bytes(name).decode("utf-8"))
-        assert isinstance(doc, dict)
+        doc = json.loads(self.open_bytes(key).decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise LandingError(f"state object {self.url}/{key} is not a JSON object", hint="delete it and re-run")
         return doc
 
     def files(self) -> list[LandingFile]:
@@ -129,16 +139,20 @@ class LocalLandingStore(LandingStore):
             return []
         return sorted(p.name for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
 
+    def exists(self, name: str) -> bool:
+        return (self.path / name).is_file()
+
     def publish(self, local_path: Path, name: str) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f".{name}.tmp"
+        target = self.path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.tmp"
         with open(local_path, "rb") as src, open(tmp, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
             dst.flush()
             os.fsync(dst.fileno())
-        os.replace(tmp, self.path / name)
-        fd = os.open(self.path, os.O_RDONLY)
+        os.replace(tmp, target)
+        fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
@@ -179,6 +193,17 @@ class S3LandingStore(LandingStore):
 
     def delete(self, name: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
+    def exists(self, name: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise LandingError(f"cannot read s3://{self.bucket}/{self._key(name)}: {exc}") from exc
 
     def publish(self, local_path: Path, name: str) -> None:
         from boto3.s3.transfer import TransferConfig

@@ -14,7 +14,7 @@ How it stays consistent with the stream:
 
 Chunked and resumable: the rows are read in key order through a server-side cursor and landed in
 files of ``source.snapshot_chunk_rows`` rows (files never mix tables). A state object in the
-landing area (``snapshot.state.json``) marks the snapshot unfinished; capture refuses to stream
+landing area (``_state/snapshot.state.json``) marks the snapshot unfinished; capture refuses to stream
 until it is done. After a crash, ``loader backfill snapshot`` resumes after the last landed key
 of a keyed table. The exported snapshot died with the crash, so the remaining rows are read from
 a fresh snapshot: they may already contain changes committed after ``cp``; the stream replays

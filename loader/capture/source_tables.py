@@ -114,6 +114,25 @@ def column_types(conn: psycopg.Connection, schema: str, table: str) -> list[tupl
     return [(r[0], r[1]) for r in rows]
 
 
+def column_numbers(conn: psycopg.Connection, schema: str, table: str) -> dict[str, str]:
+    """attnum -> column name of the live columns (attnum survives a RENAME COLUMN)."""
+    try:
+        rows = conn.execute(
+            "SELECT a.attnum, a.attname FROM pg_attribute a"
+            " WHERE a.attrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass"
+            " AND a.attnum > 0 AND NOT a.attisdropped",
+            (schema, table),
+        ).fetchall()
+    except psycopg.Error:
+        return {}  # the table was dropped since
+    return {str(r[0]): r[1] for r in rows}
+
+
+def detect_renames(before: dict[str, str], after: dict[str, str]) -> list[tuple[str, str]]:
+    """(old name, new name) for every attnum whose name changed."""
+    return [(before[n], after[n]) for n in sorted(before, key=int) if n in after and after[n] != before[n]]
+
+
 class KeyLookup:
     """Per-run cache of each table's downstream key (catalog read once per table)."""
 
