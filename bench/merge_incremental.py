@@ -11,7 +11,7 @@ and prints the medians of ``BENCH_REPEATS`` runs and their ratio, plus how many 
 increment read planned (Iceberg min/max pruning on pg_lsn) and how many current files the MERGE wrote.
 
 Needs PostgreSQL for the JDBC catalog: ``LOADER_BENCH_PG`` or ``LOADER_TEST_PG`` (default the test
-server on 127.0.0.1:55433). Sizes: ``BENCH_MERGE_SIZES=100000,400000,1600000``.
+server on 127.0.0.1:55433). Sizes: ``BENCH_MERGE_SIZES=200000,800000,3200000``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def run() -> None:
     from loader.merge.sql import full_recompute_sql
     from loader.spark import get_spark
 
-    sizes = [int(s) for s in os.environ.get("BENCH_MERGE_SIZES", "100000,400000,1600000").split(",")]
+    sizes = [int(s) for s in os.environ.get("BENCH_MERGE_SIZES", "200000,800000,3200000").split(",")]
     increment = int(os.environ.get("BENCH_INCREMENT", "1000"))
     repeats = int(os.environ.get("BENCH_REPEATS", "3"))
     catalog_db = f"bench_catalog_{uuid.uuid4().hex[:6]}"

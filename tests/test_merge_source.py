@@ -107,7 +107,8 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     env.history("public.t").where(f"pg_lsn <= {first.commit_lsn}").createOrReplaceTempView("replay_inc")
     env.spark.sql(key_events_sql("replay_inc", ["id"], types, cols)).createOrReplaceTempView("replay_events")
     env.spark.sql(reduce_sql("replay_events", ["id"], cols)).createOrReplaceTempView("replay_reduced")
-    env.spark.sql(merge_sql(env.names.current(SourceTable("public", "t")), "replay_reduced", ["id"], cols))
+    watermark = (second.commit_lsn, second.seq)  # what CurrentMerge passes: the table's merged-through
+    env.spark.sql(merge_sql(env.names.current(SourceTable("public", "t")), "replay_reduced", ["id"], cols, insert_after=watermark))
     assert sorted(env.current("public.t").collect()) == state
     merge = CurrentMerge(env.spark, env.settings)
     merge.merge_table(SourceTable("public", "t"), first.token())

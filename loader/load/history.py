@@ -105,10 +105,10 @@ def table_properties(spark: "SparkSession", ident: str) -> dict[str, str]:
 
 
 def table_exists(spark: "SparkSession", ident: str) -> bool:
+    # A catalog lookup, not a query: DESCRIBE ... collect() runs a Spark job (seconds on a busy host).
     try:
-        spark.sql(f"DESCRIBE TABLE {ident}").limit(1).collect()
-        return True
-    except Exception as exc:  # AnalysisException: table or view not found
+        return bool(spark.catalog.tableExists(ident))
+    except Exception as exc:  # AnalysisException: namespace not found
         if "TABLE_OR_VIEW_NOT_FOUND" in str(exc) or "not found" in str(exc).lower():
             return False
         raise

@@ -13,6 +13,7 @@ no-op, and a re-run after a crash recomputes the same increment.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -245,7 +246,7 @@ class CurrentMerge:
                 )
             else:
                 inc_events = inc
-            self._apply(table, cur, inc_events, pk, pg_types, props_out, out, rebuild, truncated, toast_updates > 0)
+            self._apply(table, cur, inc_events, pk, pg_types, props_out, out, rebuild, truncated, toast_updates > 0, since)
         finally:
             inc.unpersist()
         out.merged_through = cut.token()
@@ -263,6 +264,7 @@ class CurrentMerge:
         rebuild: bool,
         truncated: ChangePosition | None,
         toast_updates: bool = True,
+        since: ChangePosition | None = None,
     ) -> None:
         from pyspark.sql import functions as F
 
@@ -294,6 +296,8 @@ class CurrentMerge:
             statement = merge_sql(
                 cur, quote_ident(reduced_view), pk, columns,
                 (truncated.commit_lsn, truncated.seq) if truncated is not None else None,
+                None if truncated is not None else self._bucket_filter(cur, pk, quote_ident(reduced_view)),
+                (since.commit_lsn, since.seq) if since is not None else None,
             )
             with_commit_properties(self.spark, commit_props, lambda: self.spark.sql(statement))
             if latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH) != commit_props[SUMMARY_MERGED_THROUGH]:
@@ -302,6 +306,27 @@ class CurrentMerge:
                 self._record_progress(cur, commit_props)
         finally:
             reduced.unpersist()
+
+    def _bucket_filter(self, cur: str, pk: list[str], reduced_view: str) -> str | None:
+        """``bucket(N, key) IN (...)`` over the buckets the increment touches, or None if it is all.
+
+        The current table is partitioned by bucket(N, first key column); with the predicate in
+        the MERGE condition, Iceberg plans only those partitions' data and delete files.
+        """
+        from loader.commit import iceberg_table
+
+        table = iceberg_table(self.spark, cur)
+        fields = list(table.spec().fields())
+        if len(fields) != 1 or table.schema().findColumnName(fields[0].sourceId()) != pk[0]:
+            return None
+        m = re.fullmatch(r"bucket\[(\d+)\]", str(fields[0].transform().toString()))
+        if not m:
+            return None
+        fn = f"{quote_ident(self.names.catalog)}.system.bucket({int(m.group(1))}, {{col}})"
+        hit = [r[0] for r in self.spark.sql(f"SELECT DISTINCT {fn.format(col=quote_ident(pk[0]))} FROM {reduced_view}").collect()]
+        if not hit or len(hit) >= int(m.group(1)) or any(b is None for b in hit):
+            return None
+        return f"{fn.format(col='t.' + quote_ident(pk[0]))} IN ({', '.join(str(int(b)) for b in sorted(hit))})"
 
     def _late_changes(self, hist: str, cur: str, since: ChangePosition) -> bool:
         """Did a history append after the last merge add changes at or below its position?"""

@@ -86,15 +86,28 @@ def reduce_sql(events_view: str, pk: list[str], columns: list[str]) -> str:
 
 
 def merge_sql(
-    current_ident: str, source_view: str, pk: list[str], columns: list[str], truncated_before: tuple[int, int] | None = None
+    current_ident: str,
+    source_view: str,
+    pk: list[str],
+    columns: list[str],
+    truncated_before: tuple[int, int] | None = None,
+    target_filter: str | None = None,
+    insert_after: tuple[int, int] | None = None,
 ) -> str:
     """MERGE with an LSN guard: a replayed or late event never moves a row backwards.
 
     ``truncated_before``: a TRUNCATE at that position is in the increment; every current row
     older than it that the increment does not rewrite is deleted in the same commit.
+    ``target_filter``: a predicate on the target alone (the key buckets the increment touches),
+    pushed down to the current-table scan so only those partitions' files are read.
+    ``insert_after``: the table's merged-through watermark. Only events after it may insert: a
+    deleted key leaves no row for the per-row guard to compare with, so without this a replayed
+    old increment could bring it back.
     """
     q = quote_ident
     on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in pk)
+    if target_filter and truncated_before is None:
+        on += f" AND {target_filter}"
     non_key = [c for c in columns if c not in pk]
     sets = [f"t.{q(c)} = IF(s.{q(c + '__absent')}, t.{q(c)}, s.{q(c)})" for c in non_key]
     sets += ["t.pg_lsn = s.pg_lsn", "t.pg_seq = s.pg_seq", "t.pg_txn_timestamp = s.pg_txn_timestamp"]
@@ -104,7 +117,7 @@ def merge_sql(
         f"MERGE INTO {current_ident} t USING {source_view} s ON {on}\n"
         f"WHEN MATCHED AND s._kind = 'delete' AND {POS_GT} THEN DELETE\n"
         f"WHEN MATCHED AND s._kind = 'upsert' AND {POS_GT} THEN UPDATE SET {', '.join(sets)}\n"
-        f"WHEN NOT MATCHED AND s._kind = 'upsert' THEN INSERT ({', '.join(ins_cols)}) VALUES ({', '.join(ins_vals)})"
+        f"WHEN NOT MATCHED AND s._kind = 'upsert'{_after(insert_after)} THEN INSERT ({', '.join(ins_cols)}) VALUES ({', '.join(ins_vals)})"
     )
     if truncated_before is not None:
         lsn, seq = truncated_before
@@ -112,6 +125,13 @@ def merge_sql(
             f"\nWHEN NOT MATCHED BY SOURCE AND (t.pg_lsn < {lsn} OR (t.pg_lsn = {lsn} AND t.pg_seq < {seq})) THEN DELETE"
         )
     return statement
+
+
+def _after(position: tuple[int, int] | None) -> str:
+    if position is None:
+        return ""
+    lsn, seq = position
+    return f" AND (s.pg_lsn > {lsn} OR (s.pg_lsn = {lsn} AND s.pg_seq > {seq}))"
 
 
 def full_recompute_sql(history_ident: str, pk: list[str], pk_types: dict[str, str], columns: list[str]) -> str:
