@@ -195,6 +195,11 @@ def test_every_input_format_lands_the_same_changes_as_capture(env: Env) -> None:
     v2, v1 = setup_source(env)
     env.capture()
     ref_store = LocalLandingStore(Path(env.settings.landing.url.removeprefix("file://")) / env.settings.source.slot)
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(
+        json.loads((Path(__file__).resolve().parents[1] / "schemas" / "landing-change.v1.json").read_text())
+    )
     reference = [(r.op, r.table, [(c.name, c.value) for c in r.columns], [(c.name, c.value) for c in r.identity])
                  for r in landed(ref_store) if r.op != COMMIT]
     for fmt in FORMATS:
@@ -209,6 +214,9 @@ def test_every_input_format_lands_the_same_changes_as_capture(env: Env) -> None:
                for r in recs if r.op != COMMIT]
         assert got == reference, fmt
         assert all(r.pk == ["id"] for r in recs if r.op != COMMIT), fmt
+        for f in store.files():
+            for line in store.read_lines(f.name):
+                validator.validate(json.loads(line))
         again = import_files(env.settings, fmt.split("-")[0], [str(f) for f in files], pk, store=store)
         assert again.changes == 0 and again.already_landed == res.transactions, f"{fmt}: re-import must be a no-op"
 

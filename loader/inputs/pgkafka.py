@@ -44,7 +44,7 @@ def convert(doc: dict[str, Any], origin: str) -> InputChange:
             txn=str(doc["xid"]),
             xid=int(doc["xid"]),
             change_lsn=lsn_value(doc["lsn"], origin),
-            ts=str(doc.get("timestamp") or ""),
+            ts=str(doc["timestamp"]),
             schema=schema,
             table=table,
             columns=_cols(doc.get("columns"), doc.get("types"), doc.get("values"), origin),

@@ -31,6 +31,8 @@ def _v1_cols(names: Any, types: Any, values: Any) -> list[Column]:
 def _read_v1(origin: str, doc: dict[str, Any], pk: dict[str, list[str]]) -> Iterator[InputChange]:
     if "nextlsn" not in doc:
         raise DecodeError(f"{origin}: wal2json format 1 transaction without nextlsn", hint="produce it with include-lsn=1")
+    if not doc.get("timestamp"):
+        raise DecodeError(f"{origin}: wal2json format 1 transaction without timestamp", hint="produce it with include-timestamp=1")
     commit = lsn_value(doc["nextlsn"], origin)
     xid = int(doc.get("xid", 0))
     for i, ch in enumerate(doc.get("change", [])):
