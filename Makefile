@@ -64,7 +64,7 @@ S3A_JARS := $(S3A_JARS_DIR)/hadoop-aws-3.3.1.jar $(S3A_JARS_DIR)/aws-java-sdk-bu
 
 s3a-jars: $(S3A_JARS)
 
-$(S3A_JARS): | venv
+$(S3A_JARS) &: | venv
 	@set -e; mkdir -p $(S3A_JARS_DIR); tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
 	$(BIN)/pip download -q --no-deps --no-binary :all: -d $$tmp sagemaker-pyspark==1.4.5; \
 	tar -xzf $$tmp/sagemaker_pyspark-1.4.5.tar.gz -C $$tmp --wildcards '*/deps/jars/hadoop-aws-3.3.1.jar' '*/deps/jars/aws-java-sdk-bundle-1.11.901.jar'; \
