@@ -602,3 +602,43 @@ def test_column_rename_is_detected_by_attnum(src: Src) -> None:
     assert len(res.renamed_columns) == 1 and "'a' was renamed to 'b'" in res.renamed_columns[0]
     assert "renamed" in res.summary()
     assert [c.name for c in src.changes("t")[-1].columns] == ["id", "b", "c"]
+
+
+def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> None:
+    import boto3
+
+    from loader.capture.capture import SnapshotInProgressError
+    from loader.capture.snapshot import Snapshot
+
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    bucket = f"snap-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    settings = src.settings.model_copy(
+        update={
+            "landing": src.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc"}),
+            "s3": src.settings.s3.model_copy(update={"endpoint_url": s3_server}),
+        }
+    )
+    src.sql("CREATE TABLE t (id int primary key, v text)")
+    src.sql("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300) g")
+    published: list[str] = []
+
+    def crash_after_two(name: str) -> None:
+        published.append(name)
+        if len(published) == 2:
+            raise Crash()
+
+    with pytest.raises(Crash):
+        Snapshot(settings, chunk_rows=100, on_published=crash_after_two).run()
+    with pytest.raises(SnapshotInProgressError):
+        Capture(settings).run()
+    res = Snapshot(settings, chunk_rows=100).run()
+    assert res.resumed and res.rows == 100  # the third chunk only
+    src.sql("INSERT INTO t VALUES (1000, 'after')")
+    Capture(settings).run()
+    store = open_landing(settings)
+    ids = [values(r)["id"] for f in store.files() for r in store.read_records(f.name) if r.op in ("R", "I")]
+    assert sorted(map(int, ids)) == [*range(1, 301), 1000]
+    assert not any(n.startswith("_state") for n in store.names())
+    state = store.read_state("snapshot.state.json")
+    assert state is not None and state["done"] and not state["exact"]
