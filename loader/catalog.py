@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import urlparse
 
@@ -17,10 +18,23 @@ def pyiceberg_uri(uri: str) -> str:
 
 
 def open_catalog(settings: LoaderSettings) -> Any:
+    """The pyiceberg catalog for these settings; one per distinct catalog/S3 configuration.
+
+    Cached because each SqlCatalog owns a SQLAlchemy connection pool: a new one per call would
+    hold catalog-database connections until garbage collection.
+    """
+    c = settings.catalog
+    return _open_catalog(c.name, c.uri, c.warehouse, settings.s3.model_dump_json())
+
+
+@functools.lru_cache(maxsize=8)
+def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str) -> Any:
     from pyiceberg.catalog.sql import SqlCatalog
 
-    props: dict[str, str] = {"uri": pyiceberg_uri(settings.catalog.uri), "warehouse": settings.catalog.warehouse}
-    s3 = settings.s3
+    from loader.config import S3Settings
+
+    s3 = S3Settings.model_validate_json(s3_json)
+    props: dict[str, str] = {"uri": pyiceberg_uri(uri), "warehouse": warehouse}
     if s3.endpoint_url:
         props["s3.endpoint"] = s3.endpoint_url
     if s3.access_key_id:
@@ -30,10 +44,10 @@ def open_catalog(settings: LoaderSettings) -> Any:
     if s3.path_style:
         props["s3.force-virtual-addressing"] = "false"
     try:
-        return SqlCatalog(settings.catalog.name, **props)
+        return SqlCatalog(name, **props)
     except Exception as exc:
         raise CatalogError(
-            f"cannot open the Iceberg catalog at {settings.catalog.uri}: {exc}",
+            f"cannot open the Iceberg catalog at {uri}: {exc}",
             hint="check LOADER_CATALOG__URI and that its database is reachable",
         ) from exc
 

@@ -110,6 +110,13 @@ def spark_conf(settings: LoaderSettings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.adaptive.enabled": "true",
+        # Spark 3.5 clones the session on every Dataset.persist() unless these three are set
+        # (CacheManager.getOrCloneSessionWithConfigsOff); each clone builds a new Iceberg JdbcCatalog
+        # whose connection pool lives until the JVM collects it, so a long run exhausts the catalog
+        # database's connections. Cost: AQE no longer coalesces the final stage of a query.
+        "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+        "spark.sql.adaptive.applyFinalStageShuffleOptimizations": "false",
+        "spark.sql.sources.bucketing.autoBucketedScan.enabled": "false",
         # History tables are appended in LSN order; Spark must not reorder the increment.
         "spark.sql.iceberg.planning.preserve-data-grouping": "true",
         "spark.driver.extraJavaOptions": "-Djava.library.path=/usr/lib/x86_64-linux-gnu/jni",
