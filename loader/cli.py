@@ -1,7 +1,10 @@
 """The ``loader`` command. Each subcommand only wires options to the stage that does the work.
 
-Errors reach the user as one line naming what failed and what to do, exit status 1; ``--debug``
-shows the traceback. Exit status 3 means the run finished but quarantined rejects.
+Errors reach the user as one line naming what failed and what to do; ``--debug`` shows the
+traceback. Exit status: 0 done; 1 error that needs a change of input or configuration; 3 the run
+finished but quarantined changes in the rejects table; 4 ``verify`` found a difference; 5 the run
+finished but some tables are parked (waiting for a resync); 75 a transient failure (another
+process holds the stage, the landing area or the source did not answer): re-run later.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from typing import Any
 import click
 
 from loader.config import LoaderSettings, load_settings
-from loader.errors import LoaderError
+from loader.errors import LoaderError, TransientError
 
 EXIT_ERROR = 1
 EXIT_REJECTS = 3
 EXIT_NOT_RECONCILED = 4
+EXIT_PARKED = 5
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL: try again later
 
 
 class Context:
@@ -52,7 +57,7 @@ def catch_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if debug:
                 raise
             click.echo(f"error: {exc.one_line()}", err=True)
-            sys.exit(EXIT_ERROR)
+            sys.exit(EXIT_TRANSIENT if isinstance(exc, TransientError) else EXIT_ERROR)
         except click.exceptions.Exit:
             raise
         except Exception as exc:  # unexpected: still one line unless --debug
@@ -113,9 +118,26 @@ def load(ctx: Context) -> None:
 
     res = HistoryLoad(ctx.spark(), ctx.settings).run()
     click.echo(res.summary())
+    sys.exit(_load_exit(ctx, res))
+
+
+def _load_exit(ctx: Context, res: Any) -> int:
     if res.rejects:
         click.echo(f"{res.rejects} changes quarantined in {ctx.settings.catalog.loader_namespace}.rejects", err=True)
-        sys.exit(EXIT_REJECTS)
+    if res.parked:
+        click.echo(f"{len(res.parked)} tables parked: {', '.join(sorted(res.parked))} (see 'loader status')", err=True)
+        return EXIT_PARKED
+    return EXIT_REJECTS if res.rejects else 0
+
+
+def _merge_exit(res: Any) -> int:
+    if res.parked:
+        click.echo(
+            f"{len(res.parked)} tables parked, their current tables wait for a resync: {', '.join(sorted(res.parked))}",
+            err=True,
+        )
+        return EXIT_PARKED
+    return 0
 
 
 @main.command()
@@ -128,6 +150,7 @@ def merge(ctx: Context, tables: tuple[str, ...]) -> None:
 
     res = CurrentMerge(ctx.spark(), ctx.settings).run(list(tables) or None)
     click.echo(res.summary())
+    sys.exit(_merge_exit(res))
 
 
 @main.command()
@@ -143,9 +166,9 @@ def run(ctx: Context) -> None:
     spark = ctx.spark()
     res = HistoryLoad(spark, ctx.settings).run()
     click.echo(res.summary())
-    click.echo(CurrentMerge(spark, ctx.settings).run().summary())
-    if res.rejects:
-        sys.exit(EXIT_REJECTS)
+    merged = CurrentMerge(spark, ctx.settings).run()
+    click.echo(merged.summary())
+    sys.exit(max(_load_exit(ctx, res), _merge_exit(merged)))
 
 
 @main.command()
@@ -173,8 +196,10 @@ def verify(ctx: Context, tables: tuple[str, ...]) -> None:
         click.echo(r.line())
         for e in r.examples:
             click.echo(f"      {e}")
-    if not all(r.ok for r in results):
+    if any(not r.ok and r.parked is None for r in results):
         sys.exit(EXIT_NOT_RECONCILED)
+    if any(r.parked for r in results):
+        sys.exit(EXIT_PARKED)
 
 
 @main.group()

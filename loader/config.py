@@ -68,6 +68,10 @@ class LandingSettings(BaseModel):
     url: str = Field(default_factory=lambda: (state_dir() / "landing").as_uri())
     # Landing files larger than this go to S3 as a multipart upload (parts of this size, min 5).
     multipart_threshold_mb: int = 64
+    # Transient failures (throttling, timeouts, resets, I/O errors) are retried this many times
+    # with exponential backoff capped at retry_max_wait_s, then the run fails with nothing marked done.
+    retry_attempts: int = 6
+    retry_max_wait_s: float = 20.0
 
 
 class CatalogSettings(BaseModel):
@@ -106,6 +110,13 @@ class SparkSettings(BaseModel):
     # Override the Iceberg Spark runtime jar; found in the installed Python package by default.
     iceberg_jar: str | None = None
     conf: dict[str, str] = Field(default_factory=dict)
+
+
+class LockSettings(BaseModel):
+    """How a stage meets another process already running it (see loader.locks)."""
+
+    # Wait this long for the other 'loader load' / 'loader merge' to finish; 0 fails at once.
+    wait_seconds: float = 0.0
 
 
 class MergeSettings(BaseModel):
@@ -155,6 +166,7 @@ class LoaderSettings(BaseSettings):
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     merge: MergeSettings = Field(default_factory=MergeSettings)
+    locks: LockSettings = Field(default_factory=LockSettings)
     dbt: DbtSettings = Field(default_factory=DbtSettings)
     sql_server: SqlServerSettings = Field(default_factory=SqlServerSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 
 from loader.config import LoaderSettings
-from loader.load.typemap import spark_type, sql_string, typed_expr
+from loader.load.typemap import spark_type
+from loader.merge.sql import old_key_expr
+from loader.names import lake_column
 from loader.tables import PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
 
 GENERATED_DIR = "models/generated"
@@ -44,9 +46,13 @@ class TableSpec:
 
     table: SourceTable
     history_name: str  # Iceberg table name in the history namespace
-    pk: list[str]
-    pg_types: dict[str, str]  # source column -> PostgreSQL type, in column order
+    pk: list[str]  # lake names
+    pg_types: dict[str, str]  # lake column name -> PostgreSQL type, in column order
     has_current: bool
+    sources: dict[str, str] = field(default_factory=dict)  # lake column name -> source column name
+
+    def source_of(self, column: str) -> str:
+        return self.sources.get(column, column)
 
     @property
     def model_name(self) -> str:
@@ -98,9 +104,11 @@ def read_catalog(settings: LoaderSettings) -> CatalogTables:
     specs = []
     for name in names(c.history_namespace):
         props = catalog.load_table((c.history_namespace, name)).properties
-        pg_types: dict[str, str] = json.loads(props.get(PROP_PG_TYPES, "{}"))
-        pk: list[str] = json.loads(props.get(PROP_PRIMARY_KEY, "[]"))
-        specs.append(TableSpec(SourceTable.from_iceberg_name(name), name, pk, pg_types, name in current))
+        source_types: dict[str, str] = json.loads(props.get(PROP_PG_TYPES, "{}"))
+        pk = [lake_column(k) for k in json.loads(props.get(PROP_PRIMARY_KEY, "[]"))]
+        pg_types = {lake_column(k): v for k, v in source_types.items()}
+        sources = {lake_column(k): k for k in source_types}
+        specs.append(TableSpec(SourceTable.from_iceberg_name(name), name, pk, pg_types, name in current, sources))
     return CatalogTables(specs, current)
 
 
@@ -143,12 +151,18 @@ def _jinja(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def no_jinja(text: str) -> str:
+    """Text dbt renders as Jinja (descriptions) shown literally: every brace becomes a Jinja string.
+
+    PostgreSQL comments are written by anyone who can COMMENT ON a table; dbt renders
+    descriptions as Jinja, so a comment holding ``{{ ... }}`` or ``{% ... %}`` would run as code.
+    """
+    return re.sub(r"[{}]", lambda m: "{{ '" + m.group(0) + "' }}", text)
+
+
 def old_key_exprs(spec: TableSpec) -> dict[str, str]:
     """Typed key columns read out of pg_old_key, exactly as the merge reads them."""
-    return {
-        k: typed_expr(spec.pg_types[k], f"from_json(pg_old_key, 'map<string,string>')[{sql_string(k)}]")
-        for k in spec.pk
-    }
+    return {k: old_key_expr(k, spec.pg_types[k]) for k in spec.pk}
 
 
 def string_columns(spec: TableSpec) -> list[str]:
@@ -156,7 +170,8 @@ def string_columns(spec: TableSpec) -> list[str]:
 
 
 def pii_columns(settings: LoaderSettings, spec: TableSpec) -> list[str]:
-    return [c for c in settings.dbt.pii_columns.get(spec.table.qualified, []) if c in spec.pg_types]
+    """Lake names of the columns settings tag as personal data (settings name source columns)."""
+    return [lake_column(c) for c in settings.dbt.pii_columns.get(spec.table.qualified, []) if lake_column(c) in spec.pg_types]
 
 
 def subject_columns(settings: LoaderSettings, spec: TableSpec) -> dict[str, str]:
@@ -165,8 +180,8 @@ def subject_columns(settings: LoaderSettings, spec: TableSpec) -> dict[str, str]
     for subject, refs in settings.dbt.subject_columns.items():
         for ref in refs:
             schema_table, _, column = ref.rpartition(".")
-            if schema_table == spec.table.qualified and column in spec.pg_types:
-                out[column] = subject
+            if schema_table == spec.table.qualified and lake_column(column) in spec.pg_types:
+                out[lake_column(column)] = subject
     return out
 
 
@@ -178,9 +193,11 @@ def _column_entries(
     entries: list[dict[str, Any]] = []
     for col, pg_type in spec.pg_types.items():
         e: dict[str, Any] = {"name": col}
-        desc = comments.columns.get((spec.table.qualified, col))
-        e["description"] = (desc + " " if desc else "") + f"(PostgreSQL {pg_type})"
+        desc = comments.columns.get((spec.table.qualified, spec.source_of(col)))
+        e["description"] = (no_jinja(desc) + " " if desc else "") + f"(PostgreSQL {no_jinja(pg_type)})"
         meta: dict[str, Any] = {"pg_type": pg_type}
+        if spec.source_of(col) != col:
+            meta["source_column"] = spec.source_of(col)
         if col in pii:
             meta["pii"] = True
             e["tags"] = ["pii"]
@@ -214,7 +231,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
         history_tables.append(
             {
                 "name": spec.history_name,
-                "description": f"Every captured change of {src}, in commit order." + (f" {about}" if about else ""),
+                "description": no_jinja(f"Every captured change of {src}, in commit order." + (f" {about}" if about else "")),
                 "meta": {"source_table": src, "primary_key": spec.pk},
                 "columns": _column_entries(settings, spec, comments, history=True),
                 "data_tests": tests,
@@ -225,7 +242,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
         entry: dict[str, Any] = {"name": name}
         if spec is not None:
             src = spec.table.qualified
-            entry["description"] = f"Current state of {src} (one row per key), maintained by the loader's MERGE."
+            entry["description"] = no_jinja(f"Current state of {src} (one row per key), maintained by the loader's MERGE.")
             entry["meta"] = {"source_table": src, "primary_key": spec.pk}
             entry["columns"] = _column_entries(settings, spec, comments, history=False)
             tests: list[Any] = []
@@ -267,7 +284,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
 
 
 def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) -> dict[str, Any]:
-    src = spec.table.qualified
+    src = no_jinja(spec.table.qualified)  # only ever used in descriptions here
     m = spec.model_name
     cols = _column_entries(settings, spec, comments, history=False)
     plain = [{k: v for k, v in e.items() if k != "data_tests"} for e in cols]
@@ -280,7 +297,7 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
     for e in plain:
         if e["name"] in spec.pg_types:
             for side in ("before", "after"):
-                ce = {**e, "name": f"{e['name']}__{side}", "description": f"{e['name']} {side} the change. {e['description']}"}
+                ce = {**e, "name": f"{e['name']}__{side}", "description": f"{no_jinja(e['name'])} {side} the change. {e['description']}"}
                 change_cols.append(ce)
     return {
         "version": 2,
@@ -288,7 +305,7 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
             {
                 "name": m,
                 "description": f"Current rows of {src}: newest row per key, deletes excluded (view over the current table).",
-                "meta": {"source_table": src, "primary_key": spec.pk},
+                "meta": {"source_table": spec.table.qualified, "primary_key": spec.pk},
                 "columns": plain,
                 "data_tests": [{"loader_unique_key": {"arguments": {"key": spec.pk}}}],
             },
@@ -299,7 +316,7 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                     "columns that changed. Columns an update did not send (unchanged TOAST) keep their value. "
                     "An Iceberg table, rebuilt by each dbt build/run."
                 ),
-                "meta": {"source_table": src, "primary_key": spec.pk},
+                "meta": {"source_table": spec.table.qualified, "primary_key": spec.pk},
                 "columns": change_cols,
             },
             {
@@ -309,7 +326,7 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                     "timestamps (ties broken by commit order), valid_to NULL for the current version. "
                     "An Iceberg table, rebuilt by each dbt build/run."
                 ),
-                "meta": {"source_table": src, "primary_key": spec.pk},
+                "meta": {"source_table": spec.table.qualified, "primary_key": spec.pk},
                 "columns": plain[: len(spec.pg_types)]
                 + [
                     {"name": "valid_from", "description": "Commit time of the change that produced this version."},
@@ -323,7 +340,7 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                     f"Newest row per key of {src} recomputed from history (what Simple's views computed); "
                     "the reconciliation audit compares it with the current table."
                 ),
-                "meta": {"source_table": src, "primary_key": spec.pk},
+                "meta": {"source_table": spec.table.qualified, "primary_key": spec.pk},
             },
         ],
     }

@@ -48,7 +48,23 @@ class SlotBusyError(TransientError):
 
 
 class LandingError(TerminalError):
-    """A landing file could not be read, written or understood."""
+    """A landing file or landing-area object is missing or not understood."""
+
+
+class LandingUnavailableError(TransientError):
+    """The landing area did not answer (S3 throttling, timeouts, resets, I/O errors), even after retries."""
+
+
+class StageBusyError(TransientError):
+    """Another loader process holds this stage's lock (a cron overlap, or a second machine)."""
+
+
+class SlotLostError(SourceError):
+    """The replication slot was dropped, invalidated or consumed by someone else: changes were not captured."""
+
+
+class TablesParked(LoaderError):
+    """The run finished, but some tables are parked: their current tables wait for a resync."""
 
 
 class DecodeError(TerminalError):

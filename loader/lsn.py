@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+# The largest seq a position token can hold: (lsn, END_OF_TRANSACTION) sorts after every change of
+# the transaction committed at lsn and before every later transaction.
+END_OF_TRANSACTION = 9_999_999_999
+
 _LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 
 
@@ -43,5 +47,43 @@ class ChangePosition(NamedTuple):
         lsn_hex, seq = token.split(".")
         return cls(int(lsn_hex, 16), int(seq))
 
+    @classmethod
+    def end_of(cls, commit_lsn: int) -> "ChangePosition":
+        """After every change of the transaction committed at ``commit_lsn``."""
+        return cls(commit_lsn, END_OF_TRANSACTION)
+
+    def just_before(self) -> "ChangePosition":
+        """The greatest position that sorts before this one."""
+        if self.seq > 0:
+            return ChangePosition(self.commit_lsn, self.seq - 1)
+        return ChangePosition.end_of(self.commit_lsn - 1)
+
     def __str__(self) -> str:
         return f"{format_lsn(self.commit_lsn)}#{self.seq}"
+
+
+SqlPosition = ChangePosition | tuple[int, int] | tuple[str, str]
+
+
+def _sql_operands(position: SqlPosition) -> tuple[str, str]:
+    lsn, seq = position
+    # Integers become literals; strings are column expressions (a row compared with another row).
+    return (str(int(lsn)) if isinstance(lsn, int) else lsn), (str(int(seq)) if isinstance(seq, int) else seq)
+
+
+def position_after_sql(lsn_col: str, seq_col: str, position: SqlPosition, inclusive: bool = False) -> str:
+    """SQL predicate: the change at (``lsn_col``, ``seq_col``) comes after ``position`` (or is it).
+
+    The one spelling of the ordering comparison for every SQL the loader builds; written as
+    plain comparisons (not struct/tuple comparison) so Iceberg can prune files on pg_lsn.
+    """
+    lsn, seq = _sql_operands(position)
+    op = ">=" if inclusive else ">"
+    return f"({lsn_col} > {lsn} OR ({lsn_col} = {lsn} AND {seq_col} {op} {seq}))"
+
+
+def position_before_sql(lsn_col: str, seq_col: str, position: SqlPosition, inclusive: bool = True) -> str:
+    """SQL predicate: the change comes before ``position`` (or is it, when ``inclusive``)."""
+    lsn, seq = _sql_operands(position)
+    op = "<=" if inclusive else "<"
+    return f"({lsn_col} < {lsn} OR ({lsn_col} = {lsn} AND {seq_col} {op} {seq}))"

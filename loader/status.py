@@ -10,7 +10,7 @@ from loader.capture.landing import open_landing
 from loader.catalog import latest_summary, open_catalog, row_count
 from loader.config import LoaderSettings
 from loader.lsn import ChangePosition
-from loader.tables import PROP_PRIMARY_KEY, SUMMARY_LOADED_THROUGH, SUMMARY_MERGED_THROUGH, SourceTable
+from loader.tables import PROP_PARKED, PROP_PRIMARY_KEY, SUMMARY_LOADED_THROUGH, SUMMARY_MERGED_THROUGH, SourceTable
 
 
 def _pos(token: str | None) -> str | None:
@@ -26,6 +26,7 @@ class TableStatus:
     loaded: str | None
     merged: str | None
     note: str = ""
+    parked: str | None = None  # why the table waits for a resync, with the repair
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Status:
             lines.append(
                 f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {t.history_rows:>12} {cur:>12}  {t.merged or '-':<22} {t.note}"
             )
+        parked = [t for t in self.tables if t.parked]
+        if parked:
+            lines += ["", f"parked tables ({len(parked)}): their current tables wait for a resync; every other table advances"]
+            lines += [f"  {t.table}: {t.parked}" for t in parked]
         return "\n".join(lines)
 
 
@@ -95,10 +100,14 @@ def collect_status(settings: LoaderSettings) -> Status:
             loaded=_pos(latest_summary(hist, SUMMARY_LOADED_THROUGH)),
             merged=None,
         )
+        if PROP_PARKED in hist.properties:
+            ts.parked = json.loads(hist.properties[PROP_PARKED]).get("reason")
         if not pk:
             ts.note = "no primary key: history only (no current table)"
         elif name in current_names:
             cur = catalog.load_table((c.current_namespace, name))
+            if PROP_PARKED in cur.properties and ts.parked is None:
+                ts.parked = json.loads(cur.properties[PROP_PARKED]).get("reason")
             ts.current_rows = row_count(cur)
             token = latest_summary(cur, SUMMARY_MERGED_THROUGH)
             ts.merged = _pos(token)

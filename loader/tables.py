@@ -1,7 +1,8 @@
 """Names of the Iceberg tables the loader owns, and the metadata columns it adds.
 
-history.<schema>__<table> and current.<schema>__<table> in the configured catalog; the loader's
-own state (landing-file ledger, rejects) lives in the ``loader`` namespace.
+history.<name> and current.<name> in the configured catalog, ``name`` from :mod:`loader.names`
+(``schema__table`` for plain names, reversible and collision-free for any other); the loader's own
+state (landing-file ledger, rejects) lives in the ``loader`` namespace.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from loader.config import LoaderSettings
 from loader.load.typemap import quote_ident
+from loader.names import parse_table_name, table_name
 
 # Metadata columns of history tables, in order, with their Spark types.
 HISTORY_METADATA: tuple[tuple[str, str], ...] = (
@@ -22,6 +24,7 @@ HISTORY_METADATA: tuple[tuple[str, str], ...] = (
     ("pg_old_key", "STRING"),  # JSON object of the replica identity before update/delete
     ("pg_absent_columns", "ARRAY<STRING>"),  # columns not sent (unchanged TOAST)
     ("pg_landing_file", "STRING"),
+    ("pg_note", "STRING"),  # why, on control rows (resync, park); NULL on changes
 )
 METADATA_NAMES = frozenset(n for n, _ in HISTORY_METADATA)
 
@@ -42,6 +45,11 @@ SUMMARY_MERGED_THROUGH = "loader.merged-through"
 PROP_DROPPED_COLUMNS = "loader.dropped-columns"
 # Smallest change position a history append added (a late file shows up below merged-through).
 SUMMARY_MIN_POSITION = "loader.min-position"
+# Why a table waits for a resync: {"since": position token, "reason": text}. On history tables it is
+# kept by the load (display: status, verify); merges find parks from history's park rows themselves.
+PROP_PARKED = "loader.parked"
+# Columns retired by an incompatible retype: {retired lake name: {"column": source name, "type": old pg type}}.
+PROP_RETIRED_COLUMNS = "loader.retired-columns"
 # The history snapshot a MERGE read its increment from.
 SUMMARY_HISTORY_SNAPSHOT = "loader.history-snapshot-id"
 
@@ -57,11 +65,18 @@ class SourceTable:
 
     @property
     def iceberg_name(self) -> str:
-        return f"{self.schema}__{self.table}"
+        return table_name(self.schema, self.table)
 
     @classmethod
     def from_iceberg_name(cls, name: str) -> "SourceTable":
-        schema, _, table = name.partition("__")
+        return cls(*parse_table_name(name))
+
+    @classmethod
+    def parse(cls, qualified: str) -> "SourceTable":
+        """``schema.table`` as users type it (the first dot separates; quote-free)."""
+        schema, dot, table = qualified.partition(".")
+        if not dot or not schema or not table:
+            raise ValueError(f"{qualified!r} is not schema.table")
         return cls(schema, table)
 
 

@@ -23,7 +23,8 @@ from loader.capture import slot as slots
 from loader.catalog import open_catalog
 from loader.config import LoaderSettings
 from loader.load.typemap import spark_type
-from loader.tables import PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
+from loader.names import lake_column
+from loader.tables import PROP_PARKED, PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
 
 
 @dataclass
@@ -36,12 +37,15 @@ class Reconciliation:
     different: int = 0  # same key, some value differs
     examples: list[str] = field(default_factory=list)
     note: str = ""
+    parked: str | None = None  # the table waits for a resync: why, and the repair
 
     @property
     def ok(self) -> bool:
-        return self.missing == 0 and self.extra == 0 and self.different == 0
+        return self.parked is None and self.missing == 0 and self.extra == 0 and self.different == 0
 
     def line(self) -> str:
+        if self.parked is not None:
+            return f"PARKED {self.table:<29} {self.parked}"
         state = "OK " if self.ok else "BAD"
         return (
             f"{state} {self.table:<32} source={self.source_rows:<7} lakehouse={self.lake_rows:<7} "
@@ -122,17 +126,26 @@ def reconcile_table(settings: LoaderSettings, conn: Any, catalog: Any, table: So
     res = Reconciliation(table.qualified)
     hist = catalog.load_table((c.history_namespace, table.iceberg_name))
     pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
+    if PROP_PARKED in hist.properties:
+        res.parked = json.loads(hist.properties[PROP_PARKED]).get("reason", "parked")
+        return res
     if not pk:
         res.note = "no primary key: history only, not reconciled"
         return res
     cur_table = catalog.load_table((c.current_namespace, table.iceberg_name))
+    if PROP_PARKED in cur_table.properties:
+        res.parked = json.loads(cur_table.properties[PROP_PARKED]).get("reason", "parked")
+        return res
     pg_types: dict[str, str] = json.loads(cur_table.properties.get(PROP_PG_TYPES, "{}"))
     live = _existing_source_columns(conn, table)
     # Columns dropped at the source stay in the lakehouse (NULL from then on); compare the live ones.
     compared = {k: v for k, v in pg_types.items() if k in live}
     source = [{k: normalize_column(compared[k], v) for k, v in r.items()} for r in _source_rows(conn, table, compared)]
-    lake_arrow = cur_table.scan(selected_fields=tuple(compared)).to_arrow()
-    lake = [{k: normalize_column(compared[k], v) for k, v in r.items()} for r in lake_arrow.to_pylist()]
+    lake_names = {lake_column(k): k for k in compared}
+    lake_arrow = cur_table.scan(selected_fields=tuple(lake_names)).to_arrow()
+    lake = [
+        {lake_names[k]: normalize_column(compared[lake_names[k]], v) for k, v in r.items()} for r in lake_arrow.to_pylist()
+    ]
     res.source_rows, res.lake_rows = len(source), len(lake)
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:

@@ -286,7 +286,8 @@ def test_snapshot_keeps_every_type_including_nan(src: Src) -> None:
     Snapshot(src.settings).run()
     expected = source_text(src, "typed")
     reads = src.changes("typed")
-    assert {r.op for r in reads} == {"R"}
+    assert [r.op for r in reads][0] == "S" and {r.op for r in reads[1:]} == {"R"}
+    reads = reads[1:]
     for rec in reads:
         got = values(rec)
         i = int(got["id"] or -1)

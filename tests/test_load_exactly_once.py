@@ -121,8 +121,10 @@ def test_bad_landing_lines_and_untypeable_values_are_rejected(spark: Any, base_s
 
     env = _cli_env(settings)
     result = CliRunner().invoke(main, ["load"], env=env, catch_exceptions=False)
-    assert result.exit_code == 3, result.output
-    assert "3 rejected" in result.output
+    # Rejects are quarantined, and the table is parked: a current table built past a lost change
+    # would silently disagree with the source.
+    assert result.exit_code == 5, result.output
+    assert "3 rejected" in result.output and "parked: public.acct" in result.output
     all_rejects = spark.table(TableNames(settings).rejects).collect()
     assert len(all_rejects) == 3
     rejects = {r["line"]: r for r in all_rejects if r["landing_file"] == name}
@@ -131,11 +133,18 @@ def test_bad_landing_lines_and_untypeable_values_are_rejected(spark: Any, base_s
     typed = [r for r in all_rejects if r["source_table"] == "public.acct"]
     assert typed and "column b (bigint)" in typed[0]["reason"] and typed[0]["pg_lsn"] == 0x1000
     assert "not a number" in typed[0]["raw"]
-    CurrentMerge(spark, settings).run()
-    assert sorted(current_rows(spark, settings)) == [1, 3]
-    # Re-running quarantines nothing twice.
+    # History keeps every decodable change, and a park row at the start of the first bad transaction.
+    hist = spark.table(TableNames(settings).history(SourceTable("public", "acct")))
+    assert sorted(r["id"] for r in hist.where("pg_operation = 'insert'").collect()) == [1, 3]
+    parks = hist.where("pg_operation = 'park'").collect()
+    assert parks and min((p["pg_lsn"], p["pg_seq"]) for p in parks) == (0x1000, 0)
+    merge = CurrentMerge(spark, settings).run()
+    assert "public.acct" in merge.parked and "resync" in merge.parked["public.acct"]
+    assert not current_rows(spark, settings), "nothing of the bad transaction or after it is applied"
+    # Re-running quarantines nothing twice, and the table stays parked until a resync.
     result = CliRunner().invoke(main, ["load"], env=env, catch_exceptions=False)
     assert result.exit_code == 0 and spark.table(TableNames(settings).rejects).count() == 3
+    assert "public.acct" in CurrentMerge(spark, settings).run().parked
 
 
 def _cli_env(settings: LoaderSettings) -> dict[str, str]:

@@ -12,8 +12,9 @@
   (inserts, updates, snapshot reads). Within a key, the state after a put carries columns the
   change did not send (unchanged TOAST values, listed in pg_absent_columns) from the previous put;
   a put that moves a row to a new key takes them from the old key's state. The state before a
-  change is the state after the key's previous put (none after an end). A TRUNCATE starts a new
-  epoch: windows are partitioned by key and epoch, so nothing is carried across it.
+  change is the state after the key's previous put (none after an end). A TRUNCATE or a resync
+  (the loader's re-snapshot of the table: its rows follow as reads) starts a new epoch: windows
+  are partitioned by key and epoch, so nothing is carried across it. Park rows carry no row.
 -#}
 {% macro loader_change_log(history, key, columns, old_key) %}
 {%- set nonkey = [] -%}
@@ -163,7 +164,7 @@ select
   pg_absent_columns
 from joined
 union all
--- a TRUNCATE ends every row of the table; no key, nothing before or after
+-- a TRUNCATE or a resync ends every row of the table; no key, nothing before or after
 select
   pg_lsn, pg_seq, pg_txn_id, pg_txn_timestamp, pg_operation,
   {%- for k in key %}
@@ -175,5 +176,5 @@ select
   {%- endfor %}
   cast(array() as array<string>), cast(array() as array<string>)
 from {{ history }}
-where pg_operation = 'truncate'
+where pg_operation in {{ loader_boundary_ops() }}
 {% endmacro %}

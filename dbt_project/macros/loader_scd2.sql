@@ -35,7 +35,7 @@ versions as (
     lead(pg_lsn) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as valid_to_lsn,
     lead(pg_seq) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as valid_to_seq,
     lead(pg_operation) over (partition by {{ part }} order by pg_lsn, pg_seq, __l_start) as ended_by,
-    -- the first TRUNCATE after the version started ends it too
+    -- the first TRUNCATE or resync after the version started ends it too
     array_min(filter(truncates.arr, t -> t.lsn > pg_lsn or (t.lsn = pg_lsn and t.seq > pg_seq))) as next_truncate
   from ev cross join truncates
 ),
@@ -60,7 +60,7 @@ select
   if(__l_truncated, next_truncate.seq, valid_to_seq) as valid_to_seq,
   valid_to_lsn is null and next_truncate is null as is_current,
   pg_operation as started_by,
-  if(__l_truncated, 'truncate', ended_by) as ended_by,
+  if(__l_truncated, next_truncate.op, ended_by) as ended_by,
   pg_txn_id
 from ended
 where __l_start = 1

@@ -1,7 +1,7 @@
 {#-
   Drift check: every history and current table in the catalog is declared as a dbt source, and
-  every declared source exists in the catalog. Regenerate the sources (`loader dbt-sources
-  --write`, or any `loader dbt ...` run) when this fails.
+  every declared source exists in the catalog. Regenerate the sources (`loader dbt-sources`,
+  or any `loader dbt ...` run) when this fails.
 -#}
 {%- set problems = [] -%}
 {%- if execute -%}

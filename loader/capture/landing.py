@@ -5,6 +5,13 @@ File name: ``<first>_<last>_<c|p>.jsonl.gz`` where ``first``/``last`` are Change
 commit marker, ``p`` that it stops inside a transaction (a huge transaction continues in the next
 file). A file is published only when complete and durable: local files are fsynced and renamed
 into place, S3 objects appear atomically when the PUT (or multipart upload) completes.
+
+Each file is two gzip members: a header line (the tables it holds, with counts) and the records.
+A truncated or damaged file therefore still names every table it touched.
+
+Failures of the channel (S3 throttling, timeouts, resets, local I/O errors) are retried with
+backoff (:mod:`loader.retry`) and then raised as ``LandingUnavailableError``; a missing object is a
+``LandingError``. Neither is ever mistaken for bad data.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from loader.capture.records import COMMIT, ChangeRecord
+from loader.capture.records import COMMIT, ChangeRecord, FileHeader
 from loader.config import LoaderSettings
 from loader.errors import LandingError
 from loader.lsn import ChangePosition
+from loader.retry import call_with_retry
 
 STATE_PREFIX = "_state"
 _NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz$")
@@ -60,6 +68,11 @@ class LandingStore(ABC):
     """Where landing files live. Implementations: a local directory, an S3 prefix."""
 
     url: str
+    retry_attempts: int = 5
+    retry_max_wait: float = 20.0
+
+    def _retry(self, fn: Any, what: str) -> Any:
+        return call_with_retry(fn, what, self.retry_attempts, self.retry_max_wait)
 
     @abstractmethod
     def names(self) -> list[str]:
@@ -113,19 +126,25 @@ class LandingStore(ABC):
         return files[-1].last if files else None
 
     def read_lines(self, name: str) -> Iterator[str]:
+        """Every line of an intact file (header included); a damaged file raises LandingError.
+
+        The load does not use this: it salvages what a damaged file still holds (loader.load.decode).
+        """
         data = self.open_bytes(name)
         try:
             text = gzip.decompress(data).decode("utf-8") if name.endswith(".gz") else data.decode("utf-8")
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise LandingError(
-                f"landing file {self.url}/{name} is not readable gzip/UTF-8: {exc}",
-                hint="move it aside and re-run capture from the slot, or load with --skip-bad-files",
+                f"landing file {self.url}/{name} is damaged (not readable gzip/UTF-8: {exc})",
+                hint="'loader load' keeps its readable changes and parks the tables it touched; "
+                "'loader resync --table ...' repairs them",
             ) from exc
         yield from text.splitlines()
 
     def read_records(self, name: str) -> Iterator[ChangeRecord]:
+        """The change and control records of an intact file, without its header."""
         for line in self.read_lines(name):
-            if line.strip():
+            if line.strip() and '"op":"H"' not in line[:40]:
                 yield ChangeRecord.from_json(line)
 
 
@@ -135,14 +154,20 @@ class LocalLandingStore(LandingStore):
         self.url = path.as_uri()
 
     def names(self) -> list[str]:
-        if not self.path.exists():
-            return []
-        return sorted(p.name for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+        def listing() -> list[str]:
+            if not self.path.exists():
+                return []
+            return sorted(p.name for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+        return self._retry(listing, f"listing {self.url}")
 
     def exists(self, name: str) -> bool:
         return (self.path / name).is_file()
 
     def publish(self, local_path: Path, name: str) -> None:
+        self._retry(lambda: self._publish(local_path, name), f"writing {self.url}/{name}")
+
+    def _publish(self, local_path: Path, name: str) -> None:
         target = self.path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.tmp"
@@ -163,9 +188,12 @@ class LocalLandingStore(LandingStore):
 
     def open_bytes(self, name: str) -> bytes:
         try:
-            return (self.path / name).read_bytes()
-        except OSError as exc:
-            raise LandingError(f"cannot read landing file {self.path / name}: {exc}") from exc
+            return self._retry((self.path / name).read_bytes, f"reading {self.path / name}")
+        except FileNotFoundError as exc:
+            raise LandingError(
+                f"landing file {self.path / name} is listed but missing",
+                hint="it was moved or deleted by someone else; restore it, or resync the tables it held",
+            ) from exc
 
 
 class S3LandingStore(LandingStore):
@@ -181,29 +209,39 @@ class S3LandingStore(LandingStore):
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def names(self) -> list[str]:
-        out: list[str] = []
-        paginator = self.client.get_paginator("list_objects_v2")
         base = f"{self.prefix}/" if self.prefix else ""
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
-            for obj in page.get("Contents", []):
-                rest = obj["Key"][len(base) :]
-                if "/" not in rest:
-                    out.append(rest)
-        return sorted(out)
+
+        def listing() -> list[str]:
+            out: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+                for obj in page.get("Contents", []):
+                    rest = obj["Key"][len(base) :]
+                    if "/" not in rest:
+                        out.append(rest)
+            return sorted(out)
+
+        return self._retry(listing, f"listing {self.url}")
 
     def delete(self, name: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+        self._retry(
+            lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(name)),
+            f"deleting s3://{self.bucket}/{self._key(name)}",
+        )
 
     def exists(self, name: str) -> bool:
         from botocore.exceptions import ClientError
 
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(name))
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise LandingError(f"cannot read s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+        def head() -> bool:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+                return True
+            except ClientError as exc:
+                if _not_found(exc):
+                    return False
+                raise
+
+        return self._retry(head, f"checking s3://{self.bucket}/{self._key(name)}")
 
     def publish(self, local_path: Path, name: str) -> None:
         from boto3.s3.transfer import TransferConfig
@@ -212,20 +250,35 @@ class S3LandingStore(LandingStore):
         # once the whole upload completes, so readers never see a torn file.
         part = self.multipart_threshold
         cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part)
-        try:
-            self.client.upload_file(str(local_path), self.bucket, self._key(name), Config=cfg)
-        except Exception as exc:
-            raise LandingError(f"cannot write s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+        self._retry(
+            lambda: self.client.upload_file(str(local_path), self.bucket, self._key(name), Config=cfg),
+            f"writing s3://{self.bucket}/{self._key(name)}",
+        )
 
     def open_bytes(self, name: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        def get() -> bytes:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read())
+
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
-        except Exception as exc:
+            return self._retry(get, f"reading s3://{self.bucket}/{self._key(name)}")
+        except ClientError as exc:
+            if _not_found(exc):
+                raise LandingError(
+                    f"landing file s3://{self.bucket}/{self._key(name)} is listed but missing",
+                    hint="it was moved or deleted by someone else; restore it, or resync the tables it held",
+                ) from exc
             raise LandingError(f"cannot read s3://{self.bucket}/{self._key(name)}: {exc}") from exc
+
+
+def _not_found(exc: Any) -> bool:
+    return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
 def s3_client(settings: LoaderSettings) -> Any:
     import boto3
+    from botocore.config import Config
 
     s3 = settings.s3
     return boto3.client(
@@ -234,6 +287,8 @@ def s3_client(settings: LoaderSettings) -> Any:
         aws_access_key_id=s3.access_key_id,
         aws_secret_access_key=s3.secret_access_key,
         region_name=s3.region,
+        # Few quick attempts inside botocore; the loader's own backoff (loader.retry) waits longer.
+        config=Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 2, "mode": "standard"}),
     )
 
 
@@ -241,16 +296,21 @@ def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingSto
     """The landing store for the configured (or given) URL, scoped to the capture slot."""
     url = url or settings.landing.url
     u = urlparse(url)
+    store: LandingStore
     if u.scheme in ("s3", "s3a"):
-        return S3LandingStore(
+        store = S3LandingStore(
             u.netloc,
             f"{u.path.strip('/')}/{settings.source.slot}".strip("/"),
             s3_client(settings),
             multipart_threshold=settings.landing.multipart_threshold_mb * 1024 * 1024,
         )
-    if u.scheme in ("", "file"):
-        return LocalLandingStore(Path(u.path) / settings.source.slot)
-    raise LandingError(f"landing url {url!r} is neither a local path nor s3://", hint="set LOADER_LANDING__URL")
+    elif u.scheme in ("", "file"):
+        store = LocalLandingStore(Path(u.path) / settings.source.slot)
+    else:
+        raise LandingError(f"landing url {url!r} is neither a local path nor s3://", hint="set LOADER_LANDING__URL")
+    store.retry_attempts = settings.landing.retry_attempts
+    store.retry_max_wait = settings.landing.retry_max_wait_s
+    return store
 
 
 class LandingWriter:
@@ -270,6 +330,7 @@ class LandingWriter:
         self._last: ChangePosition | None = None
         self._last_op: str | None = None
         self._count = 0
+        self._tables: dict[str, int] = {}
         self.published: list[str] = []
 
     def write(self, record: ChangeRecord) -> None:
@@ -277,14 +338,19 @@ class LandingWriter:
             fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)
             os.close(fd)
             self._tmp = Path(tmp)
-            self._gz = gzip.open(self._tmp, "wb", compresslevel=6)
+            # No name and no time in the gzip header: a re-capture writes byte-identical files.
+            self._gz = gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=open(self._tmp, "wb"), mtime=0)
             self._first = record.position
             self._count = 0
+            self._tables = {}
         self._gz.write(record.to_json().encode("utf-8") + b"\n")
         self._last = record.position
         self._last_op = record.op
         if record.op != COMMIT:
-            self._count += 1
+            if record.op not in ("S", "P"):  # markers do not count toward a file's changes
+                self._count += 1
+            t = record.qualified_table
+            self._tables[t] = self._tables.get(t, 0) + 1
         if self._count >= self.max_changes and record.op != COMMIT:
             self.close_file()
         elif record.op == COMMIT and self._count >= self.max_changes:
@@ -298,21 +364,37 @@ class LandingWriter:
         """Publish the open file, if any; returns its name."""
         if self._gz is None:
             return None
-        self._gz.close()
+        self._close_spool()
         assert self._tmp is not None and self._first is not None and self._last is not None
         name = LandingFile.name_for(self._first, self._last, self._last_op == COMMIT)
+        final = self._tmp.with_suffix(".final")
         try:
-            self.store.publish(self._tmp, name)
+            # The header is its own gzip member in front of the records (gzip readers concatenate
+            # members), so a file cut short anywhere after it still says which tables it held.
+            header = FileHeader(dict(sorted(self._tables.items()))).to_json().encode("utf-8") + b"\n"
+            with open(final, "wb") as out, open(self._tmp, "rb") as body:
+                out.write(gzip.compress(header, compresslevel=6, mtime=0))
+                while chunk := body.read(1 << 20):
+                    out.write(chunk)
+            self.store.publish(final, name)
         finally:
+            final.unlink(missing_ok=True)
             self._tmp.unlink(missing_ok=True)
             self._gz = None
             self._tmp = None
         self.published.append(name)
         return name
 
+    def _close_spool(self) -> None:
+        assert self._gz is not None
+        fileobj = self._gz.fileobj
+        self._gz.close()  # GzipFile does not close a file object it was given
+        if fileobj is not None:
+            fileobj.close()
+
     def abort(self) -> None:
         if self._gz is not None:
-            self._gz.close()
+            self._close_spool()
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
         self._gz = None

@@ -4,6 +4,21 @@ One JSON object per line (see ``schemas/landing-change.v1.json``). All column va
 PostgreSQL's text form (or JSON null), so nothing is lost between the source and the typed load:
 numbers keep every digit, timestamps keep their offset, and a column absent from ``columns`` (an
 unchanged TOASTed value) stays distinct from one present with value null.
+
+Besides row changes (I/U/D/R/T) and commit markers (C), the stream carries three kinds of
+*control records*, each positioned in commit order like a change:
+
+- ``S`` resync: the table's state is replaced at this position by the ``R`` rows that follow in the
+  same snapshot (keys absent from them are deleted downstream). Every snapshot starts each table
+  with one.
+- ``P`` park: from this position on, the table's change stream cannot keep a current table exact
+  (replica identity lost, table dropped or made unlogged, ...); current tables stop here until a
+  later resync. History keeps what arrives.
+- ``X`` quarantine: input that could not be decoded (its raw text and the reason); the load puts it
+  in the rejects table and parks its table when the table is known.
+
+A file may begin with a header line (``op`` ``H``, see :class:`FileHeader`) listing the tables it
+holds and how many changes of each, so a damaged file still says which tables it touched.
 """
 
 from __future__ import annotations
@@ -15,8 +30,22 @@ from typing import Any
 from loader.lsn import ChangePosition
 
 # Operation codes as they appear in landing files and in history's pg_operation column.
-OPERATIONS = {"I": "insert", "U": "update", "D": "delete", "R": "read", "T": "truncate"}
+OPERATIONS = {
+    "I": "insert",
+    "U": "update",
+    "D": "delete",
+    "R": "read",
+    "T": "truncate",
+    "S": "resync",
+    "P": "park",
+    "X": "quarantine",
+}
+# Codes that carry a row (a change of the table's data).
+ROW_OPERATIONS = frozenset("IUDR")
+# Control records: positioned like changes, but about the table as a whole (see module docstring).
+CONTROL_OPERATIONS = frozenset("SPX")
 COMMIT = "C"
+HEADER = "H"
 FORMAT_VERSION = 1
 
 
@@ -29,7 +58,7 @@ class Column:
 
 @dataclass
 class ChangeRecord:
-    """One committed change (or a transaction's commit marker, op 'C')."""
+    """One committed change, a control record, or a transaction's commit marker (op 'C')."""
 
     op: str
     commit_lsn: int
@@ -42,6 +71,9 @@ class ChangeRecord:
     columns: list[Column] = field(default_factory=list)
     identity: list[Column] = field(default_factory=list)
     pk: list[str] = field(default_factory=list)
+    # Control records: why (S, P, X); the undecodable input as text (X, invalid bytes escaped).
+    reason: str = ""
+    raw: str | None = None
 
     @property
     def position(self) -> ChangePosition:
@@ -68,33 +100,104 @@ class ChangeRecord:
             if self.identity:
                 doc["identity"] = [[c.name, c.type, c.value] for c in self.identity]
             doc["pk"] = self.pk
+            if self.reason:
+                doc["reason"] = self.reason
+            if self.raw is not None:
+                doc["raw"] = self.raw
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str) -> "ChangeRecord":
         doc = json.loads(line)
+        if not isinstance(doc, dict):
+            raise ValueError("a landing line must be a JSON object")
         if doc.get("v") != FORMAT_VERSION:
             raise ValueError(f"unsupported landing format version {doc.get('v')!r}")
         op = doc["op"]
         if op != COMMIT and op not in OPERATIONS:
             raise ValueError(f"unknown operation {op!r}")
+        raw = doc.get("raw")
+        if raw is not None and not isinstance(raw, str):
+            raise ValueError("raw must be text")
         return cls(
             op=op,
-            commit_lsn=int(doc["lsn"]),
-            seq=int(doc["seq"]),
-            xid=int(doc["xid"]),
-            ts=str(doc["ts"]),
-            schema=doc.get("schema", ""),
-            table=doc.get("table", ""),
-            change_lsn=int(doc.get("change_lsn", 0)),
-            columns=[Column(*_col(c)) for c in doc.get("columns", [])],
-            identity=[Column(*_col(c)) for c in doc.get("identity", [])],
-            pk=list(doc.get("pk", [])),
+            commit_lsn=_int(doc["lsn"], "lsn"),
+            seq=_int(doc["seq"], "seq"),
+            xid=_int(doc["xid"], "xid"),
+            ts=_text(doc["ts"], "ts"),
+            schema=_text(doc.get("schema", ""), "schema"),
+            table=_text(doc.get("table", ""), "table"),
+            change_lsn=_int(doc.get("change_lsn", 0), "change_lsn"),
+            columns=[Column(*_col(c)) for c in _list(doc.get("columns", []), "columns")],
+            identity=[Column(*_col(c)) for c in _list(doc.get("identity", []), "identity")],
+            pk=[_text(p, "pk") for p in _list(doc.get("pk", []), "pk")],
+            reason=_text(doc.get("reason", ""), "reason"),
+            raw=raw,
         )
 
 
+@dataclass
+class FileHeader:
+    """First line of a landing file: the tables it holds and how many records of each.
+
+    Written by capture and import; optional (files of older versions have none). When a file is
+    damaged, the load compares what it could read with these counts and parks exactly the
+    tables that lost changes.
+    """
+
+    tables: dict[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps({"v": FORMAT_VERSION, "op": HEADER, "tables": self.tables}, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> "FileHeader":
+        tables = doc.get("tables")
+        if not isinstance(tables, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in tables.items()):
+            raise ValueError("header 'tables' must map schema.table to a count")
+        return cls(dict(tables))
+
+
+def parse_header(line: str) -> FileHeader | None:
+    """The header of a landing file if ``line`` (its first line) is one, else None."""
+    if '"op":"H"' not in line:
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("op") != HEADER:
+        return None
+    try:
+        return FileHeader.from_doc(doc)
+    except ValueError:
+        return None
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be text, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a list, got {type(value).__name__}")
+    return value
+
+
 def _col(c: Any) -> tuple[str, str, str | None]:
+    if not isinstance(c, list) or len(c) != 3:
+        raise ValueError("a column must be [name, type, value]")
     name, typ, value = c
+    if not isinstance(name, str) or not name or not isinstance(typ, str):
+        raise ValueError("a column name and type must be text")
     if value is not None and not isinstance(value, str):
         raise ValueError(f"column {name!r} value must be text or null, got {type(value).__name__}")
-    return str(name), str(typ), value
+    return name, typ, value

@@ -81,7 +81,11 @@ class Snapshot:
         tables: list[str] | None = None,
         on_published: Callable[[str], None] | None = None,
         chunk_rows: int | None = None,
+        reason: str = "",
+        reasons: dict[str, str] | None = None,
     ) -> None:
+        self.reason = reason
+        self.reasons = reasons or {}
         self.settings = settings
         self.store = store or open_landing(settings)
         self.requested = tables
@@ -139,6 +143,7 @@ class Snapshot:
                     "ts": row[0],
                     "exact": True,
                     "done": False,
+                    "reasons": {t: self.reasons.get(t) or self.reason for t in tables if self.reasons.get(t) or self.reason},
                 }
                 self.store.write_state(SNAPSHOT_STATE, state)
                 result.consistent_lsn = cp
@@ -148,6 +153,11 @@ class Snapshot:
         return result
 
     # --- pieces --------------------------------------------------------------------------
+    def reason_for(self, qualified: str, state: dict[str, Any]) -> str:
+        """Why this table is (re)snapshotted, as history's resync row will say."""
+        reasons = state.get("reasons") or {}
+        return str(reasons.get(qualified) or self.reason or f"snapshot at consistent point {state['consistent_lsn']}")
+
     def _select_tables(self, conn: psycopg.Connection) -> list[str]:
         available = [t.qualified for t in list_tables(conn)]
         if self.requested:
@@ -174,6 +184,7 @@ class Snapshot:
         seq: int,
         after_key: list[str | None] | None,
         result: SnapshotResult,
+        marker_written: bool = False,
     ) -> None:
         pos = int(state["position_lsn"])
         cp = pos + 1
@@ -208,6 +219,15 @@ class Snapshot:
                         params = list(after_key)
                     query += sql.SQL(" ORDER BY {}").format(
                         sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
+                    )
+                if not (marker_written and i == 0):
+                    # The table's state is replaced here: keys missing from the rows below are gone.
+                    seq += 1
+                    writer.write(
+                        ChangeRecord(
+                            op="S", commit_lsn=pos, seq=seq, xid=0, ts=state["ts"], schema=schema, table=name,
+                            change_lsn=cp, pk=list(key), reason=self.reason_for(qualified, state),
+                        )
                     )
                 with reader.cursor(name=f"loader_snapshot_{i}") as cur:
                     cur.itersize = self.settings.source.fetch_size
@@ -254,23 +274,27 @@ class Snapshot:
         after_key: list[str | None] | None = None
         start = 0
         seq = 0
+        marker_written = False
         with slots.connect(self.settings.source.dsn) as reader:
             if mine:
                 last = self._last_record(mine[-1])
                 start = tables.index(f"{last.schema}.{last.table}")
                 info = table_info(reader, last.schema, last.table)
                 key = info.key if info is not None else []
-                if key:
+                if last.op == "S":
+                    # Only the table's resync marker landed: copy all of it, without a second marker.
+                    seq, marker_written = last.seq, True
+                elif key:
                     values = {c.name: c.value for c in last.columns}
                     after_key = [values[k] for k in key]
-                    seq = last.seq
+                    seq, marker_written = last.seq, True
                 else:
                     seq = self._drop_table_files(mine, last.schema, last.table)
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             state = {**state, "exact": False}
             result.exact = False
             self.store.write_state(SNAPSHOT_STATE, state)
-            self._copy(reader, state, tables[start:], seq=seq, after_key=after_key, result=result)
+            self._copy(reader, state, tables[start:], seq=seq, after_key=after_key, result=result, marker_written=marker_written)
             reader.execute("COMMIT")
         return result
 

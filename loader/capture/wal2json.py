@@ -81,56 +81,126 @@ class TransactionState:
 
 
 class Wal2JsonDecoder:
-    """Stateful over a stream of (row_lsn, xid, data) rows; yields ChangeRecords in order.
+    """Stateful over a stream of wal2json rows; yields ChangeRecords in order.
 
-    ``end_lsn`` of the last commit seen is what the slot may be advanced to once everything up
-    to it is durable.
+    Nothing the plugin emits stops the stream: logical messages (transactional or not) are
+    counted and skipped, and a row that cannot be decoded (invalid UTF-8 from a SQL_ASCII
+    database, JSON the decoder does not understand, an unknown action) becomes an ``X``
+    (quarantine) record at its place in the transaction, with its raw text, so the load puts it in
+    the rejects table and parks its table. ``confirm_lsn`` is what the slot may be advanced to once
+    every record yielded so far is durable.
     """
 
     def __init__(self) -> None:
         self.txn: TransactionState | None = None
-        self.last_commit_end_lsn: int | None = None
+        self.confirm_lsn: int | None = None
+        self.messages_skipped = 0
+        self.quarantined = 0
+        self.quarantined_outside_transaction = 0
 
-    def feed(self, data: str) -> Iterator[ChangeRecord]:
+    @property
+    def last_commit_end_lsn(self) -> int | None:
+        return self.confirm_lsn
+
+    def feed(self, data: str | bytes) -> Iterator[ChangeRecord]:
+        raw = data if isinstance(data, str) else None
         try:
-            doc = parse_json_exact(data)
+            text = data if isinstance(data, str) else data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            assert isinstance(data, bytes)
+            yield from self._quarantine(data.decode("utf-8", "backslashreplace"), f"wal2json output is not UTF-8: {exc}", None)
+            return
+        raw = text
+        try:
+            doc = parse_json_exact(text)
             action = doc["action"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise DecodeError(f"wal2json produced an unreadable row: {data[:200]!r}") from exc
+            yield from self._quarantine(raw, f"wal2json produced an unreadable row: {exc}", None)
+            return
         if action == "B":
-            self.txn = TransactionState(
-                xid=int(doc["xid"]),
-                commit_lsn=parse_lsn(doc["lsn"]),
-                end_lsn=parse_lsn(doc["nextlsn"]),
-                ts=doc["timestamp"],
-            )
+            if self.txn is not None:
+                raise DecodeError(f"wal2json began a transaction inside another one: {raw[:200]!r}", hint="re-run capture")
+            try:
+                self.txn = TransactionState(
+                    xid=int(doc.get("xid", 0)),
+                    commit_lsn=parse_lsn(doc["lsn"]),
+                    end_lsn=parse_lsn(doc["nextlsn"]),
+                    ts=doc["timestamp"],
+                )
+            except (KeyError, ValueError, TypeError) as exc:
+                # Without the commit position nothing of the transaction can be placed: this is a
+                # capture setup problem (options), not bad data.
+                raise DecodeError(
+                    f"wal2json begin record without lsn/nextlsn/timestamp: {raw[:200]!r}",
+                    hint="capture passes include-lsn and include-timestamp; check the slot's plugin",
+                ) from exc
+            return
+        if action == "M":
+            self.messages_skipped += 1
+            if self.txn is None and not doc.get("transactional", True):
+                # A non-transactional message (heartbeats, Debezium signals) sits between
+                # transactions: confirming past it is safe, and needed, or every peek returns it again.
+                try:
+                    after = parse_lsn(doc["lsn"]) + 1
+                except (KeyError, ValueError, TypeError):
+                    return
+                self.confirm_lsn = max(self.confirm_lsn or 0, after)
             return
         txn = self.txn
         if txn is None:
-            raise DecodeError(f"wal2json row outside a transaction: {data[:200]!r}")
+            if action in ("I", "U", "D", "T", "C"):
+                # Its begin record was lost (unreadable): the transaction cannot be placed, and
+                # skipping it would lose it once a later commit moves the slot. Stop here.
+                raise DecodeError(
+                    f"wal2json {action!r} record outside a transaction: {raw[:200]!r}",
+                    hint="the slot was not advanced past it; re-run capture, and report the plugin output if it repeats",
+                )
+            yield from self._quarantine(raw, f"wal2json row outside a transaction (action {action!r})", doc)
+            return
         if action == "C":
             yield ChangeRecord(op=COMMIT, commit_lsn=txn.commit_lsn, seq=txn.seq + 1, xid=txn.xid, ts=txn.ts)
-            self.last_commit_end_lsn = txn.end_lsn
+            self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
             self.txn = None
             return
         if action in ("I", "U", "D", "T"):
+            try:
+                rec = ChangeRecord(
+                    op=action,
+                    commit_lsn=txn.commit_lsn,
+                    seq=txn.seq + 1,
+                    xid=txn.xid,
+                    ts=txn.ts,
+                    schema=str(doc["schema"]),
+                    table=str(doc["table"]),
+                    change_lsn=parse_lsn(doc["lsn"]) if "lsn" in doc else 0,
+                    columns=_columns(doc.get("columns")),
+                    identity=_columns(doc.get("identity")),
+                    pk=[str(p["name"]) for p in doc.get("pk") or ()],
+                )
+            except (KeyError, ValueError, TypeError, AttributeError) as exc:
+                yield from self._quarantine(raw, f"wal2json change not understood: {exc!r}", doc)
+                return
             txn.seq += 1
-            yield ChangeRecord(
-                op=action,
-                commit_lsn=txn.commit_lsn,
-                seq=txn.seq,
-                xid=txn.xid,
-                ts=txn.ts,
-                schema=doc["schema"],
-                table=doc["table"],
-                change_lsn=parse_lsn(doc["lsn"]) if "lsn" in doc else 0,
-                columns=_columns(doc.get("columns")),
-                identity=_columns(doc.get("identity")),
-                pk=[p["name"] for p in doc.get("pk") or ()],
-            )
+            yield rec
             return
-        # "M" (logical messages) carry no table change.
-        return
+        yield from self._quarantine(raw, f"unknown wal2json action {action!r}", doc)
+
+    def _quarantine(self, raw: str, reason: str, doc: Any) -> Iterator[ChangeRecord]:
+        txn = self.txn
+        if txn is None:
+            # Outside a transaction there is no position to keep it at; nothing was lost from any
+            # table either: changes only exist inside transactions, and a change after an unreadable
+            # begin record stops the capture (above).
+            self.quarantined_outside_transaction += 1
+            return
+        txn.seq += 1
+        self.quarantined += 1
+        schema = doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else ""
+        table = doc.get("table") if isinstance(doc, dict) and isinstance(doc.get("table"), str) else ""
+        yield ChangeRecord(
+            op="X", commit_lsn=txn.commit_lsn, seq=txn.seq, xid=txn.xid, ts=txn.ts,
+            schema=schema, table=table, reason=reason, raw=raw,
+        )
 
     @property
     def in_transaction(self) -> bool:

@@ -1,30 +1,42 @@
 """Landing files -> canonical change rows (Arrow), run inside Spark executors via mapInArrow.
 
-A line that cannot be decoded becomes a row with ``reject_reason`` and its raw text, so a bad
-line is quarantined instead of failing the load or being dropped.
+What is bad data and what is not:
+- A line that cannot be decoded (not UTF-8, not JSON, not a landing record), a record the capture
+  quarantined (``X``), or the cut-off last line of a truncated file becomes a row with
+  ``reject_reason`` and its raw text: it goes to the rejects table, and its table (when known) is
+  parked until a resync.
+- A damaged file (truncated, corrupt gzip) keeps every line that is still readable. Its header
+  (first gzip member) says how many records of each table it held; tables that lost records get a
+  ``park`` row, so exactly those wait for a resync. Without a readable header, one park row with
+  no table says "unknown tables": the load parks every table.
+- Failing to *read* a file (S3/OS errors) is not bad data: the store retries, then the error
+  propagates and fails the load with nothing marked loaded.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord
+from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
 
 CHANGE_ROW_DDL = (
     "landing_file STRING, line INT, op STRING, commit_lsn BIGINT, seq BIGINT, change_lsn BIGINT,"
     " xid BIGINT, ts STRING, src_schema STRING, src_table STRING,"
     " col_names ARRAY<STRING>, col_types ARRAY<STRING>, col_values ARRAY<STRING>,"
     " key_names ARRAY<STRING>, key_values ARRAY<STRING>, pk ARRAY<STRING>,"
-    " reject_reason STRING, raw STRING"
+    " note STRING, reject_reason STRING, raw STRING"
 )
 
 _FIELDS = (
     "landing_file", "line", "op", "commit_lsn", "seq", "change_lsn", "xid", "ts", "src_schema",
     "src_table", "col_names", "col_types", "col_values", "key_names", "key_values", "pk",
-    "reject_reason", "raw",
+    "note", "reject_reason", "raw",
 )
+_CHUNK = 1 << 16
+_SMALL_CHUNK = 256
 
 
 def record_row(file: str, line_no: int, rec: ChangeRecord) -> dict[str, Any]:
@@ -45,43 +57,167 @@ def record_row(file: str, line_no: int, rec: ChangeRecord) -> dict[str, Any]:
         "key_names": [c.name for c in rec.identity],
         "key_values": [c.value for c in rec.identity],
         "pk": rec.pk,
+        "note": rec.reason or None,
         "reject_reason": None,
         "raw": None,
     }
 
 
-def reject_row(file: str, line_no: int, raw: str, reason: str) -> dict[str, Any]:
+def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {f: None for f in _FIELDS}
     row.update(landing_file=file, line=line_no, reject_reason=reason, raw=raw)
+    if rec is not None:
+        row.update(
+            src_schema=rec.schema or None, src_table=rec.table or None, commit_lsn=rec.commit_lsn, seq=rec.seq, ts=rec.ts
+        )
+        return row
     # Keep whatever routing information survives so the reject names its table and LSN.
     try:
         doc = json.loads(raw)
-        if isinstance(doc, dict):
-            row["src_schema"] = doc.get("schema")
-            row["src_table"] = doc.get("table")
-            row["commit_lsn"] = int(doc["lsn"]) if "lsn" in doc else None
-            row["seq"] = int(doc["seq"]) if "seq" in doc else None
-    except (ValueError, TypeError):
-        pass
+    except ValueError:
+        return row
+    if isinstance(doc, dict):
+        for field, key in (("src_schema", "schema"), ("src_table", "table"), ("ts", "ts")):
+            if isinstance(doc.get(key), str) and doc[key]:
+                row[field] = doc[key]
+        for field, key in (("commit_lsn", "lsn"), ("seq", "seq")):
+            if isinstance(doc.get(key), int) and not isinstance(doc.get(key), bool) and 0 <= doc[key] < 1 << 63:
+                row[field] = doc[key]
     return row
 
 
-def decode_lines(file: str, lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    """Canonical rows of one landing file; commit markers are dropped, bad lines rejected."""
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
+def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str | None, note: str) -> dict[str, Any]:
+    """A park marker the load derived (not read from the file): a damaged file lost this table's changes."""
+    row: dict[str, Any] = {f: None for f in _FIELDS}
+    row.update(
+        landing_file=file, line=0, op="park", commit_lsn=lsn, seq=0, change_lsn=0, xid=0, ts=ts,
+        src_schema=schema, src_table=table, col_names=[], col_types=[], col_values=[], key_names=[],
+        key_values=[], pk=[], note=note,
+    )
+    return row
+
+
+def gunzip_salvage(data: bytes) -> tuple[bytes, str | None]:
+    """Decompress a (multi-member) gzip file as far as it is readable: (bytes, damage or None)."""
+    out: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while not d.eof:
+            chunk = data[offset : offset + _CHUNK]
+            if not chunk:
+                out.append(d.flush())
+                return b"".join(out), f"file ends inside a gzip member (cut off after {len(data)} bytes)"
+            saved = d.copy()
+            try:
+                out.append(d.decompress(chunk))
+            except zlib.error as exc:
+                # Replay the chunk in small pieces from before it, to keep what precedes the damage.
+                for i in range(0, len(chunk), _SMALL_CHUNK):
+                    try:
+                        out.append(saved.decompress(chunk[i : i + _SMALL_CHUNK]))
+                    except zlib.error:
+                        break
+                return b"".join(out), f"gzip data damaged near byte {offset}: {exc}"
+            offset += len(chunk) - len(d.unused_data)
+        if not data[offset:].strip(b"\0"):
+            break  # zero padding after the last member (some copy tools add it)
+    return b"".join(out), None
+
+
+def decode_file(file: str, data: bytes, first_lsn: int) -> Iterator[dict[str, Any]]:
+    """Canonical rows of one landing file: changes, control records, rejects and parks for losses.
+
+    Every readable line is kept. Then the file's header is checked against what was read: a
+    table with fewer records than the header says lost changes and gets a park row. Without a
+    readable header, any loss (damage, or a reject that names no table) parks every table.
+    """
+    if file.endswith(".gz"):
+        text, damage = gunzip_salvage(data)
+    else:
+        text, damage = data, None
+    lines = text.split(b"\n")
+    tail = lines.pop() if lines else b""
+    header = None
+    seen: dict[str, int] = {}
+    unplaced = 0  # rejects that name no table: some table lost a change
+    first_ts: str | None = None
+    rows: list[tuple[int, bytes]] = list(enumerate(lines, start=1))
+    if tail.strip():
+        if damage is None:  # an intact file whose last line has no newline
+            rows.append((len(lines) + 1, tail))
+        else:
+            unplaced += 1
+    for line_no, raw in rows:
+        row = _decode_line(file, line_no, raw)
+        if row is None:
             continue
-        try:
-            rec = ChangeRecord.from_json(line)
-        except (ValueError, KeyError, TypeError) as exc:
-            yield reject_row(file, line_no, line, f"undecodable change record: {exc}")
+        if row.get("op") == "header":
+            header = row["header"]
             continue
-        if rec.op == COMMIT:
-            continue
-        if rec.op in ("I", "U", "R") and not rec.columns:
-            yield reject_row(file, line_no, line, f"{OPERATIONS[rec.op]} without column values")
-            continue
-        yield record_row(file, line_no, rec)
+        if row["src_table"] is not None:
+            t = f"{row['src_schema']}.{row['src_table']}"
+            seen[t] = seen.get(t, 0) + 1
+        elif row["reject_reason"] is not None:
+            unplaced += 1
+        first_ts = first_ts or row["ts"]
+        yield row
+    if tail.strip() and damage is not None:
+        yield reject_row(file, len(lines) + 1, tail.decode("utf-8", "backslashreplace"), f"line cut off: {damage}")
+    short = {t: n - seen.get(t, 0) for t, n in (header.tables.items() if header else ()) if n > seen.get(t, 0)}
+    if damage is None and not unplaced and not short:
+        return
+    where = f"landing file {file} is damaged ({damage})" if damage else f"landing file {file} holds undecodable lines"
+    if header is None:
+        yield park_row(file, None, None, first_lsn, first_ts, f"{where}; it has no readable header, so every table may have lost changes")
+        return
+    for qualified, lost in sorted(short.items()):
+        schema, _, table = qualified.partition(".")
+        yield park_row(
+            file, schema, table, first_lsn, first_ts,
+            f"{where}: {lost} of its {header.tables[qualified]} changes of this table are unreadable",
+        )
+
+
+def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
+    if not raw.strip():
+        return None
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return reject_row(file, line_no, raw.decode("utf-8", "backslashreplace"), f"not UTF-8: {exc}")
+    if line_no == 1:
+        header = parse_header(line)
+        if header is not None:
+            return {"op": "header", "header": header}
+    try:
+        rec = ChangeRecord.from_json(line)
+    except (ValueError, KeyError, TypeError) as exc:
+        return reject_row(file, line_no, line, f"undecodable change record: {exc}")
+    if rec.op == COMMIT:
+        return None
+    problem = _invalid(rec)
+    if problem:
+        return reject_row(file, line_no, line, problem, rec)
+    if rec.op == "X":
+        return reject_row(file, line_no, rec.raw if rec.raw is not None else line, f"quarantined at capture: {rec.reason}", rec)
+    return record_row(file, line_no, rec)
+
+
+def _invalid(rec: ChangeRecord) -> str | None:
+    """Why a well-formed record still cannot be applied, or None."""
+    if rec.op == "X":
+        return None
+    if not rec.schema or not rec.table:
+        return f"{OPERATIONS[rec.op]} record without schema and table"
+    if rec.op in ("I", "U", "R") and not rec.columns:
+        return f"{OPERATIONS[rec.op]} without column values"
+    if rec.op == "D" and not rec.identity:
+        return "delete without the old key (replica identity): cannot tell which row went"
+    names = [c.name for c in rec.columns]
+    if len(set(names)) != len(names):
+        return "a column appears twice in one change"
+    return None
 
 
 def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
@@ -90,9 +226,8 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from loader.capture.landing import open_landing
+        from loader.capture.landing import LandingFile, open_landing
         from loader.config import LoaderSettings
-        from loader.errors import LandingError
 
         settings = LoaderSettings.model_validate_json(settings_json)
         store = open_landing(settings)
@@ -100,15 +235,14 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
         buf: list[dict[str, Any]] = []
         for batch in batches:
             for name in batch.column(0).to_pylist():
-                try:
-                    rows: Iterator[dict[str, Any]] = decode_lines(name, store.read_lines(name))
-                    for row in rows:
-                        buf.append(row)
-                        if len(buf) >= batch_rows:
-                            yield pa.RecordBatch.from_pylist(buf, schema=schema)
-                            buf = []
-                except LandingError as exc:
-                    buf.append(reject_row(name, 0, "", str(exc)))
+                parsed = LandingFile.parse(name)
+                first_lsn = parsed.first.commit_lsn if parsed is not None else 0
+                # Read errors (after the store's retries) propagate: the task, and the load, fail.
+                for row in decode_file(name, store.open_bytes(name), first_lsn):
+                    buf.append(row)
+                    if len(buf) >= batch_rows:
+                        yield pa.RecordBatch.from_pylist(buf, schema=schema)
+                        buf = []
         if buf:
             yield pa.RecordBatch.from_pylist(buf, schema=schema)
 
@@ -125,6 +259,6 @@ def _arrow_schema() -> Any:
             ("landing_file", s), ("line", i32), ("op", s), ("commit_lsn", i64), ("seq", i64),
             ("change_lsn", i64), ("xid", i64), ("ts", s), ("src_schema", s), ("src_table", s),
             ("col_names", ls), ("col_types", ls), ("col_values", ls), ("key_names", ls),
-            ("key_values", ls), ("pk", ls), ("reject_reason", s), ("raw", s),
+            ("key_values", ls), ("pk", ls), ("note", s), ("reject_reason", s), ("raw", s),
         ]
     )

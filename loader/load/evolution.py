@@ -1,7 +1,11 @@
 """Schema evolution planning for history/current tables (pure).
 
 Given the PostgreSQL types a table was created with and the ones seen in a new increment, decide
-which columns to add and which to widen, or refuse with an error that names table and column.
+which columns to add, to widen in place, to relabel (same storage type), and to *retire*: a retype
+Iceberg cannot apply in place (int -> text, timestamp -> timestamptz, a numeric scale change). A
+retired column keeps every old value under a reserved name (``pg__r<k>_<column>``, see
+:func:`retired_name`) and the source name starts over with the new type, so history stays
+lossless and no manual Iceberg surgery is needed; the table's current table waits for a resync.
 """
 
 from __future__ import annotations
@@ -9,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from loader.errors import SchemaEvolutionError
 from loader.load.typemap import spark_type
+from loader.names import internal
 
 _DEC = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
 
@@ -20,10 +24,16 @@ class EvolutionPlan:
     add: list[tuple[str, str]] = field(default_factory=list)  # (column, pg type), source order
     widen: list[tuple[str, str]] = field(default_factory=list)  # (column, new pg type)
     retext: list[tuple[str, str]] = field(default_factory=list)  # same storage type, new pg type
+    retire: list[tuple[str, str]] = field(default_factory=list)  # (column, new pg type): incompatible retype
 
     @property
     def empty(self) -> bool:
-        return not (self.add or self.widen or self.retext)
+        return not (self.add or self.widen or self.retext or self.retire)
+
+
+def retired_name(lake_column: str, version: int) -> str:
+    """Where the values of a column retired by an incompatible retype are kept (reserved namespace)."""
+    return internal(f"r{version}_{lake_column}")
 
 
 def can_widen(old_sql: str, new_sql: str) -> bool:
@@ -43,10 +53,7 @@ def plan_evolution(table: str, existing: dict[str, str], incoming: list[tuple[st
     plan = EvolutionPlan()
     seen: dict[str, str] = {}
     for name, pg_type in incoming:
-        if name in seen and seen[name] != pg_type:
-            # Two types for one column inside one increment: the later one wins if compatible.
-            if not can_widen(spark_type(seen[name]).sql, spark_type(pg_type).sql):
-                raise _incompatible(table, name, seen[name], pg_type)
+        # Two types for one column inside one increment: the later one wins.
         seen[name] = pg_type
     for name, pg_type in seen.items():
         if name not in existing:
@@ -64,18 +71,5 @@ def plan_evolution(table: str, existing: dict[str, str], incoming: list[tuple[st
             # Narrowed at the source: the wider storage type still holds every value.
             continue
         else:
-            raise _incompatible(table, name, old, pg_type)
+            plan.retire.append((name, pg_type))
     return plan
-
-
-def _incompatible(table: str, column: str, old: str, new: str) -> SchemaEvolutionError:
-    return SchemaEvolutionError(
-        f"table {table} column {column!r} changed type from {old} to {new}, "
-        f"which Iceberg cannot widen in place",
-        hint=(
-            f"Iceberg widens only int->bigint, float->double and decimal precision. Either revert the "
-            f"column's type at the source, or keep the old history: rename the history and current tables "
-            f"of {table} (ALTER TABLE ... RENAME TO ...), re-run 'loader load' to start new ones with the new "
-            f"type, and re-snapshot the table"
-        ),
-    )

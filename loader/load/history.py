@@ -7,27 +7,38 @@ Exactly-once effect without a distributed transaction:
   files that can hold that LSN range (min/max pruning on the sorted pg_lsn column), and the
   append's snapshot summary carries the loaded-through position;
 - the ledger (``loader.landing_files``) is appended last. A crash anywhere before it makes the
-  re-run load the same files again, and the anti-join turns that into a no-op per table.
+  re-run load the same files again, and the anti-join turns that into a no-op per table;
+- only one load runs at a time per catalog (``loader.locks``).
+
+Isolation: what goes wrong with one table stays with that table. A change that cannot be decoded
+or typed goes to the rejects table and a ``park`` row is appended to its history at the start of
+its transaction; a damaged file parks the tables that lost changes; an incompatible retype retires
+the old column and parks. Parked current tables stop at the park (see loader.merge) until a
+resync of the table; every other table keeps advancing.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
-from loader.load.decode import CHANGE_ROW_DDL, make_decoder
-from loader.load.evolution import plan_evolution
-from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string, typed_expr
+from loader.iceberg import ensure_loader_tables, iceberg_table, table_exists, table_properties, update_properties
+from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row
+from loader.load.evolution import plan_evolution, retired_name
+from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
+from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition
+from loader.names import lake_column
 from loader.tables import (
     HISTORY_METADATA,
-    METADATA_NAMES,
     PROP_DROPPED_COLUMNS,
+    PROP_PARKED,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
+    PROP_RETIRED_COLUMNS,
     PROP_SOURCE_TABLE,
     SUMMARY_LOADED_THROUGH,
     SUMMARY_MIN_POSITION,
@@ -38,12 +49,6 @@ from loader.tables import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-REJECTS_DDL = (
-    "landing_file STRING, line INT, source_table STRING, pg_lsn BIGINT, pg_seq BIGINT,"
-    " reason STRING, raw STRING, rejected_at TIMESTAMP"
-)
-LEDGER_DDL = "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
-
 
 @dataclass
 class LoadResult:
@@ -53,6 +58,9 @@ class LoadResult:
     rejects: int = 0
     waiting_files: int = 0
     loaded_through: str | None = None
+    # Tables parked by this load (or still parked): qualified name -> reason.
+    parked: dict[str, str] = field(default_factory=dict)
+    retired_columns: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         if not self.files:
@@ -60,10 +68,15 @@ class LoadResult:
                 f" ({self.waiting_files} waiting for the rest of their transaction)" if self.waiting_files else ""
             )
         per = ", ".join(f"{t}={n}" for t, n in sorted(self.rows_per_table.items()))
-        return (
+        text = (
             f"load: {len(self.files)} files, {sum(self.rows_per_table.values())} changes appended ({per}); "
             f"{self.duplicates_skipped} duplicates skipped; {self.rejects} rejected"
         )
+        for col in self.retired_columns:
+            text += f"\n  note: {col}"
+        for table, reason in sorted(self.parked.items()):
+            text += f"\n  parked: {table}: {reason}"
+        return text
 
 
 # History tables take many small appends and are read by LSN range and by commit day.
@@ -89,49 +102,8 @@ HISTORY_TABLE_PROPERTIES: dict[str, str] = {
 }
 
 
-def ensure_loader_tables(spark: "SparkSession", names: TableNames) -> None:
-    for ns in names.namespaces():
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {names.ledger} ({LEDGER_DDL}) USING iceberg")
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {names.rejects} ({REJECTS_DDL}) USING iceberg "
-        "PARTITIONED BY (days(rejected_at))"
-    )
-
-
-def table_properties(spark: "SparkSession", ident: str) -> dict[str, str]:
-    rows = spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()
-    return {r[0]: r[1] for r in rows}
-
-
-def table_exists(spark: "SparkSession", ident: str) -> bool:
-    # A catalog lookup, not a query: DESCRIBE ... collect() runs a Spark job (seconds on a busy host).
-    try:
-        return bool(spark.catalog.tableExists(ident))
-    except Exception as exc:  # AnalysisException: namespace not found
-        if "TABLE_OR_VIEW_NOT_FOUND" in str(exc) or "not found" in str(exc).lower():
-            return False
-        raise
-
-
-def absent_columns_sql(pg_types: dict[str, str], dropped: dict[str, ChangePosition]) -> str:
-    """pg_absent_columns: the columns an update did not send because their value is unchanged.
-
-    Not sent but not "unchanged": fixed-length columns (never TOASTed) and columns dropped at or
-    before the change's position; those read NULL.
-    """
-    items = []
-    for name, pg_type in pg_types.items():
-        if never_toasted(pg_type):
-            continue
-        cond = f"NOT array_contains(col_names, {sql_string(name)})"
-        if name in dropped:
-            d = dropped[name]
-            cond += f" AND struct(commit_lsn, seq) < struct(CAST({d.commit_lsn} AS BIGINT) AS commit_lsn, CAST({d.seq} AS BIGINT) AS seq)"
-        items.append(f"IF({cond}, {sql_string(name)}, NULL)")
-    if not items:
-        return "CAST(array() AS ARRAY<STRING>)"
-    return f"IF(op = 'update', array_compact(array({', '.join(items)})), CAST(array() AS ARRAY<STRING>))"
+def repair_hint(qualified: str) -> str:
+    return f"repair: loader resync --table {qualified}"
 
 
 class HistoryLoad:
@@ -154,36 +126,53 @@ class HistoryLoad:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        ensure_loader_tables(self.spark, self.names)
-        batch, waiting = self.pending_files()
-        result = LoadResult(waiting_files=waiting)
-        if not batch:
-            return result
-        files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
-        parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
-        decoded = (
-            files_df.repartition(parallelism)
-            .mapInArrow(make_decoder(self.settings.model_dump_json()), CHANGE_ROW_DDL)
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
-        try:
-            self._write_rejects(decoded.where(F.col("reject_reason").isNotNull()), result, typed=False)
-            good = decoded.where(F.col("reject_reason").isNull())
-            for table, columns, pk in self._tables_in(good):
-                self._load_table(good, table, columns, pk, batch[-1], result)
-            ledger_rows = self._ledger_rows(decoded, batch)
-            loaded_through = self._loaded_through(batch)
-            (
-                self.spark.createDataFrame(ledger_rows, LEDGER_DDL)
-                .writeTo(self.names.ledger)
-                .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
-                .append()
+        from loader.locks import stage_lock
+
+        with stage_lock(self.settings, "load"):
+            ensure_loader_tables(self.spark, self.names)
+            batch, waiting = self.pending_files()
+            result = LoadResult(waiting_files=waiting)
+            if not batch:
+                return result
+            files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
+            parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
+            decoded = (
+                files_df.repartition(parallelism)
+                .mapInArrow(make_decoder(self.settings.model_dump_json()), CHANGE_ROW_DDL)
+                .persist(StorageLevel.MEMORY_AND_DISK)
             )
-        finally:
-            decoded.unpersist()
-        result.files = [f.name for f in batch]
-        result.loaded_through = loaded_through
-        return result
+            try:
+                with _read_errors_explained():
+                    bad = decoded.where(F.col("reject_reason").isNotNull())
+                    self._write_rejects(bad, result)
+                    reject_parks = self._reject_parks(bad)
+                    good = decoded.where(F.col("reject_reason").isNull())
+                    tables = self._tables_in(good)
+                    unknown_damage = [r.note for r in good.where("op = 'park' AND src_table IS NULL").select("note").collect()]
+                    for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
+                        tables.setdefault(t, ([], []))
+                    for table in sorted(tables):
+                        columns, pk = tables[table]
+                        extra = list(reject_parks.get(table, []))
+                        extra += [
+                            park_row(batch[0].name, table.schema, table.table, batch[0].first.commit_lsn, None,
+                                     f"{note}; {repair_hint(table.qualified)}")
+                            for note in unknown_damage
+                        ]
+                        self._load_table(good, table, columns, pk, extra, batch[-1], result)
+                    ledger_rows = self._ledger_rows(decoded, batch)
+                loaded_through = self._loaded_through(batch)
+                (
+                    self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
+                    .writeTo(self.names.ledger)
+                    .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
+                    .append()
+                )
+            finally:
+                decoded.unpersist()
+            result.files = [f.name for f in batch]
+            result.loaded_through = loaded_through
+            return result
 
     def _loaded_through(self, batch: list[LandingFile]) -> str:
         """The watermark never moves back: a late file below it leaves it where it was."""
@@ -195,20 +184,26 @@ class HistoryLoad:
             return previous
         return newest.token()
 
-    def _tables_in(self, good: "DataFrame") -> list[tuple[SourceTable, list[tuple[str, str]], list[str]]]:
-        """(table, [(column, pg type)] in source order, primary key) for every table in the batch."""
+    def _known_tables(self) -> list[SourceTable]:
+        rows = self.spark.sql(
+            f"SHOW TABLES IN {quote_ident(self.names.catalog)}.{quote_ident(self.names.history_ns)}"
+        ).collect()
+        return [SourceTable.from_iceberg_name(r.tableName) for r in rows]
+
+    def _tables_in(self, good: "DataFrame") -> dict[SourceTable, tuple[list[tuple[str, str]], list[str]]]:
+        """table -> ([(column, pg type)] in source order, key) for every table in the batch."""
         from pyspark.sql import functions as F
 
         cols = (
-            good.select(
+            good.where("src_table IS NOT NULL")
+            .select(
                 "src_schema", "src_table", "commit_lsn", "seq", F.posexplode(F.arrays_zip("col_names", "col_types"))
             )
             .select(
                 "src_schema", "src_table", "pos", F.struct("commit_lsn", "seq").alias("at"),
                 F.col("col.col_names").alias("name"), F.col("col.col_types").alias("type"),
             )
-            # A column retyped inside the batch takes its newest type (all its values fit it, or
-            # evolution refuses the change).
+            # A column retyped inside the batch takes its newest type.
             .groupBy("src_schema", "src_table", "name")
             .agg(F.min("pos").alias("pos"), F.max_by("type", "at").alias("type"))
             .collect()
@@ -219,28 +214,24 @@ class HistoryLoad:
             .agg(F.max_by("pk", F.struct("commit_lsn", "seq")).alias("pk"))
             .collect()
         )
-        tables = {(r.src_schema, r.src_table) for r in good.select("src_schema", "src_table").distinct().collect()}
-        out = []
-        for schema, table in sorted(tables):
-            these = sorted((r.pos, r.name, r.type) for r in cols if (r.src_schema, r.src_table) == (schema, table))
-            pk = next((list(r.pk) for r in pks if (r.src_schema, r.src_table) == (schema, table)), [])
-            out.append((SourceTable(schema, table), [(n, t) for _, n, t in these], pk))
+        present = good.where("src_table IS NOT NULL").select("src_schema", "src_table").distinct().collect()
+        out: dict[SourceTable, tuple[list[tuple[str, str]], list[str]]] = {}
+        for r in present:
+            table = SourceTable(r.src_schema, r.src_table)
+            these = sorted((c.pos, c.name, c.type) for c in cols if (c.src_schema, c.src_table) == (r.src_schema, r.src_table))
+            pk = next((list(p.pk) for p in pks if (p.src_schema, p.src_table) == (r.src_schema, r.src_table)), [])
+            out[table] = ([(n, t) for _, n, t in these], pk)
         return out
 
-    def _ensure_history_table(self, table: SourceTable, columns: list[tuple[str, str]], pk: list[str]) -> dict[str, str]:
-        """Create or evolve the history table; returns column -> pg type after evolution."""
+    # --- history tables ----------------------------------------------------------------------
+    def _ensure_history_table(
+        self, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], rows: "DataFrame", result: LoadResult
+    ) -> tuple[list[HistoryColumn], list[dict[str, Any]]]:
+        """Create or evolve the history table: its columns after evolution, and park rows for retypes."""
         ident = self.names.history(table)
-        for name, _ in columns:
-            if name in METADATA_NAMES:
-                from loader.errors import SchemaEvolutionError
-
-                raise SchemaEvolutionError(
-                    f"table {table.qualified} has a column named {name!r}, which the loader reserves for metadata",
-                    hint="rename the source column or exclude the table",
-                )
         if not table_exists(self.spark, ident):
             pg_types = dict(columns)
-            col_ddl = ", ".join(f"{quote_ident(n)} {spark_type(t).sql}" for n, t in columns)
+            col_ddl = ", ".join(f"{quote_ident(lake_column(n))} {spark_type(t).sql}" for n, t in columns)
             meta_ddl = ", ".join(f"{n} {t}" for n, t in HISTORY_METADATA)
             props = {
                 **HISTORY_TABLE_PROPERTIES,
@@ -254,105 +245,166 @@ class HistoryLoad:
                 f"PARTITIONED BY (days(pg_txn_timestamp)) TBLPROPERTIES ({prop_sql})"
             )
             self.spark.sql(f"ALTER TABLE {ident} WRITE LOCALLY ORDERED BY pg_lsn, pg_seq")
-            return pg_types
+            return [HistoryColumn(n, t) for n, t in pg_types.items()], []
         props = table_properties(self.spark, ident)
-        existing = json.loads(props.get(PROP_PG_TYPES, "{}"))
+        existing: dict[str, str] = json.loads(props.get(PROP_PG_TYPES, "{}"))
+        retired: dict[str, dict[str, str]] = json.loads(props.get(PROP_RETIRED_COLUMNS, "{}"))
+        self._add_missing_metadata(ident)
         plan = plan_evolution(table.qualified, existing, columns)
         if plan.empty and (not pk or json.loads(props.get(PROP_PRIMARY_KEY, "[]")) == pk):
-            return existing
+            return [HistoryColumn(n, t) for n, t in existing.items()], []
+        schema = iceberg_table(self.spark, ident).schema()
+
+        def has(col: str) -> bool:
+            return schema.findField(col) is not None
+
+        # Each step checks the table first, so a load killed between two DDL commits re-plans and
+        # finishes the same evolution on its re-run; the properties are written last.
         for name, pg_type in plan.add:
-            self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {quote_ident(name)} {spark_type(pg_type).sql}")
+            if not has(lake_column(name)):
+                self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {quote_ident(lake_column(name))} {spark_type(pg_type).sql}")
             existing[name] = pg_type
         for name, pg_type in plan.widen:
-            self.spark.sql(f"ALTER TABLE {ident} ALTER COLUMN {quote_ident(name)} TYPE {spark_type(pg_type).sql}")
+            self.spark.sql(f"ALTER TABLE {ident} ALTER COLUMN {quote_ident(lake_column(name))} TYPE {spark_type(pg_type).sql}")
             existing[name] = pg_type
         for name, pg_type in plan.retext:
             existing[name] = pg_type
-        new_props = {PROP_PG_TYPES: json.dumps(existing)}
+        parks: list[dict[str, Any]] = []
+        for name, pg_type in plan.retire:
+            lake = lake_column(name)
+            version = 1 + sum(1 for r in retired.values() if r.get("column") == name)
+            old_name = retired_name(lake, version)
+            if not has(old_name):
+                self.spark.sql(f"ALTER TABLE {ident} RENAME COLUMN {quote_ident(lake)} TO {quote_ident(old_name)}")
+                schema = iceberg_table(self.spark, ident).schema()
+            if not has(lake):
+                self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {quote_ident(lake)} {spark_type(pg_type).sql}")
+            retired[old_name] = {"column": name, "type": existing[name]}
+            reason = (
+                f"column {name} changed type from {existing[name]} to {pg_type}, which Iceberg cannot apply in "
+                f"place: history keeps the old values in {old_name}; the current table waits for a resync "
+                f"({repair_hint(table.qualified)}, automatic when capture saw the table rewrite)"
+            )
+            result.retired_columns.append(f"{table.qualified}: {reason}")
+            first = self._first_with_type(rows, name, pg_type)
+            if first is not None:
+                parks.append(park_row("", table.schema, table.table, first[0], first[1], reason))
+            existing[name] = pg_type
+        new_props = {PROP_PG_TYPES: json.dumps(existing), PROP_RETIRED_COLUMNS: json.dumps(retired)}
         if pk:
             new_props[PROP_PRIMARY_KEY] = json.dumps(pk)
-        prop_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in new_props.items())
-        self.spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({prop_sql})")
-        return existing
+        update_properties(self.spark, ident, new_props)
+        return [HistoryColumn(n, t) for n, t in existing.items()], parks
 
+    def _add_missing_metadata(self, ident: str) -> None:
+        """History tables of older versions lack newer metadata columns (pg_note)."""
+        schema = iceberg_table(self.spark, ident).schema()
+        for name, typ in HISTORY_METADATA:
+            if schema.findField(name) is None:
+                self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {name} {typ}")
+
+    @staticmethod
+    def _first_with_type(rows: "DataFrame", column: str, pg_type: str) -> tuple[int, str] | None:
+        """(commit LSN, commit timestamp) of the first change carrying ``column`` with ``pg_type``."""
+        from pyspark.sql import functions as F
+
+        typed = rows.where(F.exists(F.arrays_zip("col_names", "col_types"), lambda c: (c["col_names"] == column) & (c["col_types"] == pg_type)))
+        first = typed.agg(F.min(F.struct("commit_lsn", "seq", "ts"))).collect()[0][0]
+        return (int(first["commit_lsn"]), str(first["ts"])) if first is not None else None
+
+    # --- one table -------------------------------------------------------------------------
     def _load_table(
         self,
         good: "DataFrame",
         table: SourceTable,
         columns: list[tuple[str, str]],
         pk: list[str],
+        extra_parks: list[dict[str, Any]],
         last_file: LandingFile,
         result: LoadResult,
     ) -> None:
         from pyspark.sql import functions as F
 
-        pg_types = self._ensure_history_table(table, columns, pk)
-        ident = self.names.history(table)
         rows = good.where((F.col("src_schema") == table.schema) & (F.col("src_table") == table.table))
-        rows = rows.withColumn("_m", F.map_from_arrays("col_names", "col_values"))
-        dropped = self._dropped_columns(ident, rows, pg_types)
-        select = []
-        checks = []
-        for name, pg_type in pg_types.items():
-            raw = f"_m[{sql_string(name)}]"
-            expr = typed_expr(pg_type, raw)
-            select.append(f"{expr} AS {quote_ident(name)}")
-            if not spark_type(pg_type).lossless_text:
-                checks.append(
-                    f"IF({raw} IS NOT NULL AND ({expr}) IS NULL, "
-                    f"concat('column {name.replace(chr(39), '')} ({pg_type}): value ', {raw}, ' does not fit'), NULL)"
-                )
-        select += [
-            "commit_lsn AS pg_lsn",
-            "seq AS pg_seq",
-            "xid AS pg_txn_id",
-            "op AS pg_operation",
-            "CAST(ts AS TIMESTAMP) AS pg_txn_timestamp",
-            "change_lsn AS pg_change_lsn",
-            "IF(size(key_names) > 0, to_json(map_from_arrays(key_names, key_values)), NULL) AS pg_old_key",
-            f"{absent_columns_sql(pg_types, dropped)} AS pg_absent_columns",
-            "landing_file AS pg_landing_file",
-            "line AS _line",
-            (f"concat_ws('; ', {', '.join(checks)})" if checks else "''") + " AS _reason",
-            "to_json(struct(op, commit_lsn, seq, xid, ts, src_schema, src_table, col_names, col_values, key_names, key_values)) AS _raw",
-        ]
-        typed = rows.selectExpr(*select)
-        bad = typed.where("_reason <> ''")
-        self._write_rejects(
-            bad.selectExpr(
-                "pg_landing_file AS landing_file", "_line AS line", f"{sql_string(table.qualified)} AS source_table",
-                "pg_lsn", "pg_seq", "_reason AS reject_reason", "_raw AS raw",
-            ),
-            result,
-            typed=True,
-        )
-        ok = typed.where("_reason = ''").drop("_reason", "_raw", "_line")
-        bounds = ok.agg(F.min("pg_lsn"), F.max("pg_lsn"), F.count(F.lit(1))).collect()[0]
-        if bounds[2] == 0:
-            return
-        lo, hi = bounds[0], bounds[1]
-        existing = self.spark.table(ident).where(F.col("pg_lsn").between(lo, hi)).select("pg_lsn", "pg_seq")
-        new = ok.join(existing, ["pg_lsn", "pg_seq"], "left_anti").dropDuplicates(["pg_lsn", "pg_seq"])
-        target_cols = [c for c in self.spark.table(ident).columns]
-        new = new.select(*[F.col(quote_ident(c)) if c in new.columns else F.lit(None).alias(c) for c in target_cols])
-        new = new.persist()
+        ident = self.names.history(table)
+        hist_columns, retype_parks = self._ensure_history_table(table, columns, pk, rows, result)
+        parks = extra_parks + retype_parks
+        if parks:
+            rows = rows.unionByName(self.spark.createDataFrame(parks, CHANGE_ROW_DDL))
+        rows = rows.withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
+        dropped = self._dropped_columns(ident, rows, hist_columns)
+        typed = rows.selectExpr(*typed_select(hist_columns, dropped))
+        bad = typed.where(f"{REASON} <> ''")
+        misfits = self._write_rejects(bad.selectExpr(*rejects_select(table.qualified)), result, typed=True)
+        if misfits:
+            first = bad.agg(F.min(F.struct("pg_lsn", F.col("pg_txn_timestamp").cast("string"), REASON))).collect()[0][0]
+            reason = (
+                f"{misfits} changes quarantined in the rejects table (first at LSN {ChangePosition(first[0], 0)}: "
+                f"{first[2]}); {repair_hint(table.qualified)}"
+            )
+            park = self.spark.createDataFrame(
+                [park_row("", table.schema, table.table, first[0], first[1], reason)], CHANGE_ROW_DDL
+            ).withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
+            typed = typed.unionByName(park.selectExpr(*typed_select(hist_columns, dropped)))
+        ok = typed.where(f"{REASON} = ''").drop(LINE, REASON, RAW)
+        ok = ok.persist()
         try:
-            stats = new.agg(F.count(F.lit(1)), F.min(F.struct("pg_lsn", "pg_seq"))).collect()[0]
-            n = stats[0]
-            if n:
-                (
-                    new.sortWithinPartitions("pg_lsn", "pg_seq")
-                    .writeTo(ident)
-                    .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", last_file.last.token())
-                    .option(f"snapshot-property.{SUMMARY_MIN_POSITION}", ChangePosition(*stats[1]).token())
-                    .append()
-                )
+            bounds = ok.agg(F.min("pg_lsn"), F.max("pg_lsn"), F.count(F.lit(1))).collect()[0]
+            self._note_parks(ident, table, ok, result)
+            if bounds[2] == 0:
+                return
+            lo, hi = bounds[0], bounds[1]
+            existing = self.spark.table(ident).where(F.col("pg_lsn").between(lo, hi)).select("pg_lsn", "pg_seq")
+            new = ok.join(existing, ["pg_lsn", "pg_seq"], "left_anti").dropDuplicates(["pg_lsn", "pg_seq"])
+            target_cols = self.spark.table(ident).columns
+            new = new.select(*[F.col(quote_ident(c)) if c in new.columns else F.lit(None).alias(c) for c in target_cols])
+            new = new.persist()
+            try:
+                stats = new.agg(F.count(F.lit(1)), F.min(F.struct("pg_lsn", "pg_seq"))).collect()[0]
+                n = stats[0]
+                if n:
+                    (
+                        new.sortWithinPartitions("pg_lsn", "pg_seq")
+                        .writeTo(ident)
+                        .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", last_file.last.token())
+                        .option(f"snapshot-property.{SUMMARY_MIN_POSITION}", ChangePosition(*stats[1]).token())
+                        .append()
+                    )
+            finally:
+                new.unpersist()
+            result.rows_per_table[table.qualified] = n
+            result.duplicates_skipped += bounds[2] - n
         finally:
-            new.unpersist()
-        result.rows_per_table[table.qualified] = n
-        result.duplicates_skipped += bounds[2] - n
+            ok.unpersist()
 
-    def _dropped_columns(self, ident: str, rows: "DataFrame", pg_types: dict[str, str]) -> dict[str, ChangePosition]:
+    def _note_parks(self, ident: str, table: SourceTable, ok: "DataFrame", result: LoadResult) -> None:
+        """Keep the history table's ``loader.parked`` property in step with its park/resync rows.
+
+        Display only (status, verify): merges find parks from the rows themselves.
+        """
+        markers = (
+            ok.where("pg_operation IN ('park', 'resync')")
+            .select("pg_lsn", "pg_seq", "pg_operation", "pg_note")
+            .orderBy("pg_lsn", "pg_seq")
+            .collect()
+        )
+        if not markers:
+            return
+        props = table_properties(self.spark, ident)
+        state = json.loads(props[PROP_PARKED]) if PROP_PARKED in props else None
+        for m in markers:
+            if m.pg_operation == "resync":
+                state = None
+            elif state is None:
+                state = {"since": ChangePosition(m.pg_lsn, m.pg_seq).token(), "reason": m.pg_note or "parked"}
+        if state is not None:
+            result.parked[table.qualified] = state["reason"]
+            if props.get(PROP_PARKED) != json.dumps(state):
+                update_properties(self.spark, ident, {PROP_PARKED: json.dumps(state)})
+        elif PROP_PARKED in props:
+            update_properties(self.spark, ident, remove=[PROP_PARKED])
+
+    def _dropped_columns(self, ident: str, rows: "DataFrame", columns: list[HistoryColumn]) -> dict[str, ChangePosition]:
         """Columns dropped at the source, with the position the drop was first seen.
 
         wal2json sends every column of an insert, and every fixed-length column of an update;
@@ -367,16 +419,17 @@ class HistoryLoad:
             for c, t in json.loads(table_properties(self.spark, ident).get(PROP_DROPPED_COLUMNS, "{}")).items()
         }
         aggs = []
-        for i, (name, pg_type) in enumerate(pg_types.items()):
-            lit = sql_string(name)
-            evidence = "op IN ('insert', 'read')" + (" OR op = 'update'" if never_toasted(pg_type) else "")
+        for i, col in enumerate(columns):
+            lit = sql_string(col.source)
+            evidence = "op IN ('insert', 'read')" + (" OR op = 'update'" if never_toasted(col.pg_type) else "")
             aggs.append(f"min(IF(({evidence}) AND NOT array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS d{i}")
             aggs.append(f"max(IF(array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS p{i}")
         if not aggs:
             return known
         row = rows.selectExpr(*aggs).collect()[0]
         changed = False
-        for i, name in enumerate(pg_types):
+        for i, col in enumerate(columns):
+            name = col.source
             gone, seen = row[f"d{i}"], row[f"p{i}"]
             gone_at = ChangePosition(*gone) if gone is not None else None
             seen_at = ChangePosition(*seen) if seen is not None else None
@@ -388,21 +441,20 @@ class HistoryLoad:
                 changed = True
         if changed:
             value = json.dumps({c: p.token() for c, p in sorted(known.items())})
-            self.spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({sql_string(PROP_DROPPED_COLUMNS)}={sql_string(value)})")
+            update_properties(self.spark, ident, {PROP_DROPPED_COLUMNS: value})
         return known
 
-    def _write_rejects(self, bad: "DataFrame", result: LoadResult, typed: bool) -> None:
+    # --- rejects and the ledger --------------------------------------------------------------
+    def _write_rejects(self, bad: "DataFrame", result: LoadResult, typed: bool = False) -> int:
         from pyspark.sql import functions as F
 
-        if typed:
-            df = bad.withColumnRenamed("reject_reason", "reason")
-        else:
-            df = bad.selectExpr(
+        if not typed:
+            bad = bad.selectExpr(
                 "landing_file", "line",
                 "concat_ws('.', src_schema, src_table) AS source_table",
                 "commit_lsn AS pg_lsn", "seq AS pg_seq", "reject_reason AS reason", "raw",
             )
-        df = df.withColumn("rejected_at", F.current_timestamp())
+        df = bad.withColumn("rejected_at", F.current_timestamp())
         known = self.spark.table(self.names.rejects).select("landing_file", "line")
         df = df.join(known, ["landing_file", "line"], "left_anti").persist()
         try:
@@ -414,8 +466,30 @@ class HistoryLoad:
         finally:
             df.unpersist()
         result.rejects += n
+        return int(n)
 
-    def _ledger_rows(self, decoded: "DataFrame", batch: list[LandingFile]) -> list[tuple]:
+    def _reject_parks(self, bad: "DataFrame") -> dict[SourceTable, list[dict[str, Any]]]:
+        """One park row per table that lost undecodable changes, at the start of the first one's transaction."""
+        from pyspark.sql import functions as F
+
+        rows = (
+            bad.where("src_table IS NOT NULL")
+            .groupBy("src_schema", "src_table")
+            .agg(F.count(F.lit(1)).alias("n"), F.min(F.struct(F.coalesce("commit_lsn", F.lit(0)).alias("lsn"), "ts", "reject_reason", "landing_file")).alias("first"))
+            .collect()
+        )
+        out: dict[SourceTable, list[dict[str, Any]]] = {}
+        for r in rows:
+            table = SourceTable(r.src_schema, r.src_table)
+            f = r.first
+            reason = (
+                f"{r.n} changes quarantined in the rejects table (first in {f['landing_file']}: {f['reject_reason']}); "
+                f"{repair_hint(table.qualified)}"
+            )
+            out[table] = [park_row(f["landing_file"], table.schema, table.table, int(f["lsn"]), f["ts"], reason)]
+        return out
+
+    def _ledger_rows(self, decoded: "DataFrame", batch: list[LandingFile]) -> list[tuple[Any, ...]]:
         from datetime import datetime, timezone
 
         from pyspark.sql import functions as F
@@ -430,6 +504,32 @@ class HistoryLoad:
             .collect()
         }
         now = datetime.now(timezone.utc)
-        return [
-            (f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch
-        ]
+        return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
+
+
+_LEDGER_SCHEMA = (
+    "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
+)
+
+
+class _read_errors_explained:
+    """Turn a Spark job that failed reading landing files into the loader's transient error."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            return False
+        text = str(exc)
+        for marker in ("LandingUnavailableError", "LandingError"):
+            if marker in text:
+                from loader.errors import LandingError, LandingUnavailableError
+
+                detail = next((ln.split(marker + ":", 1)[1].strip() for ln in text.splitlines() if marker + ":" in ln), text[:300])
+                cls = LandingUnavailableError if marker == "LandingUnavailableError" else LandingError
+                raise cls(
+                    f"load stopped while reading landing files: {detail}",
+                    hint="nothing was marked loaded; re-run 'loader load' once the landing area answers",
+                ) from exc
+        return False

@@ -7,7 +7,8 @@ Watermarks live in the snapshot summary of the very commit they describe:
   source at that position.
 The increment is (merged-through, loaded-through], cut at a commit boundary by construction, so a
 transaction is never half-applied. The MERGE's LSN guard makes a replay of an older increment a
-no-op, and a re-run after a crash recomputes the same increment.
+no-op, and a re-run after a crash recomputes the same increment. Control rows in the increment
+(truncate, resync, park) are planned by :mod:`loader.merge.plan`: a parked table stops alone.
 """
 
 from __future__ import annotations
@@ -15,17 +16,22 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loader.commit import current_snapshot_id, latest_summary_value, snapshots_since, with_commit_properties
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError
-from loader.load.history import ensure_loader_tables, table_exists, table_properties
+from loader.faults import checkpoint
+from loader.iceberg import ensure_loader_tables, iceberg_table, table_exists, table_properties, update_properties
+from loader.load.evolution import can_widen
 from loader.load.typemap import quote_ident, spark_type, sql_string
-from loader.lsn import ChangePosition
-from loader.merge.sql import key_events_sql, merge_sql, reduce_sql
+from loader.lsn import ChangePosition, position_after_sql, position_before_sql
+from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
+from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql
+from loader.names import lake_column
 from loader.tables import (
     CURRENT_METADATA,
+    PROP_PARKED,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
     PROP_SOURCE_TABLE,
@@ -40,6 +46,16 @@ from loader.tables import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+CURRENT_TABLE_PROPERTIES: dict[str, str] = {
+    "format-version": "2",
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+    "write.parquet.compression-codec": "zstd",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+}
+
 
 @dataclass
 class TableMerge:
@@ -49,6 +65,13 @@ class TableMerge:
     merged_through: str | None = None
     skipped_reason: str | None = None
     note: str = ""
+    parked: str | None = None  # why the table's current table waits for a resync
+
+    def describe(self) -> str:
+        if self.skipped_reason:
+            return f"{self.table}: {self.skipped_reason}"
+        note = f" ({self.note})" if self.note else ""
+        return f"{self.table}: {self.increment_rows} changes -> {self.keys_changed} keys{note}"
 
 
 @dataclass
@@ -56,15 +79,13 @@ class MergeResult:
     tables: list[TableMerge] = field(default_factory=list)
 
     def summary(self) -> str:
-        parts = []
-        for t in self.tables:
-            if t.skipped_reason:
-                parts.append(f"{t.table}: {t.skipped_reason}")
-            else:
-                note = f" ({t.note})" if t.note else ""
-                parts.append(f"{t.table}: {t.increment_rows} changes -> {t.keys_changed} keys{note}")
+        parts = [t.describe() for t in self.tables]
         head = "merge: " + ("; ".join(parts) if parts else "no history tables")
         return head + (f"\nconsistent through: {self.consistent_through}" if self.consistent_through else "")
+
+    @property
+    def parked(self) -> dict[str, str]:
+        return {t.table: t.parked for t in self.tables if t.parked}
 
     @property
     def consistent_through(self) -> str | None:
@@ -80,69 +101,60 @@ def resolve_key_change_toast(
 
     An update that changes the key and leaves a TOASTed value unchanged does not send it, and
     the value lives under the old key: in an earlier change of the increment or in the current
-    table. Key changes are rare, so the few keys they involve are replayed here in commit order
-    (following chains of key changes) and the missing values patched into the events.
+    table. Key changes are rare, so the few keys they involve are collected and replayed in
+    commit order (:func:`loader.merge.plan.replay_key_changes`), and the values patched in.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
-    key_changes = events.where("_from IS NOT NULL")
+    key_changes = events.where(f"{FROM} IS NOT NULL")
     if not key_changes.where("size(pg_absent_columns) > 0").limit(1).collect():
         return events
-    q = quote_ident
     non_key = [c for c in columns if c not in pk]
-    keys: set[tuple] = set()
-    for r in key_changes.select(*[q(k) for k in pk], "_from").collect():
+    keys: set[tuple[Any, ...]] = set()
+    for r in key_changes.select(*[col(k) for k in pk], FROM).collect():
         keys.add(tuple(r[k] for k in pk))
-        keys.add(tuple(r["_from"]))
+        keys.add(tuple(r[FROM]))
     key_schema = StructType([events.schema[k] for k in pk])
     key_df = spark.createDataFrame(sorted(keys, key=repr), key_schema)
-    on = [events[q(k)].eqNullSafe(key_df[q(k)]) for k in pk]
-    involved = events.join(key_df, on, "left_semi").orderBy("pg_lsn", "pg_seq", "_sub").collect()
-    state: dict[tuple, dict[str, object] | None] = {}
+    on = [events[col(k)].eqNullSafe(key_df[col(k)]) for k in pk]
+    involved = [
+        {
+            **{c: r[c] for c in columns},
+            "pg_lsn": r["pg_lsn"], "pg_seq": r["pg_seq"], "kind": r[KIND],
+            "absent": r["pg_absent_columns"], "from": r[FROM],
+        }
+        for r in events.join(key_df, on, "left_semi").orderBy("pg_lsn", "pg_seq", SUB).collect()
+    ]
+    state: dict[tuple[Any, ...], dict[str, Any] | None] = {}
     if current is not None:
         cur_df = spark.table(current)
-        on_cur = [cur_df[q(k)].eqNullSafe(key_df[q(k)]) for k in pk]
+        on_cur = [cur_df[col(k)].eqNullSafe(key_df[col(k)]) for k in pk]
         for r in cur_df.join(key_df, on_cur, "left_semi").collect():
             state[tuple(r[k] for k in pk)] = {c: r[c] for c in non_key}
-    before_delete: dict[tuple, dict[str, object] | None] = {}
-    patches = []
-    for e in involved:
-        k = tuple(e[c] for c in pk)
-        if e["_kind"] == "delete":
-            before_delete[k] = state.get(k)
-            state[k] = None
-            continue
-        absent = set(e["pg_absent_columns"] or ())
-        if e["_from"] is not None:
-            base = before_delete.get(tuple(e["_from"])) or {}
-            patched = sorted(c for c in absent if c in base)
-        else:
-            base = state.get(k) or {}
-            patched = []
-        state[k] = {c: (base.get(c) if c in absent else e[c]) for c in non_key}
-        if patched:
-            patches.append((e["pg_lsn"], e["pg_seq"], *[state[k][c] for c in non_key], patched))
+    patches = replay_key_changes(involved, state, pk, non_key)
     if not patches:
         return events
     patch_schema = StructType(
         [events.schema["pg_lsn"], events.schema["pg_seq"]]
-        + [StructField(f"_p{i}", events.schema[c].dataType, True) for i, c in enumerate(non_key)]
-        + [StructField("_patched", ArrayType(StringType()), False)]
+        + [StructField(f"p{i}", events.schema[c].dataType, True) for i, c in enumerate(non_key)]
+        + [StructField("patched", ArrayType(StringType()), False)]
     )
-    patch_df = spark.createDataFrame(patches, patch_schema)
+    patch_df = spark.createDataFrame(
+        [(p.position[0], p.position[1], *[p.values[c] for c in non_key], p.columns) for p in patches], patch_schema
+    ).toDF("pg_lsn", "pg_seq", *[f"pg__p{i}" for i in range(len(non_key))], "pg__patched")
     joined = events.join(patch_df, ["pg_lsn", "pg_seq"], "left")
-    is_patch = "(_sub = 1 AND _patched IS NOT NULL)"
-    cols = []
+    is_patch = f"({SUB} = 1 AND pg__patched IS NOT NULL)"
+    out = []
     for c in events.columns:
         if c in non_key:
             i = non_key.index(c)
-            cols.append(F.expr(f"IF({is_patch} AND array_contains(_patched, {sql_string(c)}), _p{i}, {q(c)})").alias(c))
+            out.append(F.expr(f"IF({is_patch} AND array_contains(pg__patched, {sql_string(c)}), pg__p{i}, {col(c)})").alias(c))
         elif c == "pg_absent_columns":
-            cols.append(F.expr(f"IF({is_patch}, array_except(pg_absent_columns, _patched), pg_absent_columns)").alias(c))
+            out.append(F.expr(f"IF({is_patch}, array_except(pg_absent_columns, pg__patched), pg_absent_columns)").alias(c))
         else:
-            cols.append(F.col(q(c)))
-    return joined.select(*cols)
+            out.append(F.col(col(c)))
+    return joined.select(*out)
 
 
 def history_tables(spark: "SparkSession", names: TableNames) -> list[SourceTable]:
@@ -157,26 +169,31 @@ class CurrentMerge:
         self.names = TableNames(settings)
 
     def run(self, tables: list[str] | None = None) -> MergeResult:
-        ensure_loader_tables(self.spark, self.names)
-        loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
-        result = MergeResult()
-        for table in history_tables(self.spark, self.names):
-            if tables and table.qualified not in tables:
-                continue
-            result.tables.append(self.merge_table(table, loaded))
-        return result
+        from loader.locks import stage_lock
+
+        with stage_lock(self.settings, "merge"):
+            ensure_loader_tables(self.spark, self.names)
+            loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+            result = MergeResult()
+            for table in history_tables(self.spark, self.names):
+                if tables and table.qualified not in tables:
+                    continue
+                result.tables.append(self.merge_table(table, loaded))
+            return result
 
     def rebuild(self, qualified: str, upto: ChangePosition | None = None) -> TableMerge:
         """Recompute one current table from its history as of ``upto`` (default: all loaded)."""
-        ensure_loader_tables(self.spark, self.names)
-        schema, _, name = qualified.partition(".")
-        table = SourceTable(schema, name)
-        if table not in history_tables(self.spark, self.names):
-            raise ConfigError(
-                f"no history table for {qualified}", hint="give --table as schema.table of a loaded source table"
-            )
-        loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
-        return self.merge_table(table, loaded, upto=upto, rebuild=True)
+        from loader.locks import stage_lock
+
+        with stage_lock(self.settings, "merge"):
+            ensure_loader_tables(self.spark, self.names)
+            table = SourceTable.parse(qualified)
+            if table not in history_tables(self.spark, self.names):
+                raise ConfigError(
+                    f"no history table for {qualified}", hint="give --table as schema.table of a loaded source table"
+                )
+            loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+            return self.merge_table(table, loaded, upto=upto, rebuild=True)
 
     def merge_table(
         self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None = None, rebuild: bool = False
@@ -197,10 +214,12 @@ class CurrentMerge:
         cut = ChangePosition.from_token(loaded_through)
         if upto is not None and upto < cut:
             cut = upto
-        pg_types: dict[str, str] = json.loads(props[PROP_PG_TYPES])
+        source_types: dict[str, str] = json.loads(props[PROP_PG_TYPES])
         cur = self.names.current(table)
-        self._ensure_current(table, cur, pk, pg_types)
-        merged = latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH)
+        key_changed = self._key_changed(cur, pk)
+        if key_changed is None:
+            self._ensure_current(table, cur, pk, source_types)
+        merged = None if key_changed else latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH)
         since = ChangePosition.from_token(merged) if merged else None
         hist_snapshot = current_snapshot_id(self.spark, hist)
         if not rebuild and since is not None and self._late_changes(hist, cur, since):
@@ -208,104 +227,137 @@ class CurrentMerge:
             # place its changes (TOAST carry-over, deletes), so recompute this table from history.
             rebuild = True
             out.note = "late changes below the merged position: rebuilt from history"
-        if rebuild:
+        if rebuild or key_changed:
             since = None
         elif since is not None and since >= cut:
             out.merged_through = merged
+            out.parked = self._parked_note(cur)
             return out
-        props_out = {SUMMARY_MERGED_THROUGH: cut.token()}
-        if hist_snapshot is not None:
-            props_out[SUMMARY_HISTORY_SNAPSHOT] = str(hist_snapshot)
         if hist_snapshot is None:
             inc = self.spark.table(hist)
         else:
             # Read the snapshot the watermark was taken against, not whatever a concurrent load adds.
             inc = self.spark.sql(f"SELECT * FROM {hist} VERSION AS OF {hist_snapshot}")
-        inc = inc.where(F.col("pg_lsn") <= cut.commit_lsn)
-        inc = inc.where((F.col("pg_lsn") < cut.commit_lsn) | (F.col("pg_seq") <= cut.seq))
+        inc = inc.where(F.col("pg_lsn") <= cut.commit_lsn).where(position_before_sql("pg_lsn", "pg_seq", cut))
         if since is not None:
-            inc = inc.where(
-                (F.col("pg_lsn") > since.commit_lsn)
-                | ((F.col("pg_lsn") == since.commit_lsn) & (F.col("pg_seq") > since.seq))
-            )
+            inc = inc.where(position_after_sql("pg_lsn", "pg_seq", since))
         inc = inc.persist()
         try:
             stats = inc.agg(
                 F.count(F.lit(1)),
-                F.max(F.when(F.col("pg_operation") == "truncate", F.struct("pg_lsn", "pg_seq"))),
+                F.collect_list(
+                    F.when(
+                        F.col("pg_operation").isin("truncate", "resync", "park"),
+                        F.struct("pg_lsn", "pg_seq", "pg_operation", "pg_note"),
+                    )
+                ),
                 F.count(F.when((F.col("pg_operation") == "update") & (F.size("pg_absent_columns") > 0), 1)),
             ).collect()[0]
             out.increment_rows = stats[0]
-            truncated = ChangePosition(*stats[1]) if stats[1] is not None else None
-            toast_updates = stats[2]
-            if truncated is not None:
-                out.note = (out.note + "; " if out.note else "") + f"truncated at {truncated}"
-                inc_events = inc.where(
-                    (F.col("pg_lsn") > truncated.commit_lsn)
-                    | ((F.col("pg_lsn") == truncated.commit_lsn) & (F.col("pg_seq") > truncated.seq))
-                )
-            else:
-                inc_events = inc
-            self._apply(table, cur, inc_events, pk, pg_types, props_out, out, rebuild, truncated, toast_updates > 0, since)
+            markers = [Marker(ChangePosition(m[0], m[1]), m[2], m[3] or "") for m in stats[1]]
+            plan = plan_markers(markers, cut)
+            out.note = "; ".join(n for n in (out.note, plan.note) if n)
+            if key_changed:
+                # Only a resync after the change (and after every park) tells the rows by the new key.
+                if not plan.resynced or plan.parked is not None:
+                    out.parked = f"key changed from {key_changed} to {pk}; the current table waits for a resync"
+                    out.skipped_reason = "parked: " + out.parked
+                    return out
+                self.spark.sql(f"DROP TABLE IF EXISTS {cur}")
+                self._ensure_current(table, cur, pk, source_types)
+                rebuild = True
+            if plan.parked is not None:
+                out.parked = plan.parked.note or "parked"
+            if since is not None and plan.cut <= since:
+                out.merged_through = since.token()
+                self._set_parked(cur, plan)
+                return out
+            if plan.cut < cut:
+                inc = inc.where(position_before_sql("pg_lsn", "pg_seq", plan.cut))
+            props_out = {SUMMARY_MERGED_THROUGH: plan.cut.token()}
+            if hist_snapshot is not None:
+                props_out[SUMMARY_HISTORY_SNAPSHOT] = str(hist_snapshot)
+            events = inc
+            if plan.boundary is not None:
+                events = inc.where(position_after_sql("pg_lsn", "pg_seq", plan.boundary))
+            # From here on every name is a lake name (what the tables and their metadata hold).
+            lake_pk = [lake_column(k) for k in pk]
+            lake_types = {lake_column(c): t for c, t in source_types.items()}
+            self._apply(
+                _Apply(table, cur, events, lake_pk, lake_types, props_out, rebuild, plan, stats[2] > 0, since), out
+            )
+            self._set_parked(cur, plan)
         finally:
             inc.unpersist()
-        out.merged_through = cut.token()
+        out.merged_through = plan.cut.token()
         return out
 
-    def _apply(
-        self,
-        table: SourceTable,
-        cur: str,
-        inc: "DataFrame",
-        pk: list[str],
-        pg_types: dict[str, str],
-        commit_props: dict[str, str],
-        out: TableMerge,
-        rebuild: bool,
-        truncated: ChangePosition | None,
-        toast_updates: bool = True,
-        since: ChangePosition | None = None,
-    ) -> None:
+    def _apply(self, a: "_Apply", out: TableMerge) -> None:
         from pyspark.sql import functions as F
 
-        columns = list(pg_types)
-        view = f"_inc_{table.iceberg_name}"
-        inc.createOrReplaceTempView(quote_ident(view))
-        events = self.spark.sql(key_events_sql(quote_ident(view), pk, pg_types, columns))
-        if toast_updates:
-            events = resolve_key_change_toast(self.spark, events, None if rebuild else cur, pk, columns)
+        columns = list(a.pg_types)
+        view = f"pg__inc_{a.table.iceberg_name}"
+        a.events.createOrReplaceTempView(quote_ident(view))
+        events = self.spark.sql(key_events_sql(quote_ident(view), a.pk, a.pg_types, columns))
+        if a.toast_updates:
+            events = resolve_key_change_toast(self.spark, events, None if a.rebuild else a.cur, a.pk, columns)
         events_view, reduced_view = view + "_events", view + "_reduced"
         events.createOrReplaceTempView(quote_ident(events_view))
-        reduced = self.spark.sql(reduce_sql(quote_ident(events_view), pk, columns)).persist()
+        reduced = self.spark.sql(reduce_sql(quote_ident(events_view), a.pk, columns)).persist()
         try:
             reduced.createOrReplaceTempView(quote_ident(reduced_view))
             out.keys_changed = reduced.count()
-            if rebuild:
-                rows = reduced.where("_kind = 'upsert'").select(
-                    *[quote_ident(c) for c in columns], *[n for n, _ in CURRENT_METADATA]
+            if a.rebuild:
+                rows = reduced.where(f"{KIND} = 'upsert'").select(
+                    *[col(c) for c in columns], *[n for n, _ in CURRENT_METADATA]
                 )
-                writer = rows.sortWithinPartitions(*[quote_ident(k) for k in pk]).writeTo(cur)
-                for k, v in commit_props.items():
+                writer = rows.sortWithinPartitions(*[col(k) for k in a.pk]).writeTo(a.cur)
+                for k, v in a.commit_props.items():
                     writer = writer.option(f"snapshot-property.{k}", v)
                 # One atomic commit replaces every row, whatever the table held.
                 writer.overwrite(F.lit(True))
+                checkpoint("merge-after-commit")
                 return
-            if out.keys_changed == 0 and truncated is None:
-                self._record_progress(cur, commit_props)
+            boundary = a.plan.boundary
+            if out.keys_changed == 0 and boundary is None:
+                self._record_progress(a.cur, a.commit_props)
                 return
             statement = merge_sql(
-                cur, quote_ident(reduced_view), pk, columns,
-                (truncated.commit_lsn, truncated.seq) if truncated is not None else None,
-                None if truncated is not None else self._bucket_filter(cur, pk, quote_ident(reduced_view)),
-                (since.commit_lsn, since.seq) if since is not None else None,
+                a.cur, quote_ident(reduced_view), a.pk, columns,
+                (boundary.commit_lsn, boundary.seq) if boundary is not None else None,
+                None if boundary is not None else self._bucket_filter(a.cur, a.pk, quote_ident(reduced_view)),
+                (a.since.commit_lsn, a.since.seq) if a.since is not None else None,
             )
-            with_commit_properties(self.spark, commit_props, lambda: self.spark.sql(statement))
-            if latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH) != commit_props[SUMMARY_MERGED_THROUGH]:
+            checkpoint("merge-before-commit")
+            with_commit_properties(self.spark, a.commit_props, lambda: self.spark.sql(statement))
+            checkpoint("merge-after-commit")
+            if latest_summary_value(self.spark, a.cur, SUMMARY_MERGED_THROUGH) != a.commit_props[SUMMARY_MERGED_THROUGH]:
                 # Every matched row was already at or past its event (a replayed increment): the
                 # MERGE changed nothing and committed nothing; record the progress explicitly.
-                self._record_progress(cur, commit_props)
+                self._record_progress(a.cur, a.commit_props)
         finally:
             reduced.unpersist()
+
+    def _key_changed(self, cur: str, pk: list[str]) -> list[str] | None:
+        """The current table's key when it differs from history's (the source key changed), else None."""
+        if not table_exists(self.spark, cur):
+            return None
+        have = json.loads(table_properties(self.spark, cur).get(PROP_PRIMARY_KEY, "[]"))
+        return have if have and have != pk else None
+
+    def _parked_note(self, cur: str) -> str | None:
+        raw = table_properties(self.spark, cur).get(PROP_PARKED)
+        return json.loads(raw).get("reason") if raw else None
+
+    def _set_parked(self, cur: str, plan: MergePlan) -> None:
+        """Show the park on the current table (status reads it); clear it once resynced."""
+        props = table_properties(self.spark, cur)
+        if plan.parked is not None:
+            value = json.dumps({"since": plan.parked.position.token(), "reason": plan.parked.note})
+            if props.get(PROP_PARKED) != value:
+                update_properties(self.spark, cur, {PROP_PARKED: value})
+        elif PROP_PARKED in props:
+            update_properties(self.spark, cur, remove=[PROP_PARKED])
 
     def _bucket_filter(self, cur: str, pk: list[str], reduced_view: str) -> str | None:
         """``bucket(N, key) IN (...)`` over the buckets the increment touches, or None if it is all.
@@ -313,8 +365,6 @@ class CurrentMerge:
         The current table is partitioned by bucket(N, first key column); with the predicate in
         the MERGE condition, Iceberg plans only those partitions' data and delete files.
         """
-        from loader.commit import iceberg_table
-
         table = iceberg_table(self.spark, cur)
         fields = list(table.spec().fields())
         if len(fields) != 1 or table.schema().findColumnName(fields[0].sourceId()) != pk[0]:
@@ -323,10 +373,10 @@ class CurrentMerge:
         if not m:
             return None
         fn = f"{quote_ident(self.names.catalog)}.system.bucket({int(m.group(1))}, {{col}})"
-        hit = [r[0] for r in self.spark.sql(f"SELECT DISTINCT {fn.format(col=quote_ident(pk[0]))} FROM {reduced_view}").collect()]
+        hit = [r[0] for r in self.spark.sql(f"SELECT DISTINCT {fn.format(col=col(pk[0]))} FROM {reduced_view}").collect()]
         if not hit or len(hit) >= int(m.group(1)) or any(b is None for b in hit):
             return None
-        return f"{fn.format(col='t.' + quote_ident(pk[0]))} IN ({', '.join(str(int(b)) for b in sorted(hit))})"
+        return f"{fn.format(col='t.' + col(pk[0]))} IN ({', '.join(str(int(b)) for b in sorted(hit))})"
 
     def _late_changes(self, hist: str, cur: str, since: ChangePosition) -> bool:
         """Did a history append after the last merge add changes at or below its position?"""
@@ -351,17 +401,12 @@ class CurrentMerge:
             )
 
     def _ensure_current(self, table: SourceTable, cur: str, pk: list[str], pg_types: dict[str, str]) -> None:
+        """Create or evolve the current table; ``pk`` and ``pg_types`` by source names, as history keeps them."""
         if not table_exists(self.spark, cur):
-            cols = ", ".join(f"{quote_ident(n)} {spark_type(t).sql}" for n, t in pg_types.items())
+            cols = ", ".join(f"{col(lake_column(n))} {spark_type(t).sql}" for n, t in pg_types.items())
             meta = ", ".join(f"{n} {t}" for n, t in CURRENT_METADATA)
             props = {
-                "format-version": "2",
-                "write.merge.mode": "merge-on-read",
-                "write.update.mode": "merge-on-read",
-                "write.delete.mode": "merge-on-read",
-                "write.parquet.compression-codec": "zstd",
-                "write.metadata.delete-after-commit.enabled": "true",
-                "write.metadata.previous-versions-max": "100",
+                **CURRENT_TABLE_PROPERTIES,
                 PROP_SOURCE_TABLE: table.qualified,
                 PROP_PRIMARY_KEY: json.dumps(pk),
                 PROP_PG_TYPES: json.dumps(pg_types),
@@ -370,23 +415,42 @@ class CurrentMerge:
             buckets = self.settings.merge.key_buckets
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {cur} ({cols}, {meta}) USING iceberg "
-                f"PARTITIONED BY (bucket({buckets}, {quote_ident(pk[0])})) TBLPROPERTIES ({prop_sql})"
+                f"PARTITIONED BY (bucket({buckets}, {col(lake_column(pk[0]))})) TBLPROPERTIES ({prop_sql})"
             )
-            self.spark.sql(f"ALTER TABLE {cur} WRITE LOCALLY ORDERED BY {', '.join(quote_ident(k) for k in pk)}")
+            self.spark.sql(f"ALTER TABLE {cur} WRITE LOCALLY ORDERED BY {', '.join(col(lake_column(k)) for k in pk)}")
             return
-        cprops = table_properties(self.spark, cur)
-        have: dict[str, str] = json.loads(cprops.get(PROP_PG_TYPES, "{}"))
-        changed = False
+        have: dict[str, str] = json.loads(table_properties(self.spark, cur).get(PROP_PG_TYPES, "{}"))
+        if have == pg_types:
+            return
+        schema = iceberg_table(self.spark, cur).schema()
         for name, pg_type in pg_types.items():
+            lake = lake_column(name)
+            new_sql = spark_type(pg_type).sql
             if name not in have:
-                self.spark.sql(f"ALTER TABLE {cur} ADD COLUMN {quote_ident(name)} {spark_type(pg_type).sql}")
-                changed = True
-            elif spark_type(have[name]).sql != spark_type(pg_type).sql:
-                self.spark.sql(f"ALTER TABLE {cur} ALTER COLUMN {quote_ident(name)} TYPE {spark_type(pg_type).sql}")
-                changed = True
-            elif have[name] != pg_type:
-                changed = True
-        if changed:
-            self.spark.sql(
-                f"ALTER TABLE {cur} SET TBLPROPERTIES ({sql_string(PROP_PG_TYPES)}={sql_string(json.dumps(pg_types))})"
-            )
+                if schema.findField(lake) is None:
+                    self.spark.sql(f"ALTER TABLE {cur} ADD COLUMN {col(lake)} {new_sql}")
+            elif spark_type(have[name]).sql != new_sql:
+                if can_widen(spark_type(have[name]).sql, new_sql):
+                    self.spark.sql(f"ALTER TABLE {cur} ALTER COLUMN {col(lake)} TYPE {new_sql}")
+                else:
+                    # An incompatible retype: history retired the old column and parked the table,
+                    # so every row of this column is rewritten by the resync that unparks it.
+                    self.spark.sql(f"ALTER TABLE {cur} DROP COLUMN {col(lake)}")
+                    self.spark.sql(f"ALTER TABLE {cur} ADD COLUMN {col(lake)} {new_sql}")
+        update_properties(self.spark, cur, {PROP_PG_TYPES: json.dumps(pg_types)})
+
+
+@dataclass
+class _Apply:
+    """Everything one table's MERGE (or rebuild) needs, decided before it runs."""
+
+    table: SourceTable
+    cur: str
+    events: "DataFrame"
+    pk: list[str]
+    pg_types: dict[str, str]
+    commit_props: dict[str, str]
+    rebuild: bool
+    plan: MergePlan
+    toast_updates: bool
+    since: ChangePosition | None

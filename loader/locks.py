@@ -1,0 +1,118 @@
+"""One process per stage: the load and the merge each hold a lock in the catalog's database.
+
+Two ``loader load`` (a cron overlap, or two machines sharing the catalog) would both compute the
+same anti-join against history before either commits, and both append: every change twice.
+Iceberg's optimistic commits do not catch that (appends never conflict), so the stages take a
+lock where every writer of the catalog meets: a PostgreSQL session advisory lock in the JDBC
+catalog's database (released by the server when the holder dies, even by SIGKILL), or, for a
+SQLite catalog, an OS file lock beside the database file. Capture has its own lock on the source
+(``loader.capture.slot.capture_lock``).
+
+The second process waits up to ``locks.wait_seconds`` (0: not at all), then fails with
+``StageBusyError`` naming the holder (host, pid, since when); exit status 75 (try again later).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+from loader.config import LoaderSettings
+from loader.errors import StageBusyError
+
+STAGES = ("load", "merge")
+
+
+def _lock_name(settings: LoaderSettings, stage: str) -> str:
+    c = settings.catalog
+    return f"lakehouse-loader:{c.name}:{c.loader_namespace}:{stage}"
+
+
+def _holder_label(stage: str) -> str:
+    return f"lakehouse-loader {stage} {socket.gethostname()}:{os.getpid()}"
+
+
+@contextmanager
+def stage_lock(settings: LoaderSettings, stage: str, wait_seconds: float | None = None) -> Iterator[None]:
+    """Hold ``stage``'s lock for the catalog of ``settings`` while the body runs."""
+    wait = settings.locks.wait_seconds if wait_seconds is None else wait_seconds
+    u = urlparse(settings.catalog.uri)
+    if u.scheme.startswith("postgres"):
+        with _pg_lock(settings, stage, wait):
+            yield
+    else:
+        with _file_lock(Path(u.path), settings, stage, wait):
+            yield
+
+
+@contextmanager
+def _pg_lock(settings: LoaderSettings, stage: str, wait: float) -> Iterator[None]:
+    import psycopg
+
+    from loader.capture.slot import redact
+
+    name = _lock_name(settings, stage)
+    try:
+        conn = psycopg.connect(settings.catalog.uri, autocommit=True, application_name=_holder_label(stage)[:63])
+    except psycopg.OperationalError as exc:
+        from loader.errors import CatalogError
+
+        raise CatalogError(
+            f"cannot reach the catalog database {redact(settings.catalog.uri)} to take the {stage} lock: {str(exc).strip()}",
+            hint="check LOADER_CATALOG__URI and that its database is reachable",
+        ) from exc
+    try:
+        row = conn.execute("SELECT hashtextextended(%s, 0)", (name,)).fetchone()
+        assert row is not None
+        key = int(row[0])
+        deadline = time.monotonic() + wait
+        while True:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+            if got and got[0]:
+                break
+            if time.monotonic() >= deadline:
+                holder = conn.execute(
+                    "SELECT a.application_name, a.backend_start FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                    " AND l.classid = ((%s::bigint >> 32) & 4294967295)::oid AND l.objid = (%s::bigint & 4294967295)::oid",
+                    (key, key),
+                ).fetchone()
+                who = f"{holder[0]} since {holder[1]:%Y-%m-%d %H:%M:%S %Z}" if holder else "another process"
+                raise StageBusyError(
+                    f"another 'loader {stage}' is running on this catalog ({who})",
+                    hint="it finishes on its own; re-run later, or wait for it with LOADER_LOCKS__WAIT_SECONDS",
+                )
+            time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        try:
+            yield
+        finally:
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except psycopg.Error:
+                pass  # the connection is gone, and with it the lock
+    finally:
+        conn.close()
+
+
+@contextmanager
+def _file_lock(db_path: Path, settings: LoaderSettings, stage: str, wait: float) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    path = db_path.with_name(f"{db_path.name}.{settings.catalog.loader_namespace}.{stage}.lock")
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=wait)
+    except Timeout as exc:
+        raise StageBusyError(
+            f"another 'loader {stage}' is running on this catalog (lock file {path})",
+            hint="it finishes on its own; re-run later, or wait for it with LOADER_LOCKS__WAIT_SECONDS",
+        ) from exc
+    try:
+        yield
+    finally:
+        lock.release()

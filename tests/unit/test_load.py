@@ -1,0 +1,184 @@
+"""The load's pure parts: type mapping, evolution plans, typing SQL, and decoding (damaged) landing files."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+
+import pytest
+
+from loader.capture.landing import LandingWriter, LocalLandingStore
+from loader.capture.records import ChangeRecord, Column
+from loader.load.decode import decode_file, gunzip_salvage
+from loader.load.evolution import plan_evolution, retired_name
+from loader.load.sql import HistoryColumn, absent_columns_sql, typed_select
+from loader.load.typemap import never_toasted, quote_ident, spark_type
+from loader.lsn import ChangePosition
+
+
+@pytest.mark.parametrize(
+    ("pg", "sql", "text"),
+    [
+        ("numeric(12,4)", "DECIMAL(12,4)", False),
+        ("numeric(50,10)", "STRING", True),
+        ("numeric", "STRING", True),
+        ("timestamp(3) with time zone", "TIMESTAMP", False),
+        ("timestamp(6) without time zone", "TIMESTAMP_NTZ", False),
+        ("integer[]", "ARRAY<INT>", False),
+        ("character varying(20)[]", "ARRAY<STRING>", False),
+        ("numeric(6,2)[]", "ARRAY<DECIMAL(6,2)>", False),
+        ("numeric[]", "STRING", True),
+        ("timestamp with time zone[]", "STRING", True),
+        ("jsonb[]", "STRING", True),
+        ("bytea", "BINARY", False),
+        ("mood", "STRING", True),
+        ("interval", "STRING", True),
+        ("money", "STRING", True),
+        ("time without time zone", "STRING", True),
+        ("uuid", "STRING", True),
+    ],
+)
+def test_type_mapping(pg: str, sql: str, text: bool) -> None:
+    st = spark_type(pg)
+    assert (st.sql, st.lossless_text) == (sql, text)
+
+
+def test_fixed_length_types_are_never_toasted() -> None:
+    assert never_toasted("integer") and never_toasted("timestamp(3) with time zone") and never_toasted("uuid")
+    assert not never_toasted("text") and not never_toasted("numeric(10,2)") and not never_toasted("integer[]")
+    assert quote_ident("we`ird") == "`we``ird`"
+
+
+def test_absent_columns_exclude_fixed_length_and_dropped() -> None:
+    cols = [HistoryColumn("id", "integer"), HistoryColumn("body", "text"), HistoryColumn("gone", "jsonb")]
+    sql = absent_columns_sql(cols, {"gone": ChangePosition(5, 2)})
+    assert "'id'" not in sql and "'body'" in sql
+    assert "NOT (commit_lsn > 5 OR (commit_lsn = 5 AND seq >= 2))" in sql
+
+
+def test_typed_select_uses_lake_names_and_reserved_aliases() -> None:
+    cols = [HistoryColumn("pg_lsn", "integer"), HistoryColumn("_reason", "text")]
+    sql = ", ".join(typed_select(cols, {}))
+    assert "AS `pg__pg_lsn`" in sql and "AS `_reason`" in sql
+    assert "AS pg__reason" in sql and "AS pg__line" in sql and "AS pg__raw" in sql
+    assert "pg__m['pg_lsn']" in sql
+    # Names held in metadata are lake names too: the old key's JSON maps source names through the rule.
+    assert "concat('pg__', k)" in sql
+
+
+def test_evolution_adds_widens_and_retires_incompatible_retypes() -> None:
+    plan = plan_evolution("public.t", {"a": "integer", "d": "numeric(10,2)", "x": "date"}, [("a", "bigint"), ("d", "numeric(12,2)"), ("n", "text"), ("x", "integer")])
+    assert plan.widen == [("a", "bigint"), ("d", "numeric(12,2)")] and plan.add == [("n", "text")]
+    assert plan.retire == [("x", "integer")]
+    assert plan_evolution("public.t", {"a": "bigint"}, [("a", "integer")]).empty  # narrowed: the wider type still holds it
+    assert plan_evolution("public.t", {"a": "numeric(10,2)"}, [("a", "numeric(10,4)")]).retire == [("a", "numeric(10,4)")]
+    assert retired_name("amount", 2) == "pg__r2_amount"
+
+
+# --- decoding landing files, damaged ones included ---------------------------------------------
+
+
+def landing_bytes(tmp_path: Path, recs: list[ChangeRecord]) -> tuple[str, bytes]:
+    store = LocalLandingStore(tmp_path / "land")
+    w = LandingWriter(store, max_changes=10_000)
+    for r in recs:
+        w.write(r)
+    w.close_file()
+    f = store.files()[0]
+    return f.name, (tmp_path / "land" / f.name).read_bytes()
+
+
+def workload(n: int = 300) -> list[ChangeRecord]:
+    recs = []
+    for s in range(1, n + 1):
+        table = "a" if s % 3 else "b"
+        recs.append(ChangeRecord("I", 500, s, 9, "2026-01-01 00:00:00+00", "public", table, columns=[Column("id", "integer", str(s)), Column("v", "text", "x" * (s % 50))], pk=["id"]))
+    recs.append(ChangeRecord("C", 500, n + 1, 9, "2026-01-01 00:00:00+00"))
+    return recs
+
+
+def test_an_intact_file_decodes_every_record_and_no_header_row(tmp_path: Path) -> None:
+    name, data = landing_bytes(tmp_path, workload())
+    rows = list(decode_file(name, data, 500))
+    assert len(rows) == 300 and all(r["reject_reason"] is None for r in rows)
+    assert {r["op"] for r in rows} == {"insert"}
+
+
+def test_a_truncated_file_keeps_every_complete_line_and_parks_exactly_the_tables_that_lost_changes(tmp_path: Path) -> None:
+    name, data = landing_bytes(tmp_path, workload(3000))
+    for cut in (len(data) // 2, len(data) - 40, 2000):
+        rows = list(decode_file(name, data[:cut], 500))
+        good = [r for r in rows if r["op"] == "insert"]
+        parks = [r for r in rows if r["op"] == "park"]
+        rejects = [r for r in rows if r["reject_reason"]]
+        assert [r["seq"] for r in good] == list(range(1, len(good) + 1)), "a readable prefix, in order"
+        assert len(good) > 0
+        assert len(rejects) <= 1 and all("cut off" in r["reject_reason"] for r in rejects)
+        lost_tables = {r["src_table"] for r in parks}
+        assert lost_tables and lost_tables <= {"a", "b"}
+        assert all(r["seq"] == 0 and r["commit_lsn"] == 500 and "damaged" in r["note"] for r in parks)
+
+
+def test_corrupt_gzip_data_is_damage_not_an_exception(tmp_path: Path) -> None:
+    name, data = landing_bytes(tmp_path, workload(3000))
+    broken = bytearray(data)
+    for i in range(len(broken) // 2, len(broken) // 2 + 64):
+        broken[i] ^= 0xFF
+    rows = list(decode_file(name, bytes(broken), 500))
+    assert any(r["op"] == "park" for r in rows)
+    assert sum(1 for r in rows if r["op"] == "insert") > 0
+
+
+def test_a_file_without_a_readable_header_parks_every_table(tmp_path: Path) -> None:
+    _, data = landing_bytes(tmp_path, workload())
+    rows = list(decode_file("x.jsonl.gz", data[:10], 500))
+    parks = [r for r in rows if r["op"] == "park"]
+    assert len(parks) == 1 and parks[0]["src_table"] is None and "every table" in parks[0]["note"]
+
+
+def test_gunzip_salvage_reads_concatenated_members_and_reports_truncation() -> None:
+    data = gzip.compress(b"a\n") + gzip.compress(b"b\nc\n")
+    assert gunzip_salvage(data) == (b"a\nb\nc\n", None)
+    text, damage = gunzip_salvage(data[:-5])
+    assert text.startswith(b"a\n") and damage and "cut off" in damage
+
+
+def hostile_file(lines: list[bytes]) -> bytes:
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz:
+        gz.write(b"\n".join(lines) + b"\n")
+    return buf.getvalue()
+
+
+def test_bad_lines_become_rejects_with_their_raw_text_and_table_when_known() -> None:
+    good = b'{"v":1,"op":"I","lsn":9,"seq":1,"xid":1,"ts":"2026-01-01 00:00:00+00","change_lsn":1,"schema":"s","table":"t","columns":[["id","integer","1"]],"pk":["id"]}'
+    lines = [
+        good,
+        b'{"v":1,"op":"I","lsn":9,"seq":2,"xid":1,"ts":"t","schema":"s","table":"t","columns":[["id","integer","\xff"]]}',
+        b"not json at all",
+        b'{"v":1,"op":"I","lsn":9,"seq":3,"xid":1,"ts":"t","schema":"s","table":"u","columns":[["a","int","1"],["a","int","2"]]}',
+        b'{"v":1,"op":"D","lsn":9,"seq":4,"xid":1,"ts":"t","schema":"s","table":"u","columns":[]}',
+        b'{"v":1,"op":"X","lsn":9,"seq":5,"xid":1,"ts":"t","schema":"s","table":"w","columns":[],"reason":"not UTF-8","raw":"caf\\\\xe9"}',
+    ]
+    rows = list(decode_file("f.jsonl.gz", hostile_file(lines), 9))
+    assert rows[0]["reject_reason"] is None
+    # "not json at all" names no table and the file has no header: every table may have lost it.
+    assert rows[-1]["op"] == "park" and rows[-1]["src_table"] is None and "every table" in rows[-1]["note"]
+    rejects = rows[1:-1]
+    assert [r["line"] for r in rejects] == [2, 3, 4, 5, 6]
+    assert all(r["reject_reason"] and r["raw"] for r in rejects)
+    assert "not UTF-8" in rejects[0]["reject_reason"] and "\\xff" in rejects[0]["raw"]
+    assert "twice" in rejects[2]["reject_reason"] and rejects[2]["src_table"] == "u"
+    assert "old key" in rejects[3]["reject_reason"]
+    assert rejects[4]["src_table"] == "w" and "quarantined at capture" in rejects[4]["reject_reason"]
+
+
+def test_a_header_says_which_table_an_unreadable_line_belonged_to(tmp_path: Path) -> None:
+    name, data = landing_bytes(tmp_path, workload(30))
+    text = gzip.decompress(data).split(b"\n")
+    text[5] = b'{"v":1,"op":"I","lsn":500,"se'  # line 6, which held seq 5 (line 1 is the header)
+    lost_table = "b" if 5 % 3 == 0 else "a"  # the workload puts seq s in table b when s % 3 == 0
+    rows = list(decode_file(name, gzip.compress(b"\n".join(text)), 500))
+    parks = [r for r in rows if r["op"] == "park"]
+    assert [(p["src_table"], p["seq"]) for p in parks] == [(lost_table, 0)]

@@ -1,0 +1,54 @@
+"""LSNs, change positions and their SQL spelling (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loader.lsn import END_OF_TRANSACTION, ChangePosition, format_lsn, parse_lsn, position_after_sql, position_before_sql
+
+positions = st.tuples(st.integers(1, (1 << 63) - 1), st.integers(0, 10**9)).map(lambda t: ChangePosition(*t))
+
+
+@given(st.integers(min_value=0, max_value=(1 << 64) - 1))
+def test_lsn_round_trip(v: int) -> None:
+    assert parse_lsn(format_lsn(v)) == v
+
+
+@given(positions, positions)
+def test_position_tokens_sort_like_positions(a: ChangePosition, b: ChangePosition) -> None:
+    assert (a.token() < b.token()) == (a < b)
+    assert ChangePosition.from_token(a.token()) == a
+
+
+@given(positions, positions)
+def test_just_before_is_the_greatest_position_below(a: ChangePosition, b: ChangePosition) -> None:
+    before = a.just_before()
+    assert before < a
+    if b < a:
+        assert b <= before
+
+
+def test_end_of_transaction_sorts_after_its_changes_and_before_the_next() -> None:
+    end = ChangePosition.end_of(100)
+    assert ChangePosition(100, 5_000_000) < end < ChangePosition(101, 0)
+    assert end.seq == END_OF_TRANSACTION and ChangePosition.from_token(end.token()) == end
+
+
+def test_parse_lsn_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        parse_lsn("16-B374")
+
+
+@given(positions, positions)
+def test_position_sql_agrees_with_tuple_order(row: ChangePosition, bound: ChangePosition) -> None:
+    env = {"l": row.commit_lsn, "s": row.seq}
+
+    def ev(expr: str) -> bool:
+        return bool(eval(expr.replace("OR", "or").replace("AND", "and").replace("=", "==").replace("<==", "<=").replace(">==", ">="), {}, env))
+
+    assert ev(position_after_sql("l", "s", bound)) == (row > bound)
+    assert ev(position_after_sql("l", "s", bound, inclusive=True)) == (row >= bound)
+    assert ev(position_before_sql("l", "s", bound)) == (row <= bound)
+    assert ev(position_before_sql("l", "s", bound, inclusive=False)) == (row < bound)
