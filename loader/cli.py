@@ -257,6 +257,7 @@ def slot_info(ctx: Context) -> None:
                 "current_wal_lsn": format_lsn(info.current_wal_lsn),
                 "retained_wal_bytes": info.retained_wal_bytes,
                 "lag_bytes": info.lag_bytes,
+                "wal_status": info.wal_status,
                 "snapshot": _snapshot_state(ctx.settings),
             },
             indent=2,
@@ -293,6 +294,47 @@ def slot_tables(ctx: Context, as_json: bool) -> None:
         click.echo(f"{t.qualified:<40} identity={t.replica_identity:<8} {t.downstream}")
 
 
+@main.command()
+@click.option("--table", "tables", multiple=True, help="schema.table to resync (default: every captured table).")
+@click.option("--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows).")
+@pass_ctx
+@catch_errors
+def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> None:
+    """Re-snapshot tables consistently and replace their current state (keys gone from the source go).
+
+    The repair for a parked table, a table included again, a damaged landing file, and a lost slot:
+    when the slot is gone or invalidated it is created again and every captured table is resynced.
+    Placed in the stream: from the resync on, current equals the source. Then run 'loader load' and
+    'loader merge' (or 'loader run').
+    """
+    from loader.capture import slot as slots
+    from loader.capture.landing import open_landing
+    from loader.capture.snapshot import Snapshot
+
+    from loader.capture.capture import SLOT_STATE
+    from loader.errors import SlotLostError
+
+    src = ctx.settings.source
+    store = open_landing(ctx.settings)
+    files = store.files()
+    state = store.read_state(SLOT_STATE) or {}
+    with slots.connect(src.dsn) as conn:
+        info = slots.slot_info(conn, src.slot)
+    try:
+        ours = int(state["confirmed"]) if state.get("slot") == src.slot else None
+        slots.check_not_lost(info, src.slot, str(files[-1].last) if files else None, ours)
+        lost = False
+    except SlotLostError:
+        lost = bool(files)
+    if lost and tables:
+        click.echo("the replication slot is lost, so every captured table is resynced (not only --table)", err=True)
+    snap = Snapshot(
+        ctx.settings, store, tables=None if lost else (list(tables) or None), chunk_rows=chunk_rows,
+        reason="requested with 'loader resync'", recover=lost,
+    )
+    click.echo(snap.run().summary())
+
+
 @main.group()
 def backfill() -> None:
     """Re-snapshot a table, replay an LSN range, rebuild current from history."""
@@ -307,7 +349,8 @@ def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | N
     """Land a consistent snapshot of existing rows as 'read' changes (creates the slot if missing).
 
     Resumes an interrupted snapshot. With the slot already streaming, it first lands the changes
-    the slot holds, then reads the tables at a new consistent point (tables added later).
+    the slot holds, then reads the tables at a new consistent point (tables added later). Each
+    table's snapshot replaces its current state, like 'loader resync'.
     """
     from loader.capture.snapshot import Snapshot
 

@@ -12,7 +12,7 @@ import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
@@ -51,6 +51,10 @@ class SourceSettings(BaseModel):
 
     dsn: str = "postgresql://postgres@127.0.0.1:55432/app"
     slot: str = "lakehouse"
+    # Logical decoding plugin: wal2json (default), or pgoutput (built into PostgreSQL, on every managed
+    # service; keeps numeric/float NaN and Infinity, which wal2json 2.5 prints as null; needs a publication).
+    plugin: Literal["wal2json", "pgoutput"] = "wal2json"
+    publication: str = "lakehouse"
     include: list[str] = Field(default_factory=lambda: ["*.*"])
     exclude: list[str] = Field(default_factory=lambda: ["pg_catalog.*", "information_schema.*"])
     # A landing file is closed after this many changes, even inside a transaction (bounded memory).
@@ -60,6 +64,15 @@ class SourceSettings(BaseModel):
     # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot
     # restarts at most this much work.
     snapshot_chunk_rows: int = 50_000
+    # Resync a table automatically when capture sees it changed without row changes in the WAL
+    # (ADD COLUMN with a default, ALTER TYPE ... USING, renames, SET LOGGED, identity restored, ...).
+    auto_resync: bool = True
+    # Also resync after a bare table rewrite (VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): the catalog
+    # cannot tell those from ALTER COLUMN ... TYPE ... USING with the same type, which changes values.
+    resync_on_table_rewrite: bool = True
+    # When the slot is lost (dropped, invalidated by max_slot_wal_keep_size, consumed elsewhere): "fail"
+    # (exit 1 naming 'loader resync'), or "resync" (re-create it and resync every table, unattended).
+    on_slot_loss: Literal["fail", "resync"] = "fail"
 
 
 class LandingSettings(BaseModel):

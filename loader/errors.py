@@ -59,7 +59,7 @@ class StageBusyError(TransientError):
     """Another loader process holds this stage's lock (a cron overlap, or a second machine)."""
 
 
-class SlotLostError(SourceError):
+class SlotLostError(SlotMissingError):
     """The replication slot was dropped, invalidated or consumed by someone else: changes were not captured."""
 
 

@@ -100,7 +100,7 @@ def test_slot_missing_after_data_landed_is_refused(src: Src) -> None:
         slots.drop_slot(conn, src.settings.source.slot)
     with pytest.raises(SlotMissingError) as err:
         src.capture()
-    assert src.settings.source.slot in str(err.value) and "backfill" in err.value.hint
+    assert src.settings.source.slot in str(err.value) and "loader resync" in err.value.hint
     with pytest.raises(SlotMissingError):
         Capture(src.settings).run(create_slot=False)
 
@@ -374,7 +374,8 @@ def test_schema_changes_land_with_the_schema_they_were_written_under(src: Src) -
     src.sql("ALTER TABLE acct ALTER COLUMN amount TYPE text")
     src.sql("UPDATE acct SET amount = 'lots' WHERE id = 4")
     src.capture()
-    shapes = [[(c.name, c.type, c.value) for c in r.columns] for r in src.changes("acct")]
+    stream = [r for r in src.changes("acct") if r.op in ("I", "U", "D")]
+    shapes = [[(c.name, c.type, c.value) for c in r.columns] for r in stream]
     assert shapes[0] == [("id", "integer", "1"), ("amount", "integer", "10"), ("note", "text", "a")]
     assert shapes[1] == [("id", "integer", "2"), ("amount", "integer", "20"), ("note", "text", "b"), ("flag", "boolean", "true")]
     assert shapes[2] == [
@@ -383,6 +384,15 @@ def test_schema_changes_land_with_the_schema_they_were_written_under(src: Src) -
     assert shapes[3] == [("id", "integer", "3"), ("amount", "integer", "30"), ("flag", "boolean", "false"), ("region", "text", "us")]
     assert shapes[4][1] == ("amount", "numeric(12,2)", "40.50")
     assert shapes[5][1] == ("amount", "text", "lots")
+    # The default that filled row 1 and the retypes left no row changes: capture saw them in the
+    # catalog, parked the table before the stream's changes and resynced it after them.
+    markers = [r for r in src.changes("acct") if r.op in ("P", "S")]
+    assert [m.op for m in markers] == ["P", "S"]
+    assert markers[0].position < stream[0].position and markers[1].position > stream[-1].position
+    # (The retype's rewrite also stored region's default in every row, so the rewrite is what is named.)
+    assert "amount changed type from integer to text with a table rewrite" in markers[1].reason
+    reads = {values(r)["id"]: values(r) for r in src.changes("acct") if r.op == "R"}
+    assert reads["1"]["region"] == "eu" and reads["4"]["amount"] == "lots"
 
 
 # --- include / exclude, new tables -----------------------------------------------------------
@@ -586,7 +596,7 @@ def test_cli_snapshot_capture_slot_info_and_tables(src: Src) -> None:
     with slots.connect(src.settings.source.dsn) as conn:
         slots.drop_slot(conn, src.settings.source.slot)
     out = runner.invoke(main, ["capture"], env=env)
-    assert out.exit_code == 1 and "does not exist" in out.output and "backfill" in out.output
+    assert out.exit_code == 1 and "is gone" in out.output and "loader resync" in out.output
 
 
 def test_column_rename_is_detected_by_attnum(src: Src) -> None:
@@ -594,15 +604,19 @@ def test_column_rename_is_detected_by_attnum(src: Src) -> None:
     src.capture()
     src.sql("INSERT INTO t VALUES (1, 'x', 1)")
     first = src.capture()
-    assert not first.renamed_columns
+    assert not first.resynced
     src.sql("ALTER TABLE t RENAME COLUMN a TO b")
     src.sql("ALTER TABLE t DROP COLUMN c")
     src.sql("ALTER TABLE t ADD COLUMN c int")  # same name, new attnum: not a rename
     src.sql("INSERT INTO t VALUES (2, 'y', 2)")
     res = src.capture()
-    assert len(res.renamed_columns) == 1 and "'a' was renamed to 'b'" in res.renamed_columns[0]
+    # A rename rewrites no row: the table is resynced so every row has the new column name.
+    assert res.resynced == {"public.t": "column a was renamed to b"}
     assert "renamed" in res.summary()
-    assert [c.name for c in src.changes("t")[-1].columns] == ["id", "b", "c"]
+    stream = [r for r in src.changes("t") if r.op == "I"]
+    assert [c.name for c in stream[-1].columns] == ["id", "b", "c"]
+    reads = [r for r in src.changes("t") if r.op == "R"]
+    assert sorted(values(r)["id"] for r in reads) == ["1", "2"] and all("b" in values(r) for r in reads)
 
 
 def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> None:
@@ -632,7 +646,7 @@ def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> No
     with pytest.raises(Crash):
         Snapshot(settings, chunk_rows=100, on_published=crash_after_two).run()
     with pytest.raises(SnapshotInProgressError):
-        Capture(settings).run()
+        Capture(settings, watch=False).run()  # a capture that does not resume snapshots refuses to stream
     res = Snapshot(settings, chunk_rows=100).run()
     assert res.resumed and res.rows == 100  # the third chunk only
     src.sql("INSERT INTO t VALUES (1000, 'after')")

@@ -4,27 +4,45 @@ Crash safety: the slot's confirmed position is advanced only to the end of trans
 changes are all published. After a crash, decoding restarts from the slot, and every change at
 or before the last landed position (read back from the landing file names) is skipped, so the
 landing area holds each change exactly once.
+
+Every run first checks what the WAL cannot show (``loader.capture.watch``): the slot itself (gone,
+invalidated, or consumed by someone else: ``SlotLostError``), and the catalog of every table
+(defaults filling rows, rewrites, renames, identity changes, re-inclusion). Tables whose stream can
+no longer keep a current table exact get a *park* record, and tables to be resynced get one too,
+placed right after the last landed transaction: before anything the change touched. Resyncs run at
+the end of the run (a consistent re-snapshot through a temporary slot), and stay pending in the
+landing area's state until they succeed.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
 
 from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
-from loader.capture.source_tables import KeyLookup, column_numbers, detect_renames
+from loader.capture.source_tables import KeyLookup, SourceTableInfo
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
+from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
 from loader.config import LoaderSettings
-from loader.errors import LandingError, TransientError
+from loader.errors import DecodeError, LandingError, SlotLostError, TransientError
+from loader.faults import checkpoint
 from loader.lsn import ChangePosition, format_lsn
+
+log = logging.getLogger("loader.capture")
 
 # Name of the state object an unfinished snapshot leaves in the landing area (see snapshot.py).
 SNAPSHOT_STATE = "snapshot.state.json"
-# attnum -> name of the columns of every captured table, as of the last capture (rename detection).
-COLUMNS_STATE = "columns.state.json"
+# What the catalog looked like at the last run, and resyncs still to do (see loader.capture.watch).
+CATALOG_STATE = "catalog.state.json"
+# The last position this loader confirmed on the slot (written before each advance).
+SLOT_STATE = "slot.state.json"
 
 
 class SnapshotInProgressError(TransientError):
@@ -43,9 +61,13 @@ class CaptureResult:
     slot_created: bool = False
     # Tables seen in this run whose changes cannot give a current table, with the reason.
     limited_tables: dict[str, str] = field(default_factory=dict)
-    numeric_special_values: bool = False  # wal2json keeps NaN/Infinity (numeric-data-types-as-string)
+    numeric_special_values: bool = False  # NaN/Infinity kept (pgoutput, or wal2json with numeric-data-types-as-string)
     tables: set[str] = field(default_factory=set)  # tables with changes landed in this run
-    renamed_columns: list[str] = field(default_factory=list)
+    parked: dict[str, str] = field(default_factory=dict)  # table -> reason, park records landed in this run
+    resynced: dict[str, str] = field(default_factory=dict)  # table -> reason, resyncs done in this run
+    notes: list[str] = field(default_factory=list)
+    messages_skipped: int = 0
+    quarantined: int = 0
 
     def summary(self) -> str:
         lsn = format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else "-"
@@ -54,11 +76,17 @@ class CaptureResult:
             f"{len(self.files)} landing files; slot confirmed at {lsn}; lag {self.lag_bytes} bytes, "
             f"retained WAL {self.retained_wal_bytes} bytes"
             + (f"; skipped {self.skipped_already_landed} already landed" if self.skipped_already_landed else "")
+            + (f"; {self.messages_skipped} logical messages skipped" if self.messages_skipped else "")
+            + (f"; {self.quarantined} undecodable rows quarantined" if self.quarantined else "")
         )
         for table, what in sorted(self.limited_tables.items()):
             text += f"\n  note: {table}: {what}"
-        for rename in self.renamed_columns:
-            text += f"\n  note: {rename}"
+        for note in self.notes:
+            text += f"\n  note: {note}"
+        for table, why in sorted(self.parked.items()):
+            text += f"\n  parked: {table}: {why}"
+        for table, why in sorted(self.resynced.items()):
+            text += f"\n  resynced: {table}: {why}"
         return text
 
 
@@ -75,6 +103,35 @@ class TableFilter:
         return any(fnmatch.fnmatchcase(qualified, p) for p in self.include)
 
 
+class _Controls:
+    """Park records waiting for their place: right after the last landed (or written) commit."""
+
+    def __init__(self, landed: ChangePosition | None, landed_complete: bool) -> None:
+        self.pending: list[tuple[str, str]] = []  # (table, reason)
+        self.boundary = landed  # position of the last commit marker landed or written
+        self.at_boundary = landed_complete
+
+    def after(self, rec: ChangeRecord) -> None:
+        if rec.op == COMMIT:
+            self.boundary, self.at_boundary = rec.position, True
+        else:
+            self.at_boundary = False
+
+    def flush(self, writer: LandingWriter, ts: str) -> None:
+        """Write the pending park records as their own transaction at the boundary."""
+        if not self.pending or not self.at_boundary:
+            return
+        lsn, seq = (self.boundary.commit_lsn, self.boundary.seq) if self.boundary else (0, 0)
+        for table, reason in self.pending:
+            seq += 1
+            schema, _, name = table.partition(".")
+            writer.write(ChangeRecord(op="P", commit_lsn=lsn, seq=seq, xid=0, ts=ts, schema=schema, table=name, reason=reason))
+        commit = ChangeRecord(op=COMMIT, commit_lsn=lsn, seq=seq + 1, xid=0, ts=ts)
+        writer.write(commit)
+        self.after(commit)
+        self.pending = []
+
+
 class Capture:
     """One capture run against the configured slot."""
 
@@ -85,6 +142,7 @@ class Capture:
         *,
         on_published: Callable[[str], None] | None = None,
         round_changes: int | None = None,
+        watch: bool = True,
     ) -> None:
         self.settings = settings
         self.store = store or open_landing(settings)
@@ -94,7 +152,14 @@ class Capture:
         self.round_changes = round_changes or max(settings.source.max_changes_per_file * 4, 10_000)
         self.options: tuple[str, ...] = WAL2JSON_OPTIONS  # extended in run() by what the plugin supports
         self.keys: KeyLookup | None = None
+        self.facts: dict[str, TableFacts] = {}
+        # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
+        self.watch = watch
+        self.controls = _Controls(None, True)
+        self._pending_resyncs: dict[str, str] = {}
+        self._last_confirm: int | None = None
 
+    # --- the run ---------------------------------------------------------------------------
     def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
         """Capture every transaction committed before ``upto_lsn`` (default: the WAL end now).
 
@@ -106,17 +171,11 @@ class Capture:
             slots.check_wal_level(conn)
             if not locked:
                 slots.capture_lock(conn, src.slot)
-                self.check_no_snapshot_in_progress()
-            if slots.slot_info(conn, src.slot) is None:
-                if not create_slot or self.store.files():
-                    slots.require_slot(conn, src.slot)  # raises SlotMissingError with the fix
-                slots.create_slot(conn, src.slot)
-                result.slot_created = True
-            slots.require_slot(conn, src.slot)
-            self.options = WAL2JSON_OPTIONS
-            if slots.plugin_supports(conn, src.slot, *NUMERIC_AS_STRING_OPTION):
-                self.options = WAL2JSON_OPTIONS + NUMERIC_AS_STRING_OPTION
-                result.numeric_special_values = True
+                self._finish_unfinished_snapshot()
+            landing_files = self.store.files()
+            if not self._slot_ready(conn, create_slot, landing_files, result):
+                return self._recover_slot(result)
+            self._choose_options(conn, result)
             self.keys = KeyLookup(conn)
             if upto_lsn is None:
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
@@ -124,12 +183,17 @@ class Capture:
                 upto = row[0]
             else:
                 upto = format_lsn(upto_lsn)
-            landed = self.store.landed_position()
+            landed = landing_files[-1].last if landing_files else None
+            self.controls = _Controls(landed, not landing_files or landing_files[-1].complete)
+            plan = self._watch(conn, result) if self.watch else None
             while True:
                 rows, landed = self._round(conn, upto, landed, result)
                 if rows == 0:
                     break
-            self._note_renames(conn, result)
+            self._flush_controls(result)
+            if plan is not None:
+                self._save_catalog_state(plan)
+                self._resync(result)
             info = slots.slot_info(conn, src.slot)
             if info is not None:
                 result.confirmed_lsn = info.confirmed_flush_lsn
@@ -137,25 +201,67 @@ class Capture:
                 result.retained_wal_bytes = info.retained_wal_bytes
         return result
 
-    def _note_renames(self, conn: "slots.psycopg.Connection", result: CaptureResult) -> None:
-        """Report columns renamed since the last capture (same attnum, new name).
+    def _slot_ready(self, conn: psycopg.Connection, create_slot: bool, landing_files: list[Any], result: CaptureResult) -> bool:
+        """Create the slot on the first run; detect a lost one. False: the slot must be recovered."""
+        src = self.settings.source
+        info = slots.slot_info(conn, src.slot)
+        state = self.store.read_state(SLOT_STATE) or {}
+        confirmed_by_us = int(state["confirmed"]) if state.get("slot") == src.slot and "confirmed" in state else None
+        if info is None and not landing_files and create_slot:
+            if src.plugin == "pgoutput":
+                from loader.capture import pgoutput
 
-        wal2json only prints names, so downstream sees a rename as a new column; this note tells the
-        operator which new column continues which old one.
-        """
-        if not result.tables:
+                # Before the slot: pgoutput reads the publication as of each change it decodes.
+                pgoutput.ensure_publication(conn, src.publication)
+            created_at = slots.create_slot(conn, src.slot, src.plugin)
+            record_confirmed(self.store, src.slot, created_at)
+            result.slot_created = True
+            return True
+        if info is None and not landing_files:
+            slots.require_slot(conn, src.slot, src.plugin)  # raises SlotMissingError with the fix
+        try:
+            slots.check_not_lost(info, src.slot, str(landing_files[-1].last) if landing_files else None, confirmed_by_us)
+        except SlotLostError:
+            if src.on_slot_loss == "resync" and self.watch:
+                log.warning("replication slot %s was lost; recovering with a resync of every table", src.slot)
+                return False
+            raise
+        slots.require_slot(conn, src.slot, src.plugin)
+        return True
+
+    def _recover_slot(self, result: CaptureResult) -> CaptureResult:
+        from loader.capture.snapshot import Snapshot
+
+        snap = Snapshot(self.settings, self.store, on_published=self.on_published, recover=True).run(locked=True)
+        result.files += snap.files
+        result.resynced.update({t: "replication slot lost: resynced every table" for t in snap.tables})
+        result.slot_created = True
+        return result
+
+    def _choose_options(self, conn: psycopg.Connection, result: CaptureResult) -> None:
+        src = self.settings.source
+        if src.plugin == "pgoutput":
+            from loader.capture import pgoutput
+
+            self.options = pgoutput.peek_options(src.publication)
+            result.numeric_special_values = True
             return
-        state = self.store.read_state(COLUMNS_STATE) or {}
-        for qualified in sorted(result.tables):
-            schema, _, table = qualified.partition(".")
-            now = column_numbers(conn, schema, table)
-            for old, new in detect_renames(state.get(qualified, {}), now):
-                result.renamed_columns.append(
-                    f"{qualified}: column {old!r} was renamed to {new!r} (same attnum); history holds it as a new column"
-                )
-            if now:
-                state[qualified] = now
-        self.store.write_state(COLUMNS_STATE, state)
+        self.options = WAL2JSON_OPTIONS
+        if slots.plugin_supports(conn, src.slot, *NUMERIC_AS_STRING_OPTION):
+            self.options = WAL2JSON_OPTIONS + NUMERIC_AS_STRING_OPTION
+            result.numeric_special_values = True
+
+    def _finish_unfinished_snapshot(self) -> None:
+        """A snapshot or resync that was interrupted resumes before streaming (it must land first)."""
+        state = self.store.read_state(SNAPSHOT_STATE)
+        if state is None or state.get("done"):
+            return
+        if not self.watch:
+            self.check_no_snapshot_in_progress()
+        from loader.capture.snapshot import Snapshot
+
+        log.warning("resuming the snapshot interrupted at consistent point %s", state.get("consistent_lsn"))
+        Snapshot(self.settings, self.store, on_published=self.on_published).run(locked=True)
 
     def check_no_snapshot_in_progress(self) -> None:
         state = self.store.read_state(SNAPSHOT_STATE)
@@ -166,51 +272,139 @@ class Capture:
                 hint="finish it with 'loader backfill snapshot' (it resumes where it stopped)",
             )
 
+    # --- the catalog watch -----------------------------------------------------------------
+    def _watch(self, conn: psycopg.Connection, result: CaptureResult) -> WatchPlan:
+        """Compare the catalog with the last run; queue park records and resyncs."""
+        src = self.settings.source
+        state = self.store.read_state(CATALOG_STATE)
+        self.facts = read_facts(conn)
+        before = {t: TableFacts.from_doc(d) for t, d in state["tables"].items()} if state else None
+        included_before = set(state.get("included", [])) if state else set()
+        plan = plan_watch(
+            before, self.facts, self.filter, lambda t: t in included_before, src.resync_on_table_rewrite
+        )
+        pending = dict(state.get("pending_resyncs", {})) if state else {}
+        if src.auto_resync:
+            pending.update(plan.resync)
+        else:
+            for table, reason in plan.resync.items():
+                plan.park.setdefault(table, f"{reason}; run 'loader resync --table {table}' (source.auto_resync is off)")
+        # Until its resync lands, a table's current table stops here: after the last landed
+        # change, before anything the catalog change touched.
+        parks = {t: f"waiting for a resync: {why}" for t, why in plan.resync.items()}
+        parks.update(plan.park)
+        self.controls.pending = sorted(parks.items())
+        result.parked.update(parks)
+        result.notes += plan.notes
+        self._pending_resyncs = pending
+        return plan
+
+    def _save_catalog_state(self, plan: WatchPlan) -> None:
+        """After the park records are durable: what the catalog looks like now, and resyncs to do."""
+        self.store.write_state(
+            CATALOG_STATE,
+            {
+                "version": 1,
+                "tables": {t: f.to_doc() for t, f in sorted(self.facts.items())},
+                "included": sorted(t for t in self.facts if self.filter(t)),
+                "pending_resyncs": dict(sorted(self._pending_resyncs.items())),
+            },
+        )
+
+    def _resync(self, result: CaptureResult) -> None:
+        """Run the pending resyncs (a consistent snapshot of each table through a temporary slot)."""
+        from loader.capture.snapshot import Snapshot
+
+        pending = {t: r for t, r in self._pending_resyncs.items() if t in self.facts and self.filter(t)}
+        if not pending:
+            if self._pending_resyncs:
+                self._pending_resyncs = {}
+                self._save_catalog_state(WatchPlan())
+            return
+        checkpoint("capture-before-resync")
+        snap = Snapshot(self.settings, self.store, tables=sorted(pending), reasons=pending, on_published=self.on_published)
+        done = snap.run(locked=True)
+        result.files += done.files
+        result.resynced.update({t: pending[t] for t in done.tables})
+        self._pending_resyncs = {}
+        self._save_catalog_state(WatchPlan())
+
+    # --- the stream ------------------------------------------------------------------------
+    def _peek(self, conn: psycopg.Connection, upto: str) -> Iterator[tuple[Any, ...]]:
+        src = self.settings.source
+        fn = "pg_logical_slot_peek_binary_changes" if src.plugin == "pgoutput" else "pg_logical_slot_peek_changes"
+        placeholders = ", ".join(["%s"] * len(self.options))
+        # The data column is read as raw bytes: a SQL_ASCII source can hold invalid UTF-8, which
+        # must reach the decoder (and be quarantined) instead of failing the fetch.
+        sql = f"SELECT lsn::text, data FROM {fn}(%s, %s::pg_lsn, %s, {placeholders})"
+        with conn.cursor(name="loader_capture") as cur:
+            cur.adapters.register_loader("text", _RawText)
+            cur.itersize = src.fetch_size
+            cur.execute(sql, (src.slot, upto, self.round_changes, *self.options))
+            yield from cur
+
+    def _decoder(self, conn: psycopg.Connection) -> Any:
+        if self.settings.source.plugin == "pgoutput":
+            from loader.capture import pgoutput
+
+            return pgoutput.PgOutputDecoder(pgoutput.format_type_lookup(conn))
+        return Wal2JsonDecoder()
+
     def _round(
         self,
-        conn: "slots.psycopg.Connection",
+        conn: psycopg.Connection,
         upto: str,
         landed: ChangePosition | None,
         result: CaptureResult,
     ) -> tuple[int, ChangePosition | None]:
+        """One peek of at most ``round_changes`` changes: land them, then confirm them on the slot.
+
+        Returns (rows read, landed position); 0 rows ends the run.
+        """
+        from loader.lsn import parse_lsn
+
         src = self.settings.source
-        decoder = Wal2JsonDecoder()
+        decoder = self._decoder(conn)
         writer = LandingWriter(self.store, src.max_changes_per_file)
         rows = 0
         txn_has_output = False
-        options = self.options
-        placeholders = ", ".join(["%s"] * len(options))
-        sql = (
-            "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, %s, "
-            + placeholders
-            + ")"
-        )
+        strict_outside = src.plugin == "pgoutput"
         try:
             with conn.transaction():
-                with conn.cursor(name="loader_capture") as cur:
-                    cur.itersize = src.fetch_size
-                    cur.execute(sql, (src.slot, upto, self.round_changes, *options))
-                    for (data,) in cur:
-                        rows += 1
-                        for rec in decoder.feed(data):
-                            if landed is not None and rec.position <= landed:
-                                if rec.op != COMMIT:
-                                    result.skipped_already_landed += 1
-                                continue
-                            if rec.op == COMMIT:
-                                if txn_has_output:
-                                    writer.write(rec)
-                                    result.transactions += 1
-                                txn_has_output = False
-                                continue
-                            if not self._wanted(rec):
-                                continue
-                            self._complete_key(rec, result)
-                            result.tables.add(rec.qualified_table)
-                            txn_has_output = True
-                            writer.write(rec)
-                            result.changes += 1
-                            self._drain(writer, result)
+                for row_lsn, data in self._peek(conn, upto):
+                    rows += 1
+                    records = decoder.feed(data, parse_lsn(row_lsn.decode())) if strict_outside else decoder.feed(data)
+                    for rec in records:
+                        if landed is not None and rec.position <= landed:
+                            if rec.op != COMMIT:
+                                result.skipped_already_landed += 1
+                            continue
+                        if rec.op == COMMIT:
+                            if txn_has_output:
+                                writer.write(rec)
+                                self.controls.after(rec)
+                                result.transactions += 1
+                                self.controls.flush(writer, rec.ts)
+                            txn_has_output = False
+                            continue
+                        if not self._wanted(rec):
+                            continue
+                        if not txn_has_output:
+                            self.controls.flush(writer, rec.ts)
+                        self._complete_key(rec, result)
+                        if rec.op == "X":
+                            result.quarantined += 1
+                        result.tables.add(rec.qualified_table)
+                        txn_has_output = True
+                        writer.write(rec)
+                        self.controls.after(rec)
+                        result.changes += 1
+                        self._drain(writer, result)
+                    if strict_outside and decoder.quarantined_outside_transaction:
+                        raise DecodeError(
+                            f"pgoutput message outside a transaction could not be decoded ({decoder.last_outside_reason})",
+                            hint="the slot was not advanced past it; re-run capture",
+                        )
             if decoder.in_transaction:
                 raise LandingError("slot returned a transaction without its commit; re-run capture")
             writer.close_file()
@@ -218,30 +412,75 @@ class Capture:
         except BaseException:
             writer.abort()
             raise
-        if rows and decoder.last_commit_end_lsn is not None:
-            slots.advance_slot(conn, src.slot, decoder.last_commit_end_lsn)
+        result.messages_skipped += decoder.messages_skipped
+        confirm = decoder.confirm_lsn
+        if not rows:
+            return 0, landed
+        if confirm is None or confirm == self._last_confirm:
+            # Nothing new to confirm: another peek would return the same rows; stop rather than spin.
+            return 0, landed
+        record_confirmed(self.store, src.slot, confirm)
+        checkpoint("capture-before-advance")
+        slots.advance_slot(conn, src.slot, confirm)
+        checkpoint("capture-after-advance")
+        self._last_confirm = confirm
         new_landed = self.store.landed_position() if result.files else landed
         return rows, new_landed
+
+    def _flush_controls(self, result: CaptureResult) -> None:
+        """Park records of an idle run (no transaction to follow) land in a file of their own."""
+        if not self.controls.pending:
+            return
+        writer = LandingWriter(self.store, self.settings.source.max_changes_per_file)
+        try:
+            self.controls.flush(writer, _now_text())
+            writer.close_file()
+        except BaseException:
+            writer.abort()
+            raise
+        self._drain(writer, result)
 
     def _drain(self, writer: LandingWriter, result: CaptureResult) -> None:
         while writer.published:
             name = writer.published.pop(0)
             result.files.append(name)
+            checkpoint("capture-after-publish")
             if self.on_published is not None:
                 self.on_published(name)
 
     def _complete_key(self, rec: ChangeRecord, result: CaptureResult) -> None:
-        """Give changes of a table keyed by a replica identity index that key (wal2json sends none),
-        and note tables whose changes cannot build a current table."""
-        if rec.op == "T":
+        """The downstream key of the record's table: its replica identity, when it carries
+        updates and deletes (else none: the table gets history only)."""
+        if rec.op in ("T", "X"):
             return
-        info = self.keys.info(rec.schema, rec.table) if self.keys is not None else None
+        facts = self.facts.get(rec.qualified_table)
+        info = facts.info if facts is not None else (self.keys.info(rec.schema, rec.table) if self.keys else None)
         if info is None:
-            return
-        if not rec.pk:
-            rec.pk = list(info.key)
-        if not info.key or not info.updates_deletes_captured:
-            result.limited_tables.setdefault(rec.qualified_table, info.downstream)
+            return  # dropped since: the stream's own key is all we have
+        rec.pk = list(info.key)
+        if not info.key:
+            table_info = SourceTableInfo(rec.schema, rec.table, info.replica_identity, info.primary_key, info.identity_index_columns)
+            result.limited_tables.setdefault(rec.qualified_table, table_info.downstream)
 
     def _wanted(self, rec: ChangeRecord) -> bool:
+        if rec.op == "X" and not rec.table:
+            return True  # its table is unknown: the load must see it to park what may have lost a change
         return self.filter(rec.qualified_table)
+
+
+def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
+    """Remember, before the slot moves, how far this loader confirms it (see slots.check_not_lost)."""
+    store.write_state(SLOT_STATE, {"slot": slot, "confirmed": lsn})
+
+
+class _RawText(psycopg.adapt.Loader):
+    """Load text columns as bytes: decoding (and quarantining invalid UTF-8) is the decoder's job."""
+
+    def load(self, data: Any) -> bytes:
+        return bytes(data)
+
+
+def _now_text() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f+00")

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from loader.errors import SlotBusyError, SlotMissingError, SourceError
+from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError
 from loader.lsn import format_lsn, parse_lsn
 
 # Session settings that make wal2json's text output deterministic (UTC offsets, ISO dates,
@@ -43,6 +43,7 @@ class SlotInfo:
     restart_lsn: int | None
     confirmed_flush_lsn: int | None
     current_wal_lsn: int
+    wal_status: str | None = None  # reserved / extended / unreserved / lost (PostgreSQL 13+)
 
     @property
     def retained_wal_bytes(self) -> int:
@@ -70,7 +71,7 @@ def check_wal_level(conn: psycopg.Connection) -> None:
 def slot_info(conn: psycopg.Connection, slot: str) -> SlotInfo | None:
     row = conn.execute(
         "SELECT slot_name, plugin, active_pid, restart_lsn::text, confirmed_flush_lsn::text,"
-        " pg_current_wal_lsn()::text FROM pg_replication_slots WHERE slot_name = %s",
+        " pg_current_wal_lsn()::text, wal_status FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     if row is None:
@@ -82,21 +83,50 @@ def slot_info(conn: psycopg.Connection, slot: str) -> SlotInfo | None:
         restart_lsn=parse_lsn(row[3]) if row[3] else None,
         confirmed_flush_lsn=parse_lsn(row[4]) if row[4] else None,
         current_wal_lsn=parse_lsn(row[5]),
+        wal_status=row[6],
     )
 
 
-def create_slot(conn: psycopg.Connection, slot: str) -> int:
-    """Create a wal2json logical slot; returns its consistent point LSN."""
+def check_not_lost(info: SlotInfo | None, slot: str, landed: str | None, confirmed_by_us: int | None) -> None:
+    """Fail with SlotLostError when changes were not (or can no longer be) captured by this slot.
+
+    - the slot is gone while the landing area holds changes (dropped by someone);
+    - PostgreSQL invalidated it (``wal_status = 'lost'``: it fell behind ``max_slot_wal_keep_size``);
+    - it confirms more than this loader ever confirmed (another consumer read it, or it was dropped
+      and created again): the changes in between were never landed.
+    """
+    hint = "run 'loader resync' (re-creates the slot and resyncs every captured table), or set source.on_slot_loss=resync"
+    since = f" after {landed}" if landed else ""
+    if info is None:
+        raise SlotLostError(f"replication slot {slot!r} is gone: changes committed{since} were not captured", hint=hint)
+    if info.wal_status == "lost":
+        raise SlotLostError(
+            f"replication slot {slot!r} was invalidated by the server (it fell more than max_slot_wal_keep_size "
+            f"behind): changes committed{since} can no longer be decoded",
+            hint=hint,
+        )
+    if confirmed_by_us is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > confirmed_by_us:
+        raise SlotLostError(
+            f"replication slot {slot!r} confirms {format_lsn(info.confirmed_flush_lsn)}, but this loader only ever "
+            f"confirmed {format_lsn(confirmed_by_us)}: another consumer read it, or it was dropped and created again; "
+            "the changes in between were not captured",
+            hint=hint,
+        )
+
+
+def create_slot(conn: psycopg.Connection, slot: str, plugin: str = "wal2json") -> int:
+    """Create a logical slot with ``plugin``; returns its consistent point LSN."""
     try:
         row = conn.execute(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'wal2json')", (slot,)
+            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin)
         ).fetchone()
     except psycopg.errors.DuplicateObject as exc:
         raise SourceError(f"replication slot {slot!r} already exists") from exc
     except psycopg.Error as exc:
         raise SourceError(
             f"cannot create replication slot {slot!r}: {str(exc).strip()}",
-            hint="the source needs wal_level=logical, free max_replication_slots and wal2json installed",
+            hint="the loader's role needs REPLICATION (or an administrator creates the slot for it); the source "
+            "needs wal_level=logical, a free max_replication_slots entry and the plugin installed",
         ) from exc
     assert row is not None
     return parse_lsn(row[0])
@@ -114,15 +144,18 @@ def drop_slot(conn: psycopg.Connection, slot: str) -> None:
     conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
-def require_slot(conn: psycopg.Connection, slot: str) -> SlotInfo:
+def require_slot(conn: psycopg.Connection, slot: str, plugin: str = "wal2json") -> SlotInfo:
     info = slot_info(conn, slot)
     if info is None:
         raise SlotMissingError(
             f"replication slot {slot!r} does not exist on the source",
             hint="create it with 'loader slot create' (and backfill, since changes before it were not captured)",
         )
-    if info.plugin != "wal2json":
-        raise SourceError(f"replication slot {slot!r} uses plugin {info.plugin!r}, not wal2json")
+    if info.plugin != plugin:
+        raise SourceError(
+            f"replication slot {slot!r} uses plugin {info.plugin!r}, but source.plugin is {plugin!r}",
+            hint="set source.plugin to the slot's plugin, or use another slot name",
+        )
     if info.active_pid is not None:
         raise SlotBusyError(
             f"replication slot {slot!r} is held by another process (pid {info.active_pid})",
@@ -131,7 +164,7 @@ def require_slot(conn: psycopg.Connection, slot: str) -> SlotInfo:
     return info
 
 
-def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = False) -> "ExportedSnapshot":
+def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = False, plugin: str = "wal2json") -> "ExportedSnapshot":
     """Create a logical slot over a replication connection and keep its exported snapshot alive.
 
     The snapshot sees exactly the transactions committed before the slot's consistent point;
@@ -150,7 +183,9 @@ def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = Fal
         # Replication commands take no bind parameters; the slot name is validated below.
         if not _SLOT_NAME_RE.match(slot):
             raise SourceError(f"invalid replication slot name {slot!r}", hint="use lower-case letters, digits and _")
-        row = repl.execute(f"CREATE_REPLICATION_SLOT {slot} {kind} wal2json EXPORT_SNAPSHOT").fetchone()
+        if plugin not in ("wal2json", "pgoutput"):
+            raise SourceError(f"unsupported logical decoding plugin {plugin!r}", hint="use wal2json or pgoutput")
+        row = repl.execute(f"CREATE_REPLICATION_SLOT {slot} {kind} {plugin} EXPORT_SNAPSHOT").fetchone()
     except psycopg.errors.DuplicateObject as exc:
         repl.close()
         raise SourceError(f"replication slot {slot!r} already exists") from exc
@@ -208,10 +243,6 @@ def capture_lock(conn: psycopg.Connection, slot: str) -> None:
         f"replication slot {slot!r} is held by another loader process (pid {holder[0] if holder else '?'})",
         hint="another capture or snapshot is running; wait for it or stop that process",
     )
-
-
-def release_capture_lock(conn: psycopg.Connection, slot: str) -> None:
-    conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(conn, slot),))
 
 
 def _lock_key(conn: psycopg.Connection, slot: str) -> int:

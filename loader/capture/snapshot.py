@@ -83,7 +83,10 @@ class Snapshot:
         chunk_rows: int | None = None,
         reason: str = "",
         reasons: dict[str, str] | None = None,
+        recover: bool = False,
     ) -> None:
+        # recover: the slot is lost; drop what is left of it, create it again, resync every table.
+        self.recover = recover
         self.reason = reason
         self.reasons = reasons or {}
         self.settings = settings
@@ -94,27 +97,52 @@ class Snapshot:
         self.filter = TableFilter(settings.source.include, settings.source.exclude)
 
     # --- entry point ---------------------------------------------------------------------
-    def run(self) -> SnapshotResult:
+    def run(self, *, locked: bool = False) -> SnapshotResult:
+        """``locked``: the caller (a capture run) already holds the slot's capture lock."""
         src = self.settings.source
         result = SnapshotResult()
         with slots.connect(src.dsn) as conn:
             slots.check_wal_level(conn)
-            slots.capture_lock(conn, src.slot)
+            if not locked:
+                slots.capture_lock(conn, src.slot)
             state = self.store.read_state(SNAPSHOT_STATE)
             if state is not None and not state.get("done"):
                 return self._resume(state, result)
             tables = self._select_tables(conn)
-            if slots.slot_info(conn, src.slot) is None:
-                if self.store.files():
-                    slots.require_slot(conn, src.slot)  # landed data but no slot: refuse, with the fix
-                exported = slots.create_slot_exporting_snapshot(src.dsn, src.slot)
+            info = slots.slot_info(conn, src.slot)
+            landing_files = self.store.files()
+            if self.recover or info is None:
+                if landing_files and not self.recover:
+                    # Landed data but no slot: changes were lost; only a full resync repairs that.
+                    slots.check_not_lost(None, src.slot, str(landing_files[-1].last), None)
+                if info is not None:
+                    if info.active_pid is not None:
+                        raise slots.SlotBusyError(
+                            f"replication slot {src.slot!r} is in use by process {info.active_pid}",
+                            hint="stop the other consumer before recovering the slot",
+                        )
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+                if src.plugin == "pgoutput":
+                    from loader.capture import pgoutput
+
+                    pgoutput.ensure_publication(conn, src.publication)
+                exported = slots.create_slot_exporting_snapshot(src.dsn, src.slot, plugin=src.plugin)
+                from loader.capture.capture import record_confirmed
+
+                record_confirmed(self.store, src.slot, exported.consistent_lsn)
                 result.slot_created = True
+                if self.recover and landing_files:
+                    lost = (
+                        f"replication slot lost: changes committed after {landing_files[-1].last} and before "
+                        f"{format_lsn(exported.consistent_lsn)} were not captured"
+                    )
+                    self.reasons = {t: lost for t in tables}
             else:
-                slots.require_slot(conn, src.slot)
+                slots.require_slot(conn, src.slot, src.plugin)
                 temp = f"{src.slot[:40]}_snap_{os.getpid()}"
-                exported = slots.create_slot_exporting_snapshot(src.dsn, temp, temporary=True)
+                exported = slots.create_slot_exporting_snapshot(src.dsn, temp, temporary=True, plugin=src.plugin)
                 try:
-                    streamed = Capture(self.settings, self.store, on_published=self.on_published).run(
+                    streamed = Capture(self.settings, self.store, on_published=self.on_published, watch=False).run(
                         create_slot=False, upto_lsn=exported.consistent_lsn, locked=True
                     )
                 except BaseException:
@@ -160,7 +188,7 @@ class Snapshot:
 
     def _select_tables(self, conn: psycopg.Connection) -> list[str]:
         available = [t.qualified for t in list_tables(conn)]
-        if self.requested:
+        if self.requested and not self.recover:  # a lost slot lost changes of every table
             missing = [t for t in self.requested if t not in available]
             if missing:
                 raise ConfigError(
@@ -260,6 +288,32 @@ class Snapshot:
             writer.abort()
             raise
         self.store.write_state(SNAPSHOT_STATE, {**state, "done": True, "rows": seq})
+        self._note_in_catalog_state(reader, list(state["tables"]))
+
+    def _note_in_catalog_state(self, conn: psycopg.Connection, tables: list[str]) -> None:
+        """Tell the capture's catalog watch that these tables are resynced as of now.
+
+        Otherwise the next capture would compare against what it saw before the resync and resync
+        the tables again (a table included again, a rewrite it already covered).
+        """
+        from loader.capture.capture import CATALOG_STATE
+        from loader.capture.watch import read_facts
+
+        state = self.store.read_state(CATALOG_STATE)
+        if state is None:
+            return  # no capture ran yet: its first run records the catalog as it is
+        facts = read_facts(conn)
+        known = dict(state.get("tables", {}))
+        included = set(state.get("included", []))
+        pending = dict(state.get("pending_resyncs", {}))
+        for t in tables:
+            if t in facts:
+                known[t] = facts[t].to_doc()
+                included.add(t)
+            pending.pop(t, None)
+        self.store.write_state(
+            CATALOG_STATE, {**state, "tables": known, "included": sorted(included), "pending_resyncs": pending}
+        )
 
     def _resume(self, state: dict[str, Any], result: SnapshotResult) -> SnapshotResult:
         pos = int(state["position_lsn"])

@@ -31,12 +31,17 @@ class SourceTableInfo:
 
     @property
     def key(self) -> list[str]:
-        """Columns that identify a row downstream: the primary key, else a USING INDEX identity."""
-        if self.primary_key:
-            return self.primary_key
+        """Columns that identify a row downstream: what updates and deletes carry as the old key.
+
+        That is the replica identity: the USING INDEX columns when set (even when the table also
+        has a primary key), else the primary key (DEFAULT, or FULL, whose old row contains it).
+        Empty when updates and deletes are not decoded at all (NOTHING, DEFAULT without a key).
+        """
+        if not self.updates_deletes_captured:
+            return []
         if self.replica_identity == "index":
             return self.identity_index_columns
-        return []
+        return self.primary_key
 
     @property
     def updates_deletes_captured(self) -> bool:
@@ -50,9 +55,9 @@ class SourceTableInfo:
         """What the lakehouse can build from this table's changes."""
         if not self.updates_deletes_captured:
             return (
-                "history of inserts only: wal2json does not decode updates/deletes of this table "
-                f"(REPLICA IDENTITY {self.replica_identity.upper()}{'' if self.primary_key else ', no primary key'}); "
-                "add a primary key or set REPLICA IDENTITY FULL / USING INDEX"
+                "history of inserts only, no current table: PostgreSQL does not decode updates/deletes of this "
+                f"table (REPLICA IDENTITY {self.replica_identity.upper()}{'' if self.primary_key else ', no primary key'}); "
+                "set REPLICA IDENTITY DEFAULT with a primary key, FULL or USING INDEX (the loader then resyncs it)"
             )
         if self.key:
             via = "primary key" if self.primary_key else "replica identity index"

@@ -1,0 +1,210 @@
+"""What changes rows without a row change in the WAL: the capture's watch on the source catalog.
+
+Logical decoding shows only what later rows look like. PostgreSQL logs no row changes for an
+``ADD COLUMN`` whose default fills existing rows (a "missing value", or a table rewrite for a
+volatile default), for ``ALTER COLUMN TYPE ... USING``, for a column or table rename, for a table
+dropped and created again, for ``SET LOGGED``; and it stops decoding updates and deletes when a
+replica identity is dropped. So every capture run compares the catalog with what the previous run
+saw, by relation oid and attribute number (never by name, which a rename changes), and decides:
+
+- *resync* the table (a consistent re-snapshot that replaces its state, placed in the stream):
+  after a column added with a default that filled existing rows, a table rewrite (an ALTER TYPE
+  ... USING, VACUUM FULL and CLUSTER too: the catalog cannot tell them apart, and a resync is
+  always correct), a column rename, a table dropped and re-created or renamed into the name, SET
+  LOGGED, a replica identity that can carry updates and deletes again, a changed key, and a table
+  included again after being excluded;
+- *park* the table (its current table stops before anything the stream can no longer express):
+  replica identity lost (NOTHING, or DEFAULT without a primary key), a key change (until its
+  resync), SET UNLOGGED, dropped, renamed away, or excluded by configuration.
+
+Pure: :func:`plan_watch` takes the facts of two runs and returns decisions; :func:`read_facts` is
+the one catalog query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+
+from loader.capture.source_tables import IDENTITY_NAMES, SourceTableInfo
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    has_missing: bool  # ADD COLUMN ... DEFAULT filled existing rows without writing them
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """What the catalog says about one table, as of one capture run."""
+
+    oid: int
+    relfilenode: int
+    persistence: str  # p permanent, u unlogged
+    replica_identity: str  # default / full / nothing / index
+    primary_key: list[str]
+    identity_index_columns: list[str]
+    columns: dict[str, Column]  # attnum (text) -> column
+
+    @property
+    def info(self) -> SourceTableInfo:
+        return SourceTableInfo("", "", self.replica_identity, self.primary_key, self.identity_index_columns)
+
+    @property
+    def key(self) -> list[str]:
+        return self.info.key
+
+    @property
+    def keeps_current(self) -> bool:
+        """Its changes can keep a current table exact: keyed, updates and deletes decoded, logged."""
+        return bool(self.key) and self.persistence == "p"
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["columns"] = {n: [c.name, c.type, c.has_missing] for n, c in self.columns.items()}
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> "TableFacts":
+        return cls(
+            oid=int(doc["oid"]),
+            relfilenode=int(doc["relfilenode"]),
+            persistence=str(doc["persistence"]),
+            replica_identity=str(doc["replica_identity"]),
+            primary_key=list(doc["primary_key"]),
+            identity_index_columns=list(doc["identity_index_columns"]),
+            columns={n: Column(str(c[0]), str(c[1]), bool(c[2])) for n, c in doc["columns"].items()},
+        )
+
+
+@dataclass
+class WatchPlan:
+    resync: dict[str, str] = field(default_factory=dict)  # table -> reason
+    park: dict[str, str] = field(default_factory=dict)  # table -> reason
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_watch(
+    before: dict[str, TableFacts] | None,
+    now: dict[str, TableFacts],
+    included: Callable[[str], bool],
+    was_included: Callable[[str], bool],
+    resync_on_rewrite: bool = True,
+) -> WatchPlan:
+    """Decisions for every table, from the catalog as the previous run saw it and as it is now."""
+    plan = WatchPlan()
+    if before is None:  # first run: nothing to compare with
+        return plan
+    by_oid_before = {f.oid: t for t, f in before.items()}
+    by_oid_now = {f.oid: t for t, f in now.items()}
+    for table, facts in sorted(now.items()):
+        if not included(table):
+            if table in before and was_included(table):
+                plan.park[table] = "excluded from capture by configuration: its changes are no longer captured"
+            continue
+        old = before.get(table)
+        renamed_from = by_oid_before.get(facts.oid)
+        if old is None or old.oid != facts.oid:
+            if renamed_from is not None and renamed_from != table:
+                plan.resync[table] = f"renamed from {renamed_from}: its rows continue under this name"
+            elif old is not None:
+                plan.resync[table] = "dropped and created again at the source: the old rows are gone"
+            elif facts.persistence == "u":
+                plan.notes.append(f"{table}: UNLOGGED, its changes are not in the WAL and cannot be captured")
+            continue
+        if not was_included(table):
+            plan.resync[table] = "included in capture again: changes made while it was excluded were not captured"
+            continue
+        if old.persistence == "u" and facts.persistence == "p":
+            plan.resync[table] = "SET LOGGED: its rows were never in the WAL while it was unlogged"
+            continue
+        if old.persistence == "p" and facts.persistence == "u":
+            plan.park[table] = "SET UNLOGGED: its changes are no longer in the WAL; SET LOGGED to resume"
+            continue
+        if old.keeps_current and not facts.keeps_current:
+            plan.park[table] = (
+                f"replica identity is now {facts.replica_identity.upper()}"
+                f"{'' if facts.primary_key else ' without a primary key'}: updates and deletes are no longer "
+                "decoded, so the current table stops here; set REPLICA IDENTITY DEFAULT (with a primary key), "
+                "FULL or USING INDEX to resume (the loader then resyncs it)"
+            )
+            continue
+        if facts.keeps_current and not old.keeps_current and facts.key:
+            plan.resync[table] = f"replica identity {facts.replica_identity.upper()} carries updates and deletes again"
+            continue
+        if old.key and facts.key and old.key != facts.key:
+            reason = f"key changed from ({', '.join(old.key)}) to ({', '.join(facts.key)})"
+            plan.park[table] = reason + "; the current table waits for the resync"
+            plan.resync[table] = reason
+            continue
+        rewritten = old.relfilenode != facts.relfilenode
+        reasons = []
+        added_plain = []
+        for attnum, col in sorted(facts.columns.items(), key=lambda kv: int(kv[0])):
+            prev = old.columns.get(attnum)
+            if prev is None:
+                if col.has_missing:
+                    reasons.append(f"column {col.name} was added with a default that filled the existing rows")
+                else:
+                    added_plain.append(col.name)
+            elif prev.name != col.name:
+                reasons.append(f"column {prev.name} was renamed to {col.name}")
+            elif prev.type != col.type and rewritten:
+                reasons.append(f"column {col.name} changed type from {prev.type} to {col.type} with a table rewrite")
+        if rewritten and not reasons:
+            if added_plain:
+                reasons.append(f"column {', '.join(added_plain)} was added with a table rewrite (volatile default)")
+            elif resync_on_rewrite:
+                reasons.append(
+                    "the table was rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): "
+                    "its rows may have changed without row changes in the WAL"
+                )
+        if reasons:
+            plan.resync[table] = "; ".join(reasons)
+    for table, old in sorted(before.items()):
+        if table in now or not was_included(table):
+            continue
+        moved_to = by_oid_now.get(old.oid)
+        if moved_to is not None:
+            plan.park[table] = f"renamed to {moved_to} at the source: its changes continue there"
+        else:
+            plan.park[table] = "dropped at the source: the current table keeps its last state"
+    return plan
+
+
+_FACTS_SQL = """
+SELECT n.nspname, c.relname, c.oid::bigint, c.relfilenode::bigint, c.relpersistence, c.relreplident,
+       COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)
+                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
+                 WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}'),
+       COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)
+                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
+                 WHERE i.indrelid = c.oid AND i.indisreplident AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}'),
+       COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing)
+                         ORDER BY a.attnum)
+                 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r' AND c.relpersistence IN ('p', 'u')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
+"""
+
+
+def read_facts(conn: psycopg.Connection) -> dict[str, TableFacts]:
+    """Facts of every ordinary table of the source (partitions included), in one query."""
+    out = {}
+    for schema, name, oid, filenode, persistence, ident, pk, idx, cols in conn.execute(_FACTS_SQL).fetchall():
+        out[f"{schema}.{name}"] = TableFacts(
+            oid=int(oid),
+            relfilenode=int(filenode),
+            persistence=str(persistence),
+            replica_identity=IDENTITY_NAMES.get(ident, ident),
+            primary_key=list(pk),
+            identity_index_columns=list(idx),
+            columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3])) for a in cols},
+        )
+    return out
