@@ -58,6 +58,22 @@ class Env:
     def run_all(self) -> tuple[CaptureResult, LoadResult, MergeResult]:
         return self.capture(), self.load(), self.merge()
 
+    def resync(self, tables: list[str] | None = None, **kwargs: Any) -> Any:
+        """What 'loader resync' does (a consistent re-snapshot that replaces the tables' state)."""
+        from loader.capture.snapshot import Snapshot
+
+        return Snapshot(self.settings, tables=tables, reason="requested by the test", **kwargs).run()
+
+    def configure(self, section: str, **values: Any) -> None:
+        """Change settings of one section (e.g. configure('source', auto_resync=False))."""
+        part = getattr(self.settings, section).model_copy(update=values)
+        self.settings = self.settings.model_copy(update={section: part})
+
+    def status(self) -> Any:
+        from loader.status import collect_status
+
+        return collect_status(self.settings)
+
     # --- lakehouse reads ----------------------------------------------------------------
     @property
     def names(self) -> TableNames:

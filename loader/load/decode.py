@@ -86,6 +86,11 @@ def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord
     return row
 
 
+def repair_hint(qualified: str | None) -> str:
+    """The documented repair of a parked table (every table when it is not known)."""
+    return f"repair: loader resync --table {qualified}" if qualified else "repair: loader resync"
+
+
 def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str | None, note: str) -> dict[str, Any]:
     """A park marker the load derived (not read from the file): a damaged file lost this table's changes."""
     row: dict[str, Any] = {f: None for f in _FIELDS}
@@ -168,14 +173,21 @@ def decode_file(file: str, data: bytes, first_lsn: int) -> Iterator[dict[str, An
     if damage is None and not unplaced and not short:
         return
     where = f"landing file {file} is damaged ({damage})" if damage else f"landing file {file} holds undecodable lines"
-    if header is None:
-        yield park_row(file, None, None, first_lsn, first_ts, f"{where}; it has no readable header, so every table may have lost changes")
+    # A record the capture could not attribute to any table (an X without one) is counted under an
+    # empty name: like a file without a header, it may have cost any table a change.
+    unattributed = any(not t.partition(".")[2] for t in short)
+    if header is None or unattributed:
+        yield park_row(
+            file, None, None, first_lsn, first_ts,
+            f"{where}; it has no readable header, so every table may have lost changes; {repair_hint(None)}",
+        )
         return
     for qualified, lost in sorted(short.items()):
         schema, _, table = qualified.partition(".")
         yield park_row(
             file, schema, table, first_lsn, first_ts,
-            f"{where}: {lost} of its {header.tables[qualified]} changes of this table are unreadable",
+            f"{where}: {lost} of its {header.tables[qualified]} changes of this table are unreadable; "
+            f"{repair_hint(qualified)}",
         )
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.iceberg import ensure_loader_tables, iceberg_table, table_exists, table_properties, update_properties
-from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row
+from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
 from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string
@@ -102,10 +102,6 @@ HISTORY_TABLE_PROPERTIES: dict[str, str] = {
 }
 
 
-def repair_hint(qualified: str) -> str:
-    return f"repair: loader resync --table {qualified}"
-
-
 class HistoryLoad:
     """Load every pending landing file into history tables."""
 
@@ -148,16 +144,17 @@ class HistoryLoad:
                     reject_parks = self._reject_parks(bad)
                     good = decoded.where(F.col("reject_reason").isNull())
                     tables = self._tables_in(good)
-                    unknown_damage = [r.note for r in good.where("op = 'park' AND src_table IS NULL").select("note").collect()]
+                    unknown_damage = good.where("op = 'park' AND src_table IS NULL").select(
+                        "landing_file", "commit_lsn", "ts", "note"
+                    ).collect()
                     for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
                         tables.setdefault(t, ([], []))
                     for table in sorted(tables):
                         columns, pk = tables[table]
                         extra = list(reject_parks.get(table, []))
                         extra += [
-                            park_row(batch[0].name, table.schema, table.table, batch[0].first.commit_lsn, None,
-                                     f"{note}; {repair_hint(table.qualified)}")
-                            for note in unknown_damage
+                            park_row(d.landing_file, table.schema, table.table, d.commit_lsn, d.ts, d.note)
+                            for d in unknown_damage
                         ]
                         self._load_table(good, table, columns, pk, extra, batch[-1], result)
                     ledger_rows = self._ledger_rows(decoded, batch)

@@ -1,0 +1,369 @@
+"""What a production source throws at the loader, one test per hazard, each ending with the oracle.
+
+Every test runs the real pipeline (PostgreSQL 15 + wal2json or pgoutput, Spark, Iceberg) and ends
+with ``assert_reconciled``: each current table equals ``SELECT * FROM`` its source table, row for row
+and value for value (or, for a parked table, says so with its repair).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from loader.capture import slot as slots
+from loader.catalog import open_catalog
+from loader.errors import SlotLostError
+from tests.harness import Env
+
+
+def ops(env: Env, table: str) -> list[str]:
+    return [r.pg_operation for r in env.history(table).orderBy("pg_lsn", "pg_seq").select("pg_operation").collect()]
+
+
+def parked(env: Env) -> dict[str, str]:
+    return {t.table: t.parked for t in env.status().tables if t.parked}
+
+
+# --- rows changed without row changes in the WAL ----------------------------------------------
+
+
+def test_add_column_with_a_default_that_fills_existing_rows(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 50) g")
+    env.run_all()
+    env.assert_reconciled()
+    env.sql("ALTER TABLE public.t ADD COLUMN status text NOT NULL DEFAULT 'active'")  # a "missing value": no rows written
+    env.sql("ALTER TABLE public.t ADD COLUMN seen_at timestamptz DEFAULT clock_timestamp()")  # volatile: a rewrite
+    env.sql("UPDATE public.t SET v = 'w' WHERE id = 1")
+    cap, _, merge = env.run_all()
+    assert "status was added with a default" in cap.resynced["public.t"] or "rewrite" in cap.resynced["public.t"]
+    env.assert_reconciled()
+    assert {r["status"] for r in env.current("public.t").collect()} == {"active"}
+    assert not merge.parked and not parked(env)
+    # History records what happened: the park before the stream's changes, the resync after them.
+    history_ops = ops(env, "public.t")
+    assert history_ops.count("park") == 1 and history_ops.count("resync") == 1
+    assert history_ops.index("park") < history_ops.index("update") < history_ops.index("resync")
+    note = env.history("public.t").where("pg_operation = 'resync'").first()["pg_note"]
+    assert "added with a default" in note or "rewrite" in note
+
+
+def test_rename_column_and_rename_table(env: Env) -> None:
+    env.sql("CREATE TABLE public.old_name (id int PRIMARY KEY, a text)")
+    env.capture()
+    env.sql("INSERT INTO public.old_name SELECT g, 'a' || g FROM generate_series(1, 10) g")
+    env.run_all()
+    env.sql("ALTER TABLE public.old_name RENAME COLUMN a TO b")
+    cap, _, _ = env.run_all()
+    assert cap.resynced == {"public.old_name": "column a was renamed to b"}
+    env.assert_reconciled()
+    assert {r["b"] for r in env.current("public.old_name").collect()} == {f"a{g}" for g in range(1, 11)}
+    # A table rename: its rows continue under the new name; the old name stops with a reason.
+    env.sql("ALTER TABLE public.old_name RENAME TO new_name")
+    env.sql("UPDATE public.new_name SET b = 'moved' WHERE id = 1")
+    cap, _, _ = env.run_all()
+    assert "renamed from public.old_name" in cap.resynced["public.new_name"]
+    assert "renamed to public.new_name" in cap.parked["public.old_name"]
+    results = {r.table: r for r in env.reconcile()}
+    assert results["public.new_name"].ok
+    assert results["public.old_name"].parked and "renamed to public.new_name" in results["public.old_name"].parked
+
+
+def test_table_dropped_and_created_again_under_its_name(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'old' FROM generate_series(1, 20) g")
+    env.run_all()
+    env.sql("DROP TABLE public.t")  # no DELETEs in the WAL
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO public.t VALUES (100, 'new')")
+    cap, _, _ = env.run_all()
+    assert "dropped and created again" in cap.resynced["public.t"]
+    env.assert_reconciled()
+    assert [r["id"] for r in env.current("public.t").collect()] == [100]
+
+
+def test_unlogged_tables_and_set_logged(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'x' FROM generate_series(1, 5) g")
+    env.run_all()
+    env.sql("ALTER TABLE public.t SET UNLOGGED")  # from here its changes are not in the WAL
+    env.sql("DELETE FROM public.t WHERE id <= 2")
+    cap, _, merge = env.run_all()
+    assert "UNLOGGED" in cap.parked["public.t"] and "public.t" in merge.parked
+    env.sql("INSERT INTO public.t VALUES (9, 'y')")
+    env.sql("ALTER TABLE public.t SET LOGGED")
+    cap, _, merge = env.run_all()
+    assert "SET LOGGED" in cap.resynced["public.t"] and not merge.parked
+    env.assert_reconciled()
+
+
+# --- what wal2json emits besides row changes ---------------------------------------------------
+
+
+def test_logical_messages_never_wedge_the_slot(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("SELECT pg_logical_emit_message(false, 'heartbeat', 'beat 1')")
+    env.transaction("INSERT INTO public.t VALUES (1, 'a')", "SELECT pg_logical_emit_message(true, 'debezium-signal', '{}')")
+    env.sql("SELECT pg_logical_emit_message(false, 'heartbeat', 'beat 2')")
+    env.sql("SELECT txid_current()")  # an empty transaction
+    env.sql("INSERT INTO public.t VALUES (2, 'b')")  # flushes the WAL past the messages
+    cap = env.capture()
+    assert cap.changes == 2 and cap.messages_skipped >= 2
+    again = env.capture()
+    assert again.changes == 0 and again.files == [] and again.messages_skipped == 0, "nothing is read twice"
+    with slots.connect(env.settings.source.dsn) as conn:
+        info = slots.slot_info(conn, env.settings.source.slot)
+    assert info is not None and info.lag_bytes < 1024 * 1024
+    env.load()
+    env.merge()
+    env.assert_reconciled()
+
+
+# --- replica identity --------------------------------------------------------------------------
+
+
+def test_replica_identity_nothing_never_builds_a_current_table(env: Env) -> None:
+    from click.testing import CliRunner
+
+    from loader.cli import main
+
+    env.sql("CREATE TABLE public.k (id int PRIMARY KEY, v text)")
+    env.sql("ALTER TABLE public.k REPLICA IDENTITY NOTHING")
+    env.capture()
+    env.sql("INSERT INTO public.k SELECT g, 'v' FROM generate_series(1, 5) g")
+    env.sql("UPDATE public.k SET v = 'changed' WHERE id = 1")  # not decoded at all
+    env.sql("DELETE FROM public.k WHERE id = 2")  # not decoded at all
+    cap, _, merge = env.run_all()
+    assert "updates/deletes" in cap.limited_tables["public.k"]
+    assert {t.table: t.skipped_reason for t in merge.tables}["public.k"] == "no primary key: history only"
+    result = {r.table: r for r in env.reconcile()}["public.k"]
+    assert result.ok and "history only" in result.note
+    out = CliRunner().invoke(main, ["slot", "tables"], env=_cli_env(env))
+    assert "public.k" in out.output and "REPLICA IDENTITY NOTHING" in out.output, out.output
+    # Identity restored: capture resyncs it, and only now is a current table built, equal to the source.
+    env.sql("ALTER TABLE public.k REPLICA IDENTITY DEFAULT")
+    cap, _, _ = env.run_all()
+    assert "carries updates and deletes again" in cap.resynced["public.k"]
+    env.assert_reconciled()
+
+
+def test_replica_identity_changes_mid_stream(env: Env) -> None:
+    env.sql("CREATE TABLE public.k (id int PRIMARY KEY, email text NOT NULL UNIQUE, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.k SELECT g, 'e' || g, 'v' FROM generate_series(1, 20) g")
+    env.run_all()
+    env.assert_reconciled()
+    env.sql("ALTER TABLE public.k REPLICA IDENTITY FULL")  # still keyed by the primary key
+    env.sql("UPDATE public.k SET v = 'full' WHERE id = 3")
+    env.run_all()
+    env.assert_reconciled()
+    env.sql("ALTER TABLE public.k REPLICA IDENTITY USING INDEX k_email_key")  # the key becomes email
+    env.sql("UPDATE public.k SET v = 'index' WHERE id = 4")
+    env.sql("DELETE FROM public.k WHERE id = 5")
+    cap, _, _ = env.run_all()
+    assert "key changed" in cap.resynced["public.k"]
+    env.assert_reconciled()
+    env.sql("ALTER TABLE public.k REPLICA IDENTITY NOTHING")
+    env.sql("DELETE FROM public.k WHERE id = 6")  # lost to the stream
+    env.sql("UPDATE public.k SET v = 'lost' WHERE id = 7")  # lost to the stream
+    cap, _, merge = env.run_all()
+    assert "no longer decoded" in cap.parked["public.k"] and "public.k" in merge.parked
+    result = {r.table: r for r in env.reconcile()}["public.k"]
+    assert not result.ok and result.parked and "REPLICA IDENTITY" in result.parked
+    env.sql("ALTER TABLE public.k REPLICA IDENTITY DEFAULT")
+    env.run_all()
+    env.assert_reconciled()
+
+
+# --- names -------------------------------------------------------------------------------------
+
+
+def test_names_that_need_quoting_or_look_like_ours(env: Env) -> None:
+    long_name = "t" + "é" * 31  # 63 bytes
+    env.sql('CREATE SCHEMA "a__b"')
+    env.sql("CREATE SCHEMA a")
+    env.sql('CREATE SCHEMA "Weird.Schema"')
+    env.sql('CREATE TABLE "a__b".c (id int PRIMARY KEY, v text)')
+    env.sql('CREATE TABLE a."b__c" (id int PRIMARY KEY, v text)')
+    env.sql(f'CREATE TABLE "Weird.Schema"."{long_name}" ("Id" int PRIMARY KEY, "we""ird col" text)')
+    env.sql(
+        "CREATE TABLE public.cols (id int PRIMARY KEY, _reason text, _kind text, pg_lsn bigint, \"pg__x\" int,"
+        " \"PG_SEQ\" text, __absent text, _raw text, _line int, _sub int, _from text, _m text, pg_note text)"
+    )
+    env.capture()
+    env.sql("INSERT INTO \"a__b\".c VALUES (1, 'in a__b.c')")
+    env.sql("INSERT INTO a.\"b__c\" VALUES (1, 'in a.b__c'), (2, 'second')")
+    env.sql(f"INSERT INTO \"Weird.Schema\".\"{long_name}\" VALUES (1, 'x'), (2, '{{{{ config() }}}}')")
+    env.sql("INSERT INTO public.cols VALUES (1, 'r', 'k', 42, 7, 's', 'a', 'raw', 3, 4, 'f', 'm', 'n')")
+    env.sql("UPDATE public.cols SET _reason = 'r2', pg_lsn = 43, \"pg__x\" = 8 WHERE id = 1")
+    env.sql("UPDATE a.\"b__c\" SET id = 3 WHERE id = 2")
+    _, load, _ = env.run_all()
+    assert load.rejects == 0
+    results = env.assert_reconciled()
+    assert {r.table for r in results} == {"a__b.c", "a.b__c", f"Weird.Schema.{long_name}", "public.cols"}
+    names = {i[-1] for i in open_catalog(env.settings).list_tables(env.settings.catalog.history_namespace)}
+    assert len(names) == 4 and all(len(n) <= 255 for n in names)
+    cols = env.current("public.cols").first()
+    assert cols["_reason"] == "r2" and cols["pg__pg_lsn"] == 43 and cols["pg__pg__x"] == 8 and cols["pg_lsn"] > 0
+
+
+# --- slot loss, exclusion, resync semantics ----------------------------------------------------
+
+
+def test_slot_dropped_and_rows_deleted_meanwhile_then_resync(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE public.u (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 30) g")
+    env.sql("INSERT INTO public.u SELECT g, 'v' FROM generate_series(1, 30) g")
+    env.run_all()
+    with slots.connect(env.settings.source.dsn) as conn:
+        slots.drop_slot(conn, env.settings.source.slot)
+    env.sql("DELETE FROM public.t WHERE id <= 10")  # never in any slot
+    env.sql("UPDATE public.u SET v = 'changed' WHERE id = 1")
+    with pytest.raises(SlotLostError) as err:
+        env.capture()
+    assert "loader resync" in err.value.hint
+    # A re-snapshot of one table is refused: every table lost changes.
+    with pytest.raises(SlotLostError):
+        env.resync(["public.t"])
+    snap = env.resync(recover=True)
+    assert snap.slot_created and set(snap.tables) == {"public.t", "public.u"}
+    env.sql("INSERT INTO public.t VALUES (100, 'after')")
+    env.run_all()
+    env.assert_reconciled()
+    note = env.history("public.t").where("pg_operation = 'resync'").orderBy("pg_lsn").collect()[-1]["pg_note"]
+    assert "replication slot lost" in note
+
+
+def test_slot_invalidated_by_max_slot_wal_keep_size(env: Env, pg_admin: str) -> None:
+    import psycopg
+
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.configure("source", on_slot_loss="resync")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 10) g")
+    env.run_all()
+    with psycopg.connect(pg_admin, autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            for _ in range(8):  # past the limit, and checkpoints that remove the segments
+                env.sql("INSERT INTO public.t SELECT g, repeat('x', 1000) FROM generate_series(1000, 5000) g ON CONFLICT (id) DO UPDATE SET v = excluded.v")
+                admin.execute("SELECT pg_switch_wal()")
+                admin.execute("CHECKPOINT")
+            with slots.connect(env.settings.source.dsn) as conn:
+                info = slots.slot_info(conn, env.settings.source.slot)
+            assert info is not None and info.wal_status == "lost"
+        finally:
+            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            admin.execute("SELECT pg_reload_conf()")
+    env.sql("DELETE FROM public.t WHERE id <= 5")
+    cap = env.capture()  # on_slot_loss=resync: recreated and resynced, unattended
+    assert cap.slot_created and "public.t" in cap.resynced
+    env.run_all()
+    env.assert_reconciled()
+
+
+def test_table_excluded_then_included_again(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE public.other (id int PRIMARY KEY)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 20) g")
+    env.run_all()
+    env.configure("source", exclude=["pg_catalog.*", "information_schema.*", "public.t"])
+    env.sql("DELETE FROM public.t WHERE id <= 5")  # not captured while excluded
+    env.sql("INSERT INTO public.other VALUES (1)")
+    cap, _, merge = env.run_all()
+    assert "excluded" in cap.parked["public.t"] and "public.t" in merge.parked
+    env.configure("source", exclude=["pg_catalog.*", "information_schema.*"])
+    cap, _, merge = env.run_all()
+    assert "included in capture again" in cap.resynced["public.t"] and not merge.parked
+    env.assert_reconciled()
+
+
+# --- isolation: one table's failure parks that table only -------------------------------------
+
+
+def test_incompatible_retype_is_isolated_and_heals_itself(env: Env) -> None:
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, n int)")
+    env.sql("CREATE TABLE public.other (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, g FROM generate_series(1, 10) g")
+    env.run_all()
+    env.sql("ALTER TABLE public.t ALTER COLUMN n TYPE text USING 'n' || n")
+    env.sql("UPDATE public.t SET n = 'changed' WHERE id = 1")
+    env.sql("INSERT INTO public.other VALUES (1, 'advances')")
+    cap, load, merge = env.run_all()
+    assert "public.t" in cap.resynced and load.retired_columns and not merge.parked
+    env.assert_reconciled()
+    hist = env.history("public.t")
+    assert {r["pg__r1_n"] for r in hist.where("pg_operation = 'insert'").collect()} == set(range(1, 11))
+    assert {r["n"] for r in env.current("public.t").collect()} == {"changed", *[f"n{g}" for g in range(2, 11)]}
+
+
+def test_truncated_landing_file_keeps_readable_changes_and_parks_what_it_lost(env: Env) -> None:
+    env.sql("CREATE TABLE public.a (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE public.b (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE public.c (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.c VALUES (1, 'own file')")
+    env.capture()
+    for i in range(40):
+        env.transaction(f"INSERT INTO public.a VALUES ({i}, md5({i}::text))", f"INSERT INTO public.b VALUES ({i}, 'b')")
+    env.capture()
+    files = sorted((env.tmp / "landing").rglob("*.jsonl.gz"))
+    damaged = files[-1]
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[: len(data) * 2 // 3])  # torn by a bad copy
+    load = env.load()
+    assert set(load.parked) <= {"public.a", "public.b"} and load.parked and load.rejects >= 1
+    assert all("damaged" in why and "loader resync" in why for why in load.parked.values())
+    kept = env.history("public.a").where("pg_operation = 'insert'").count()
+    assert 0 < kept < 40, "the readable changes are in history"
+    merge = env.merge()
+    assert set(merge.parked) == set(load.parked)
+    assert {t: r.parked is not None for t, r in ((r.table, r) for r in env.reconcile())} == {
+        "public.a": "public.a" in load.parked, "public.b": "public.b" in load.parked, "public.c": False,
+    }
+    env.resync(["public.a", "public.b"])
+    env.run_all()
+    env.assert_reconciled()
+    assert not parked(env)
+
+
+# --- lossless values ---------------------------------------------------------------------------
+
+
+def test_pgoutput_keeps_nan_and_infinity(env: Env) -> None:
+    env.configure("source", plugin="pgoutput", publication=f"pub_{env.uid}")
+    env.sql("CREATE TABLE public.f (id int PRIMARY KEY, r real, d double precision, n numeric, b boolean, t text)")
+    cap = env.capture()
+    assert cap.slot_created and cap.numeric_special_values
+    env.sql(
+        "INSERT INTO public.f VALUES (1, 'NaN', 'Infinity', 'NaN', true, 'a'), (2, '-Infinity', 'NaN', 'Infinity', false, NULL),"
+        " (3, NULL, NULL, NULL, NULL, 'c'), (4, 1.5, -0.0, '-Infinity', true, 'd')"
+    )
+    env.sql("UPDATE public.f SET d = 'NaN' WHERE id = 4")
+    env.run_all()
+    env.assert_reconciled()
+    rows = {r["id"]: r for r in env.current("public.f").collect()}
+    assert rows[1]["n"] == "NaN" and rows[2]["n"] == "Infinity" and rows[3]["n"] is None
+    assert rows[1]["d"] == float("inf") and rows[4]["d"] != rows[4]["d"]  # NaN
+
+
+def _cli_env(env: Env) -> dict[str, str]:
+    s = env.settings
+    return {
+        "LOADER_SOURCE__DSN": s.source.dsn,
+        "LOADER_SOURCE__SLOT": s.source.slot,
+        "LOADER_LANDING__URL": s.landing.url,
+        "LOADER_CATALOG__URI": s.catalog.uri,
+        "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,
+        "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,
+        "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
+        "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
+    }
