@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from loader.names import lake_column
 from loader.workload import WorkloadLog
 
 
@@ -15,14 +16,15 @@ def history_changes(env: Any, table: str, key: list[str]) -> list[tuple[int, str
     """
     import json
 
-    rows = env.history(table).orderBy("pg_lsn", "pg_seq").collect()
+    # Snapshot reads and control rows (resync, park) are not changes the workload made.
+    rows = env.history(table).where("pg_operation IN ('insert', 'update', 'delete')").orderBy("pg_lsn", "pg_seq").collect()
     out = []
     for r in rows:
         if r["pg_operation"] == "delete":
             old = json.loads(r["pg_old_key"])
             k = tuple(int(old[c]) if old[c] is not None and old[c].lstrip("-").isdigit() else old[c] for c in key)
         else:
-            k = tuple(r[c] for c in key)
+            k = tuple(r[lake_column(c)] for c in key)
         out.append((r["pg_lsn"], r["pg_operation"], k))
     return out
 
@@ -42,3 +44,13 @@ def assert_history_matches(env: Any, log: WorkloadLog, table: str, key: list[str
     assert len(by_txn) == len(expected), f"{table}: {len(by_txn)} transactions in history, {len(expected)} made"
     for i, (got, want) in enumerate(zip(by_txn, expected)):
         assert got == want, f"{table}: transaction #{i} differs: history {dict(got)} vs made {dict(want)}"
+
+
+def assert_no_duplicate_positions(env: Any) -> None:
+    """No change is in history twice: (pg_lsn, pg_seq) is unique in every history table."""
+    from pyspark.sql import functions as F
+
+    for name in env.spark.sql(f"SHOW TABLES IN {env.names.catalog}.{env.names.history_ns}").collect():
+        ident = f"{env.names.catalog}.{env.names.history_ns}.`{name.tableName}`"
+        dups = env.spark.table(ident).groupBy("pg_lsn", "pg_seq").count().where(F.col("count") > 1).count()
+        assert dups == 0, f"{name.tableName}: {dups} positions appear more than once"

@@ -171,6 +171,7 @@ class Capture:
             slots.check_wal_level(conn)
             if not locked:
                 slots.capture_lock(conn, src.slot)
+                checkpoint("capture-locked")
                 self._finish_unfinished_snapshot()
             landing_files = self.store.files()
             if not self._slot_ready(conn, create_slot, landing_files, result):

@@ -1,17 +1,22 @@
-"""``loader import``: convert input files of one format into landing files of the configured slot area."""
+"""``loader import``: convert input files of one format into landing files of the configured slot area.
+
+Bad messages are quarantined and the import goes on (see ``loader.inputs.common``); only an input
+that cannot be read at all, or whose transactions collide, fails it, before anything is written.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from loader.capture.landing import LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.errors import ConfigError
 from loader.inputs import debezium, pgkafka, wal2json_files
-from loader.inputs.common import ImportResult, import_changes, parse_pk_option
+from loader.inputs.common import ImportResult, InputItem, import_changes, parse_pk_option
 
-FORMATS = {"pgkafka": pgkafka.read, "wal2json": wal2json_files.read, "debezium": debezium.read}
+Reader = Callable[[Iterable[Path], dict[str, list[str]]], Iterator[InputItem]]
+FORMATS: dict[str, Reader] = {"pgkafka": pgkafka.read, "wal2json": wal2json_files.read, "debezium": debezium.read}
 
 
 def expand(paths: Iterable[str]) -> list[Path]:
@@ -28,10 +33,20 @@ def expand(paths: Iterable[str]) -> list[Path]:
 
 
 def import_files(
-    settings: LoaderSettings, fmt: str, paths: Iterable[str], pk: Iterable[str] = (), store: LandingStore | None = None
+    settings: LoaderSettings,
+    fmt: str,
+    paths: Iterable[str],
+    pk: Iterable[str] = (),
+    store: LandingStore | None = None,
+    *,
+    unavailable_placeholder: str = debezium.UNAVAILABLE_VALUE_PLACEHOLDER,
 ) -> ImportResult:
+    """Land the changes of ``paths``; ``unavailable_placeholder`` is Debezium's ``unavailable.value.placeholder``."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown input format {fmt!r}", hint=f"one of {', '.join(sorted(FORMATS))}")
+    if not unavailable_placeholder:
+        raise ConfigError("the Debezium unavailable-value placeholder cannot be empty")
     files = expand(paths)
-    changes = FORMATS[fmt](files, parse_pk_option(pk))
-    return import_changes(changes, store or open_landing(settings), settings.source.max_changes_per_file, ImportResult())
+    keys = parse_pk_option(pk)
+    items = debezium.read(files, keys, unavailable_placeholder) if fmt == "debezium" else FORMATS[fmt](files, keys)
+    return import_changes(items, store or open_landing(settings), settings.source.max_changes_per_file, ImportResult())

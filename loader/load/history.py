@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
+from loader.faults import checkpoint
 from loader.iceberg import ensure_loader_tables, iceberg_table, table_exists, table_properties, update_properties
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
@@ -125,6 +126,7 @@ class HistoryLoad:
         from loader.locks import stage_lock
 
         with stage_lock(self.settings, "load"):
+            checkpoint("load-locked")
             ensure_loader_tables(self.spark, self.names)
             batch, waiting = self.pending_files()
             result = LoadResult(waiting_files=waiting)
@@ -157,14 +159,17 @@ class HistoryLoad:
                             for d in unknown_damage
                         ]
                         self._load_table(good, table, columns, pk, extra, batch[-1], result)
+                        checkpoint("load-after-table")
                     ledger_rows = self._ledger_rows(decoded, batch)
                 loaded_through = self._loaded_through(batch)
+                checkpoint("load-before-ledger")
                 (
                     self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
                     .writeTo(self.names.ledger)
                     .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
                     .append()
                 )
+                checkpoint("load-after-ledger")
             finally:
                 decoded.unpersist()
             result.files = [f.name for f in batch]
@@ -274,6 +279,7 @@ class HistoryLoad:
             if not has(old_name):
                 self.spark.sql(f"ALTER TABLE {ident} RENAME COLUMN {quote_ident(lake)} TO {quote_ident(old_name)}")
                 schema = iceberg_table(self.spark, ident).schema()
+                checkpoint("load-between-retire-steps")
             if not has(lake):
                 self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {quote_ident(lake)} {spark_type(pg_type).sql}")
             retired[old_name] = {"column": name, "type": existing[name]}

@@ -172,6 +172,7 @@ class CurrentMerge:
         from loader.locks import stage_lock
 
         with stage_lock(self.settings, "merge"):
+            checkpoint("merge-locked")
             ensure_loader_tables(self.spark, self.names)
             loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
             result = MergeResult()
