@@ -293,7 +293,7 @@ def _write(path: Path, entries: list[Entry]) -> dict[str, tuple[str, str]]:
     bad: dict[str, tuple[str, str]] = {}
     out, line = b"", 1
     for text, expect in entries:
-        lines: list[str] | list[str | bytes] = text if isinstance(text, list) else [text]
+        lines: list[str | bytes] = list(text) if isinstance(text, list) else [text]
         data = b"".join((x if isinstance(x, bytes) else x.encode("utf-8")) + b"\n" for x in lines)
         if expect is not None:
             fragment, raw = expect if isinstance(expect, tuple) else (expect, data.rstrip(b"\n").decode("utf-8", "backslashreplace"))

@@ -62,6 +62,7 @@ from loader.lsn import ChangePosition, parse_lsn
 # Landing state object of the quarantine ledger (see the module docstring).
 QUARANTINE_STATE = "import-quarantine.json"
 _MAX_LSN = (1 << 63) - 1  # history stores LSNs as BIGINT; real LSNs are far below
+_SHOWN_REASONS = 20  # quarantined messages listed by the summary; the rejects table has them all
 _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8 (decoded with surrogateescape)
 
 
@@ -144,7 +145,9 @@ class ImportResult:
             text += f" ({self.quarantined_before} more quarantined by an earlier import)"
         if self.quarantined:
             text += "; 'loader load' puts them in the rejects table and parks their tables:"
-            text += "".join(f"\n  quarantined: {r}" for r in self.reasons)
+            text += "".join(f"\n  quarantined: {r}" for r in self.reasons[:_SHOWN_REASONS])
+            if len(self.reasons) > _SHOWN_REASONS:
+                text += f"\n  ... and {len(self.reasons) - _SHOWN_REASONS} more"
         return text
 
 
@@ -281,7 +284,8 @@ def _control_start(landed: ChangePosition | None, first: tuple[int, int] | None)
             # out of the ledger: still before the first transaction, right after it.
             return ChangePosition(landed.commit_lsn, landed.seq + 1)
         # The first transaction resumes one an interrupted import landed in part: nothing can go
-        # in front of it, so the control transaction follows its commit marker (see import_changes).
+        # in front of it, so the control transaction follows its commit marker. Seq 0 says so; the
+        # caller writes it there, once it knows that transaction's length.
         return ChangePosition(commit, 0)
     if landed is None:
         return ChangePosition(0, 1)
