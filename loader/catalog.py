@@ -6,15 +6,22 @@ import functools
 from typing import Any
 from urllib.parse import urlparse
 
-from loader.config import LoaderSettings
+from loader.config import LoaderSettings, redact, secret_text
 from loader.errors import CatalogError
 
 
-def pyiceberg_uri(uri: str) -> str:
+def pyiceberg_uri(uri: str, password: str | None = None) -> str:
+    """The SQLAlchemy URL pyiceberg's SqlCatalog needs (psycopg 3 driver, password merged in)."""
+    from urllib.parse import quote
+
     u = urlparse(uri)
-    if u.scheme in ("postgresql", "postgres"):
-        return "postgresql+psycopg" + uri[len(u.scheme) :]
-    return uri
+    if u.scheme not in ("postgresql", "postgres"):
+        return uri
+    if password is not None and u.password is None:
+        user = f"{u.username or ''}:{quote(password, safe='')}@"
+        host = u.netloc.rsplit("@", 1)[-1]
+        u = u._replace(netloc=user + host)
+    return "postgresql+psycopg" + u.geturl()[len(u.scheme) :]
 
 
 def open_catalog(settings: LoaderSettings) -> Any:
@@ -24,22 +31,24 @@ def open_catalog(settings: LoaderSettings) -> Any:
     hold catalog-database connections until garbage collection.
     """
     c = settings.catalog
-    return _open_catalog(c.name, c.uri, c.warehouse, settings.s3.model_dump_json())
+    s3 = settings.s3
+    secret = secret_text(s3.secret_access_key)
+    return _open_catalog(c.name, pyiceberg_uri(c.uri, c.secret()), c.warehouse, s3.model_dump_json(), secret)
 
 
 @functools.lru_cache(maxsize=8)
-def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str) -> Any:
+def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str, s3_secret: str | None) -> Any:
     from pyiceberg.catalog.sql import SqlCatalog
 
     from loader.config import S3Settings
 
     s3 = S3Settings.model_validate_json(s3_json)
-    props: dict[str, str] = {"uri": pyiceberg_uri(uri), "warehouse": warehouse}
+    props: dict[str, str] = {"uri": uri, "warehouse": warehouse}
     if s3.endpoint_url:
         props["s3.endpoint"] = s3.endpoint_url
     if s3.access_key_id:
         props["s3.access-key-id"] = s3.access_key_id
-        props["s3.secret-access-key"] = s3.secret_access_key or ""
+        props["s3.secret-access-key"] = s3_secret or ""
     props["s3.region"] = s3.region
     if s3.path_style:
         props["s3.force-virtual-addressing"] = "false"
@@ -47,7 +56,7 @@ def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str) -> Any:
         return SqlCatalog(name, **props)
     except Exception as exc:
         raise CatalogError(
-            f"cannot open the Iceberg catalog at {uri}: {exc}",
+            f"cannot open the Iceberg catalog at {redact(uri)}: {redact(str(exc))}",
             hint="check LOADER_CATALOG__URI and that its database is reachable",
         ) from exc
 

@@ -101,7 +101,7 @@ def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool) -> None:
     if with_snapshot and not no_create_slot:
         from loader.capture.snapshot import Snapshot
 
-        with slots.connect(ctx.settings.source.dsn) as conn:
+        with slots.connect(ctx.settings.source.conninfo()) as conn:
             missing = slots.slot_info(conn, ctx.settings.source.slot) is None
         if missing:
             click.echo(Snapshot(ctx.settings).run().summary())
@@ -215,7 +215,7 @@ def slot_create(ctx: Context) -> None:
     from loader.capture import slot as slots
     from loader.lsn import format_lsn
 
-    with slots.connect(ctx.settings.source.dsn) as conn:
+    with slots.connect(ctx.settings.source.conninfo()) as conn:
         slots.check_wal_level(conn)
         lsn = slots.create_slot(conn, ctx.settings.source.slot)
     click.echo(f"slot {ctx.settings.source.slot} created at {format_lsn(lsn)}")
@@ -229,7 +229,7 @@ def slot_drop(ctx: Context) -> None:
     """Drop the slot (changes not yet captured are lost)."""
     from loader.capture import slot as slots
 
-    with slots.connect(ctx.settings.source.dsn) as conn:
+    with slots.connect(ctx.settings.source.conninfo()) as conn:
         slots.drop_slot(conn, ctx.settings.source.slot)
     click.echo(f"slot {ctx.settings.source.slot} dropped")
 
@@ -242,7 +242,7 @@ def slot_info(ctx: Context) -> None:
     from loader.capture import slot as slots
     from loader.lsn import format_lsn
 
-    with slots.connect(ctx.settings.source.dsn) as conn:
+    with slots.connect(ctx.settings.source.conninfo()) as conn:
         info = slots.slot_info(conn, ctx.settings.source.slot)
     if info is None:
         raise slots.SlotMissingError(f"replication slot {ctx.settings.source.slot!r} does not exist")
@@ -285,7 +285,7 @@ def slot_tables(ctx: Context, as_json: bool) -> None:
 
     src = ctx.settings.source
     wanted = TableFilter(src.include, src.exclude)
-    with slots.connect(src.dsn) as conn:
+    with slots.connect(src.conninfo()) as conn:
         tables = [t for t in list_tables(conn) if wanted(t.qualified)]
     if as_json:
         click.echo(json.dumps([t.as_dict() for t in tables], indent=2))
@@ -308,17 +308,16 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
     'loader merge' (or 'loader run').
     """
     from loader.capture import slot as slots
+    from loader.capture.capture import SLOT_STATE
     from loader.capture.landing import open_landing
     from loader.capture.snapshot import Snapshot
-
-    from loader.capture.capture import SLOT_STATE
     from loader.errors import SlotLostError
 
     src = ctx.settings.source
     store = open_landing(ctx.settings)
     files = store.files()
     state = store.read_state(SLOT_STATE) or {}
-    with slots.connect(src.dsn) as conn:
+    with slots.connect(src.conninfo()) as conn:
         info = slots.slot_info(conn, src.slot)
     try:
         ours = int(state["confirmed"]) if state.get("slot") == src.slot else None
@@ -394,17 +393,37 @@ def import_cmd(ctx: Context, fmt: str, pk: tuple[str, ...], paths: tuple[str, ..
     """
     from loader.inputs.importer import import_files
 
-    click.echo(import_files(ctx.settings, fmt, paths, pk).summary())
+    res = import_files(ctx.settings, fmt, paths, pk)
+    click.echo(res.summary())
+    if res.quarantined:
+        click.echo(
+            f"{res.quarantined} messages quarantined: 'loader load' puts them in the rejects table and parks their tables",
+            err=True,
+        )
+        sys.exit(EXIT_REJECTS)
 
 
 @main.command("spark-conf")
+@click.option(
+    "--properties-file", "properties_file", type=click.Path(dir_okay=False), default=None,
+    help="Write a Spark properties file (secrets included, mode 0600) for 'spark-submit --properties-file'.",
+)
 @pass_ctx
 @catch_errors
-def spark_conf_cmd(ctx: Context) -> None:
-    """Print the spark-submit --conf arguments for these settings."""
-    from loader.spark import spark_conf
+def spark_conf_cmd(ctx: Context, properties_file: str | None) -> None:
+    """The spark-submit settings for this configuration.
 
-    for k, v in spark_conf(ctx.settings).items():
+    Printed as '--conf key=value' lines, secrets as ${LOADER_CATALOG__PASSWORD} /
+    ${LOADER_S3__SECRET_ACCESS_KEY} references; or, with --properties-file, written to a file only
+    the owner can read (secrets included), for 'spark-submit --properties-file FILE'.
+    """
+    from loader.spark import spark_conf, write_properties_file
+
+    if properties_file:
+        write_properties_file(spark_conf(ctx.settings), properties_file)
+        click.echo(f"wrote {properties_file} (mode 0600): spark-submit --properties-file {properties_file} ...")
+        return
+    for k, v in spark_conf(ctx.settings, reveal=False).items():
         click.echo(f"--conf {k}={v}")
 
 

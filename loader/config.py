@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
-    NoDecode,
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -25,10 +26,45 @@ from pydantic_settings import (
 
 from loader.errors import ConfigError
 
-
 # The --config file of the settings being built; a context variable, not os.environ, so one
 # process can build settings from several files without leaking one into child processes.
 _config_file: ContextVar[str | None] = ContextVar("loader_config_file", default=None)
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/:@\s]*:)(?P<secret>[^@/\s]*)(?P<tail>@)")
+_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with every password of a URL (``scheme://user:secret@host``) or a libpq
+    ``key=value`` DSN (``password=secret``) replaced by ``***``. Use it on anything shown."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", text)
+    return _KV_PASSWORD.sub(lambda m: f"{m['head']}***", text)
+
+
+def secret_text(value: SecretStr | str | None) -> str | None:
+    """The text of a secret setting (settings built in code with model_copy may hold a plain str)."""
+    if value is None:
+        return None
+    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+
+
+def _merge_password(dsn: str, password: SecretStr | None) -> str:
+    if password is None:
+        return dsn
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(dsn, password=secret_text(password))
+
+
+class _Redacted(BaseModel):
+    """Settings sections whose connection strings may embed passwords: never shown in repr."""
+
+    _redacted_fields: tuple[str, ...] = ()
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (redact(value) if name in self._redacted_fields and isinstance(value, str) else value)
 
 
 def state_dir() -> Path:
@@ -41,15 +77,19 @@ class S3Settings(BaseModel):
 
     endpoint_url: str | None = None
     access_key_id: str | None = None
-    secret_access_key: str | None = None
+    secret_access_key: SecretStr | None = None
     region: str = "us-east-1"
     path_style: bool = True
 
 
-class SourceSettings(BaseModel):
+class SourceSettings(_Redacted):
     """The PostgreSQL database whose changes are captured."""
 
+    _redacted_fields = ("dsn",)
+    # URL or key=value libpq string. Prefer keeping the password out of it: ``password`` below,
+    # PGPASSWORD or a .pgpass file; a password inside it is accepted and never shown.
     dsn: str = "postgresql://postgres@127.0.0.1:55432/app"
+    password: SecretStr | None = None
     slot: str = "lakehouse"
     # Logical decoding plugin: wal2json (default), or pgoutput (built into PostgreSQL, on every managed
     # service; keeps numeric/float NaN and Infinity, which wal2json 2.5 prints as null; needs a publication).
@@ -74,6 +114,10 @@ class SourceSettings(BaseModel):
     # (exit 1 naming 'loader resync'), or "resync" (re-create it and resync every table, unattended).
     on_slot_loss: Literal["fail", "resync"] = "fail"
 
+    def conninfo(self) -> str:
+        """The connection string with the password merged in (for connecting, never for showing)."""
+        return _merge_password(self.dsn, self.password)
+
 
 class LandingSettings(BaseModel):
     """Where capture writes landing files: a local directory or s3://bucket/prefix."""
@@ -87,16 +131,32 @@ class LandingSettings(BaseModel):
     retry_max_wait_s: float = 20.0
 
 
-class CatalogSettings(BaseModel):
+class CatalogSettings(_Redacted):
     """The Iceberg catalog shared by Spark, pyiceberg and dbt."""
 
+    _redacted_fields = ("uri",)
     name: str = "lakehouse"
-    # SQLAlchemy-style URI of the JDBC catalog database (PostgreSQL or SQLite).
+    # SQLAlchemy-style URI of the JDBC catalog database (PostgreSQL or SQLite). The password may be
+    # given separately (``password``), and is never shown either way.
     uri: str = "postgresql://postgres@127.0.0.1:55432/iceberg_catalog"
+    password: SecretStr | None = None
     warehouse: str = Field(default_factory=lambda: (state_dir() / "warehouse").as_uri())
     history_namespace: str = "history"
     current_namespace: str = "current"
     loader_namespace: str = "loader"
+
+    def secret(self) -> str | None:
+        """The catalog database password: ``password``, else the one inside ``uri``."""
+        from urllib.parse import unquote, urlparse
+
+        if self.password is not None:
+            return secret_text(self.password)
+        embedded = urlparse(self.uri).password
+        return unquote(embedded) if embedded else None
+
+    def conninfo(self) -> str:
+        """The catalog database connection string (psycopg), password merged in."""
+        return _merge_password(self.uri, self.password)
 
 
 class SparkSettings(BaseModel):
@@ -211,7 +271,25 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Lo
     token = _config_file.set(str(Path(config_file).resolve()) if config_file is not None else None)
     try:
         return LoaderSettings(**overrides)
-    except Exception as exc:  # pydantic's ValidationError lists every bad key
-        raise ConfigError(f"invalid configuration: {exc}", hint="see README 'Configuration'") from exc
+    except ValidationError as exc:
+        # Without the input values: a bad DSN or key must not print the secret next to it.
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False, include_url=False)
+        )
+        raise ConfigError(f"invalid configuration: {problems}", hint="see README 'Configuration'") from None
+    except Exception as exc:
+        raise ConfigError(f"invalid configuration: {redact(str(exc))}", hint="see README 'Configuration'") from None
     finally:
         _config_file.reset(token)
+
+
+def executor_settings_json(settings: LoaderSettings) -> str:
+    """Settings for code that runs in Spark executors: no passwords, no keys (see loader.spark)."""
+    safe = settings.model_copy(
+        update={
+            "source": settings.source.model_copy(update={"dsn": "", "password": None}),
+            "catalog": settings.catalog.model_copy(update={"uri": "", "password": None}),
+            "s3": settings.s3.model_copy(update={"access_key_id": None, "secret_access_key": None}),
+        }
+    )
+    return safe.model_dump_json()

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from loader.config import LoaderSettings, state_dir
+from loader.config import LoaderSettings, redact, state_dir
 from loader.dbtgen import GENERATED_DIR, project_vars, read_catalog, read_comments, render_generated
 from loader.errors import ConfigError
 
@@ -53,7 +53,7 @@ def work_dir(settings: LoaderSettings) -> Path:
     if settings.dbt.work_dir:
         return Path(settings.dbt.work_dir)
     c = settings.catalog
-    ident = "|".join((c.uri, c.name, c.history_namespace, c.current_namespace, settings.dbt.analytics_namespace))
+    ident = "|".join((redact(c.uri), c.name, c.history_namespace, c.current_namespace, settings.dbt.analytics_namespace))
     return state_dir() / "dbt" / f"{c.name}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}"
 
 
@@ -91,7 +91,7 @@ def prepare_project(settings: LoaderSettings, echo: Callable[[str], None] = prin
     conf.setdefault("vars", {}).update(project_vars(settings))
     _write_if_changed(dst / "dbt_project.yml", yaml.safe_dump(conf, sort_keys=False))
     catalog = read_catalog(settings)
-    comments = read_comments(settings.source.dsn, [s.table for s in catalog.specs])
+    comments = read_comments(settings.source.conninfo(), [s.table for s in catalog.specs])
     files = render_generated(settings, catalog, comments)
     generated = dst / GENERATED_DIR
     keep = {dst / rel for rel in files}
@@ -114,7 +114,7 @@ def prepare_project(settings: LoaderSettings, echo: Callable[[str], None] = prin
 def write_sources(settings: LoaderSettings, project: Path) -> list[str]:
     """Write the generated sources and models into ``project`` (for a project kept under version control)."""
     catalog = read_catalog(settings)
-    comments = read_comments(settings.source.dsn, [s.table for s in catalog.specs])
+    comments = read_comments(settings.source.conninfo(), [s.table for s in catalog.specs])
     files = render_generated(settings, catalog, comments)
     generated = project / GENERATED_DIR
     if generated.exists():

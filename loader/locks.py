@@ -54,11 +54,11 @@ def stage_lock(settings: LoaderSettings, stage: str, wait_seconds: float | None 
 def _pg_lock(settings: LoaderSettings, stage: str, wait: float) -> Iterator[None]:
     import psycopg
 
-    from loader.capture.slot import redact
+    from loader.config import redact
 
     name = _lock_name(settings, stage)
     try:
-        conn = psycopg.connect(settings.catalog.uri, autocommit=True, application_name=_holder_label(stage)[:63])
+        conn = psycopg.connect(settings.catalog.conninfo(), autocommit=True, application_name=_holder_label(stage)[:63])
     except psycopg.OperationalError as exc:
         from loader.errors import CatalogError
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
-from loader.config import LoaderSettings
+from loader.config import LoaderSettings, secret_text
 from loader.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -67,7 +67,15 @@ def catalog_scheme(settings: LoaderSettings) -> str:
     return scheme
 
 
-def jdbc_catalog_properties(settings: LoaderSettings) -> dict[str, str]:
+# How secrets appear where they are shown rather than used (``loader spark-conf``): as references to
+# environment variables the user exports before spark-submit.
+SECRET_REFERENCES = {
+    "catalog": "${LOADER_CATALOG__PASSWORD}",
+    "s3": "${LOADER_S3__SECRET_ACCESS_KEY}",
+}
+
+
+def jdbc_catalog_properties(settings: LoaderSettings, reveal: bool = True) -> dict[str, str]:
     """Iceberg JDBC catalog properties (without the spark.sql.catalog.<name> prefix)."""
     u = urlparse(settings.catalog.uri)
     props = {"type": "jdbc", "warehouse": spark_path(settings.catalog.warehouse)}
@@ -76,8 +84,9 @@ def jdbc_catalog_properties(settings: LoaderSettings) -> dict[str, str]:
         props["uri"] = f"jdbc:postgresql://{u.hostname}{port}{u.path}"
         if u.username:
             props["jdbc.user"] = unquote(u.username)
-        if u.password:
-            props["jdbc.password"] = unquote(u.password)
+        secret = settings.catalog.secret()
+        if secret:
+            props["jdbc.password"] = secret if reveal else SECRET_REFERENCES["catalog"]
     else:
         props["uri"] = f"jdbc:sqlite:{u.path}"
     # V1 schema is what Iceberg views need.
@@ -96,8 +105,11 @@ def uses_s3(settings: LoaderSettings) -> bool:
     return settings.catalog.warehouse.startswith(("s3://", "s3a://"))
 
 
-def spark_conf(settings: LoaderSettings) -> dict[str, str]:
-    """Every Spark setting the loader needs, as spark-submit --conf pairs."""
+def spark_conf(settings: LoaderSettings, reveal: bool = True) -> dict[str, str]:
+    """Every Spark setting the loader needs, as spark-submit --conf pairs.
+
+    ``reveal=False`` writes secrets as ``${ENV_VAR}`` references (for showing, never for use).
+    """
     cat = f"spark.sql.catalog.{settings.catalog.name}"
     jars = [iceberg_runtime_jar(settings), jdbc_driver_jar(settings), *settings.spark.extra_jars]
     conf: dict[str, str] = {
@@ -121,7 +133,7 @@ def spark_conf(settings: LoaderSettings) -> dict[str, str]:
         "spark.sql.iceberg.planning.preserve-data-grouping": "true",
         "spark.driver.extraJavaOptions": "-Djava.library.path=/usr/lib/x86_64-linux-gnu/jni",
     }
-    for k, v in jdbc_catalog_properties(settings).items():
+    for k, v in jdbc_catalog_properties(settings, reveal).items():
         conf[f"{cat}.{k}"] = v
     if uses_s3(settings):
         s3 = settings.s3
@@ -134,7 +146,8 @@ def spark_conf(settings: LoaderSettings) -> dict[str, str]:
         conf[h + "endpoint.region"] = s3.region
         if s3.access_key_id:
             conf[h + "access.key"] = s3.access_key_id
-            conf[h + "secret.key"] = s3.secret_access_key or ""
+            secret = secret_text(s3.secret_access_key) or ""
+            conf[h + "secret.key"] = secret if reveal else SECRET_REFERENCES["s3"]
             conf[h + "aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
             )
@@ -165,6 +178,44 @@ def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> "
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def executor_environment(settings: LoaderSettings) -> dict[str, str]:
+    """Credentials Python code in executors needs (S3 landing reads), as environment variables.
+
+    Given to Spark as the Python workers' environment (``SparkContext.environment``), never inside
+    a pickled function: the closure carries only settings without secrets. On a cluster the
+    executors can instead take credentials from the platform (instance profile, IRSA, workload
+    identity), and then nothing is passed at all.
+    """
+    s3 = settings.s3
+    env: dict[str, str] = {}
+    if s3.access_key_id:
+        env["AWS_ACCESS_KEY_ID"] = s3.access_key_id
+    if s3.secret_access_key is not None:
+        env["AWS_SECRET_ACCESS_KEY"] = secret_text(s3.secret_access_key) or ""
+    return env
+
+
+def write_properties_file(conf: dict[str, str], path: str | Path) -> None:
+    """A Spark properties file (``spark-submit --properties-file``) only its owner can read.
+
+    The way to give spark-submit secrets without putting them on a command line (``ps`` shows
+    every process's arguments to every user).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for k, v in conf.items():
+            # java.util.Properties format: backslash, and leading/trailing specials, escaped.
+            f.write(f"{_prop_escape(k)}={_prop_escape(v)}\n")
+
+
+def _prop_escape(text: str) -> str:
+    out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
+    return ("\\" + out) if out.startswith((" ", "#", "!")) else out
 
 
 def hadoop_s3a_conf(settings: LoaderSettings) -> dict[str, str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from loader.config import LoaderSettings, state_dir
 from loader.errors import ConfigError, TransientError
-from loader.spark import iceberg_runtime_jar, jdbc_driver_jar, spark_conf
+from loader.spark import iceberg_runtime_jar, jdbc_driver_jar, spark_conf, write_properties_file
 
 THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 
@@ -46,23 +46,35 @@ def server_dir(settings: LoaderSettings) -> Path:
     return state_dir() / "sql-server" / str(settings.sql_server.port)
 
 
-def server_command(settings: LoaderSettings) -> list[str]:
-    """The spark-submit command line of the Thrift Server for these settings (pure)."""
+def server_conf(settings: LoaderSettings) -> dict[str, str]:
+    """The Thrift Server's Spark settings (secrets included: they go to a 0600 properties file)."""
     conf = spark_conf(settings)
-    jars = [iceberg_runtime_jar(settings), jdbc_driver_jar(settings), *settings.spark.extra_jars]
     conf.pop("spark.jars", None)  # on the system classpath instead (trap 1)
     conf["spark.sql.defaultCatalog"] = settings.catalog.name
     conf["spark.sql.warehouse.dir"] = str(server_dir(settings) / "spark-warehouse")
+    return conf
+
+
+def properties_path(settings: LoaderSettings) -> Path:
+    return server_dir(settings) / "spark.properties"
+
+
+def server_command(settings: LoaderSettings) -> list[str]:
+    """The spark-submit command line of the Thrift Server for these settings (pure).
+
+    Its Spark settings, secrets among them, are in a properties file only the owner can read:
+    a command line is visible to every user of the machine (``ps``).
+    """
+    jars = [iceberg_runtime_jar(settings), jdbc_driver_jar(settings), *settings.spark.extra_jars]
     cmd = [
         str(spark_home() / "bin" / "spark-submit"),
         "--master", settings.spark.master,
         "--driver-memory", settings.sql_server.driver_memory,
         "--driver-class-path", os.pathsep.join(j for j in jars if not j.startswith(("http:", "https:"))),
+        "--properties-file", str(properties_path(settings)),
         "--class", THRIFT_SERVER_CLASS,
         "--name", "lakehouse-sql-server",
     ]
-    for k, v in conf.items():
-        cmd += ["--conf", f"{k}={v}"]
     s = settings.sql_server
     cmd += [
         "spark-internal",
@@ -138,6 +150,7 @@ def start_server(
             hint="stop the other server or set LOADER_SQL_SERVER__PORT",
         )
     ensure_default_namespace(settings)
+    write_properties_file(server_conf(settings), properties_path(settings))
     workdir = server_dir(settings)
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, SPARK_HOME=str(spark_home()))

@@ -182,7 +182,7 @@ def _example(res: Reconciliation, limit: int, text: str) -> None:
 def reconcile(settings: LoaderSettings, tables: list[str] | None = None) -> list[Reconciliation]:
     catalog = open_catalog(settings)
     out = []
-    with slots.connect(settings.source.dsn) as conn:
+    with slots.connect(settings.source.conninfo()) as conn:
         for ident in sorted(catalog.list_tables(settings.catalog.history_namespace)):
             table = SourceTable.from_iceberg_name(ident[-1])
             if tables and table.qualified not in tables:

@@ -66,7 +66,8 @@ class Env:
 
     def configure(self, section: str, **values: Any) -> None:
         """Change settings of one section (e.g. configure('source', auto_resync=False))."""
-        part = getattr(self.settings, section).model_copy(update=values)
+        old = getattr(self.settings, section)
+        part = type(old).model_validate({**old.model_dump(), **values})  # validated: secrets become SecretStr
         self.settings = self.settings.model_copy(update={section: part})
 
     def status(self) -> Any:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+
 import psycopg
 import pytest
 

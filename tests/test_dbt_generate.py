@@ -9,7 +9,7 @@ import yaml
 from loader.config import LoaderSettings
 from loader.dbt import dbt_args, profile_env
 from loader.dbtgen import CatalogTables, Comments, TableSpec, declared_sources, render_generated, source_drift
-from loader.sqlserver import server_command
+from loader.sqlserver import server_command, server_conf
 from loader.tables import SourceTable
 
 SETTINGS = LoaderSettings(
@@ -86,4 +86,6 @@ def test_thrift_server_command() -> None:
         "--hiveconf", "hive.server2.thrift.port=10000",
         "--hiveconf", "hive.server2.thrift.bind.host=127.0.0.1",
     ]
-    assert "spark.sql.defaultCatalog=lakehouse" in cmd
+    conf = server_conf(SETTINGS)
+    assert conf["spark.sql.defaultCatalog"] == "lakehouse" and "spark.jars" not in conf
+    assert "--properties-file" in cmd and not any(a.startswith("spark.sql.") for a in cmd), "settings stay off the command line"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loader.catalog import open_catalog
 from loader.capture.snapshot import Snapshot
+from loader.catalog import open_catalog
 from loader.tables import PROP_DROPPED_COLUMNS, SourceTable
 from tests.harness import Env
 

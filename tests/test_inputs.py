@@ -463,7 +463,7 @@ def test_bad_messages_are_quarantined_and_the_import_goes_on(tmp_path: Path, fmt
     rows = [row for f in store.files() for row in decode_file(f.name, store.open_bytes(f.name), f.first.commit_lsn)]
     rejects = [r for r in rows if r["reject_reason"] is not None]
     assert len(rejects) == len(bad)
-    assert all(r["reject_reason"].startswith("quarantined at capture: ") for r in rejects)
+    assert all(r["reject_reason"].startswith("quarantined before landing (capture or import): ") for r in rejects)
     named = {r["raw"] for r in rejects if r["src_table"] == "t"}
     assert named and all(r["src_schema"] == "public" for r in rejects if r["src_table"])
     tableless = [r for r in rejects if r["src_table"] is None]

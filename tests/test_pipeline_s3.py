@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import boto3
+from pydantic import SecretStr
 
 from loader.capture.landing import S3LandingStore, open_landing
 from loader.workload import BankWorkload
@@ -18,7 +19,7 @@ def test_s3_landing_end_to_end(env: Env, s3_server: str) -> None:
         update={
             "landing": env.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc"}),
             "s3": env.settings.s3.model_copy(
-                update={"endpoint_url": s3_server, "access_key_id": "testing", "secret_access_key": "testing"}
+                update={"endpoint_url": s3_server, "access_key_id": "testing", "secret_access_key": SecretStr("testing")}
             ),
         }
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
+from pydantic import SecretStr
 
 from loader.spark import configure_running_session
 from tests.harness import Env
@@ -23,7 +24,7 @@ def test_history_and_current_on_s3_warehouse(env: Env, s3_server: str) -> None:
         update={
             "catalog": env.settings.catalog.model_copy(update={"name": f"s3lake_{env.uid}", "warehouse": f"s3://{bucket}/wh"}),
             "s3": env.settings.s3.model_copy(
-                update={"endpoint_url": s3_server, "access_key_id": "testing", "secret_access_key": "testing"}
+                update={"endpoint_url": s3_server, "access_key_id": "testing", "secret_access_key": SecretStr("testing")}
             ),
         }
     )

@@ -167,7 +167,7 @@ class Capture:
         """
         src = self.settings.source
         result = CaptureResult()
-        with slots.connect(src.dsn) as conn:
+        with slots.connect(src.conninfo()) as conn:
             slots.check_wal_level(conn)
             if not locked:
                 slots.capture_lock(conn, src.slot)
@@ -341,7 +341,15 @@ class Capture:
         with conn.cursor(name="loader_capture") as cur:
             cur.adapters.register_loader("text", _RawText)
             cur.itersize = src.fetch_size
-            cur.execute(sql, (src.slot, upto, self.round_changes, *self.options))
+            try:
+                cur.execute(sql, (src.slot, upto, self.round_changes, *self.options))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                from loader.errors import SourceError
+
+                raise SourceError(
+                    f"the source role may not read replication slot {src.slot!r}: {str(exc).strip()}",
+                    hint="the loader's role needs the REPLICATION attribute (on RDS: GRANT rds_replication)",
+                ) from exc
             yield from cur
 
     def _decoder(self, conn: psycopg.Connection) -> Any:

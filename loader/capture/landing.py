@@ -29,7 +29,7 @@ from typing import IO, Any
 from urllib.parse import urlparse
 
 from loader.capture.records import COMMIT, ChangeRecord, FileHeader
-from loader.config import LoaderSettings
+from loader.config import LoaderSettings, secret_text
 from loader.errors import LandingError
 from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
@@ -285,7 +285,7 @@ def s3_client(settings: LoaderSettings) -> Any:
         "s3",
         endpoint_url=s3.endpoint_url,
         aws_access_key_id=s3.access_key_id,
-        aws_secret_access_key=s3.secret_access_key,
+        aws_secret_access_key=secret_text(s3.secret_access_key),
         region_name=s3.region,
         # Few quick attempts inside botocore; the loader's own backoff (loader.retry) waits longer.
         config=Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 2, "mode": "standard"}),

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from loader.config import redact
 from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError
 from loader.lsn import format_lsn, parse_lsn
 
@@ -24,15 +25,6 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
             f"cannot connect to the source database {redact(dsn)}: {str(exc).strip()}",
             hint="check LOADER_SOURCE__DSN and that PostgreSQL is running",
         ) from exc
-
-
-def redact(dsn: str) -> str:
-    from urllib.parse import urlparse
-
-    u = urlparse(dsn)
-    if u.password:
-        return dsn.replace(f":{u.password}@", ":***@")
-    return dsn
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ class Snapshot:
         """``locked``: the caller (a capture run) already holds the slot's capture lock."""
         src = self.settings.source
         result = SnapshotResult()
-        with slots.connect(src.dsn) as conn:
+        with slots.connect(src.conninfo()) as conn:
             slots.check_wal_level(conn)
             if not locked:
                 slots.capture_lock(conn, src.slot)
@@ -126,7 +126,7 @@ class Snapshot:
                     from loader.capture import pgoutput
 
                     pgoutput.ensure_publication(conn, src.publication)
-                exported = slots.create_slot_exporting_snapshot(src.dsn, src.slot, plugin=src.plugin)
+                exported = slots.create_slot_exporting_snapshot(src.conninfo(), src.slot, plugin=src.plugin)
                 from loader.capture.capture import record_confirmed
 
                 record_confirmed(self.store, src.slot, exported.consistent_lsn)
@@ -140,7 +140,7 @@ class Snapshot:
             else:
                 slots.require_slot(conn, src.slot, src.plugin)
                 temp = f"{src.slot[:40]}_snap_{os.getpid()}"
-                exported = slots.create_slot_exporting_snapshot(src.dsn, temp, temporary=True, plugin=src.plugin)
+                exported = slots.create_slot_exporting_snapshot(src.conninfo(), temp, temporary=True, plugin=src.plugin)
                 try:
                     streamed = Capture(self.settings, self.store, on_published=self.on_published, watch=False).run(
                         create_slot=False, upto_lsn=exported.consistent_lsn, locked=True
@@ -150,7 +150,7 @@ class Snapshot:
                     raise
                 result.streamed_before = streamed.changes
                 result.files += streamed.files
-            with exported, slots.connect(src.dsn) as reader:
+            with exported, slots.connect(src.conninfo()) as reader:
                 reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported.snapshot_name)))
                 exported.close()  # the importing transaction holds the snapshot now; drops a temporary slot
@@ -329,7 +329,7 @@ class Snapshot:
         start = 0
         seq = 0
         marker_written = False
-        with slots.connect(self.settings.source.dsn) as reader:
+        with slots.connect(self.settings.source.conninfo()) as reader:
             if mine:
                 last = self._last_record(mine[-1])
                 start = tables.index(f"{last.schema}.{last.table}")

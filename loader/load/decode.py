@@ -212,7 +212,7 @@ def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
     if problem:
         return reject_row(file, line_no, line, problem, rec)
     if rec.op == "X":
-        return reject_row(file, line_no, rec.raw if rec.raw is not None else line, f"quarantined at capture: {rec.reason}", rec)
+        return reject_row(file, line_no, rec.raw if rec.raw is not None else line, f"quarantined before landing (capture or import): {rec.reason}", rec)
     return record_row(file, line_no, rec)
 
 

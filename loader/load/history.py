@@ -132,11 +132,16 @@ class HistoryLoad:
             result = LoadResult(waiting_files=waiting)
             if not batch:
                 return result
+            from loader.config import executor_settings_json
+            from loader.spark import executor_environment
+
+            # Credentials reach executors as their environment, never in the pickled function.
+            self.spark.sparkContext.environment.update(executor_environment(self.settings))
             files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
             parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
             decoded = (
                 files_df.repartition(parallelism)
-                .mapInArrow(make_decoder(self.settings.model_dump_json()), CHANGE_ROW_DDL)
+                .mapInArrow(make_decoder(executor_settings_json(self.settings)), CHANGE_ROW_DDL)
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
             try:

@@ -171,7 +171,7 @@ def test_bad_lines_become_rejects_with_their_raw_text_and_table_when_known() -> 
     assert "not UTF-8" in rejects[0]["reject_reason"] and "\\xff" in rejects[0]["raw"]
     assert "twice" in rejects[2]["reject_reason"] and rejects[2]["src_table"] == "u"
     assert "old key" in rejects[3]["reject_reason"]
-    assert rejects[4]["src_table"] == "w" and "quarantined at capture" in rejects[4]["reject_reason"]
+    assert rejects[4]["src_table"] == "w" and "quarantined before landing" in rejects[4]["reject_reason"]
 
 
 def test_a_header_says_which_table_an_unreadable_line_belonged_to(tmp_path: Path) -> None:

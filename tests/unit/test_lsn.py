@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader.lsn import END_OF_TRANSACTION, ChangePosition, format_lsn, parse_lsn, position_after_sql, position_before_sql
+from loader.lsn import (
+    END_OF_TRANSACTION,
+    ChangePosition,
+    format_lsn,
+    parse_lsn,
+    position_after_sql,
+    position_before_sql,
+)
 
 positions = st.tuples(st.integers(1, (1 << 63) - 1), st.integers(0, 10**9)).map(lambda t: ChangePosition(*t))
 

@@ -1,0 +1,91 @@
+"""S3 stops answering in the middle of a capture and of a load: a clear failure, nothing marked done,
+and the re-run completes with nothing lost or doubled (the landing area is on moto's S3 server,
+reached over HTTP through a proxy that cuts requests off)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import pytest
+
+from loader.capture.landing import open_landing
+from loader.errors import LandingUnavailableError
+from loader.workload import BankWorkload
+from tests.harness import Env
+from tests.oracle import assert_history_matches, assert_no_duplicate_positions
+from tests.s3proxy import FlakyProxy
+
+KEYS = {"public.customers": ["customer_id"], "public.accounts": ["account_id"], "public.transactions": ["transaction_id"]}
+
+
+@pytest.fixture
+def s3_env(env: Env, s3_server: str) -> Iterator[tuple[Env, FlakyProxy]]:
+    import boto3
+
+    u = urlparse(s3_server)
+    proxy = FlakyProxy(u.hostname or "127.0.0.1", int(u.port or 80))
+    bucket = f"outage-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
+    env.configure("landing", url=f"s3://{bucket}/cdc", retry_attempts=3, retry_max_wait_s=0.2)
+    env.configure("s3", endpoint_url=proxy.endpoint, access_key_id="testing", secret_access_key="testing")
+    env.configure("source", max_changes_per_file=60)
+    try:
+        yield env, proxy
+    finally:
+        proxy.close()
+
+
+def test_s3_outage_during_capture_then_rerun(s3_env: tuple[Env, FlakyProxy]) -> None:
+    env, proxy = s3_env
+    wl = BankWorkload(env.settings.source.dsn, seed=31)
+    wl.create_schema()
+    env.capture()
+    wl.run(80)
+    published: list[str] = []
+
+    def cut_after_two(name: str) -> None:
+        published.append(name)
+        if len(published) == 2:
+            proxy.fail_after(0)
+
+    with pytest.raises(LandingUnavailableError) as err:
+        env.capture(on_published=cut_after_two)
+    assert "failed after 3 attempts" in str(err.value) and "re-run" in err.value.hint
+    proxy.up()
+    cap = env.capture()
+    assert cap.changes > 0
+    env.load()
+    env.merge()
+    env.assert_reconciled()
+    assert_no_duplicate_positions(env)
+    for table, key in KEYS.items():
+        assert_history_matches(env, wl.log, table, key)
+
+
+def test_s3_outage_during_load_marks_nothing_loaded(s3_env: tuple[Env, FlakyProxy]) -> None:
+    env, proxy = s3_env
+    wl = BankWorkload(env.settings.source.dsn, seed=32)
+    wl.create_schema()
+    env.capture()
+    wl.run(120)
+    env.capture()
+    files = open_landing(env.settings).files()
+    assert len(files) >= 6
+    ledger_before = env.spark.table(env.names.ledger).count() if env.spark.catalog.tableExists(env.names.ledger) else 0
+    proxy.fail_after(len(files) // 2)  # part of the files read, then S3 stops answering
+    with pytest.raises(LandingUnavailableError) as err:
+        env.load()
+    assert "nothing was marked loaded" in err.value.hint
+    assert proxy.refused > 0
+    assert env.spark.table(env.names.ledger).count() == ledger_before
+    assert env.spark.table(env.names.rejects).count() == 0, "an outage is not bad data"
+    proxy.up()
+    load = env.load()
+    assert len(load.files) == len(files) and load.rejects == 0
+    env.merge()
+    env.assert_reconciled()
+    assert_no_duplicate_positions(env)
+    for table, key in KEYS.items():
+        assert_history_matches(env, wl.log, table, key)
