@@ -14,7 +14,7 @@ from typing import NamedTuple
 # the transaction committed at lsn and before every later transaction.
 END_OF_TRANSACTION = 9_999_999_999
 
-_LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+_LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\Z")
 
 
 def parse_lsn(text: str) -> int:

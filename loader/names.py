@@ -41,7 +41,7 @@ METADATA_COLUMNS = frozenset(
 RESERVED_PREFIX = "pg__"
 TABLE_SEPARATOR = "__"
 
-_PLAIN_PART = re.compile(r"^[a-z0-9]+(?:_[a-z0-9]+)*$")
+_PLAIN_PART = re.compile(r"^[a-z0-9]+(?:_[a-z0-9]+)*\Z")
 _SLUG_BREAK = re.compile(r"[^a-z0-9]+")
 # Longest readable slug kept before the exact base32 form; the slug is dropped when the whole part
 # would pass _MAX_PART, so that two parts and the separator fit the JDBC catalog's VARCHAR(255).
@@ -53,7 +53,7 @@ def encode_part(name: str) -> str:
     """One schema or table name -> its Iceberg form (identity for plain names)."""
     if not name:
         raise ValueError("an empty name cannot be encoded")
-    if _PLAIN_PART.match(name):
+    if _PLAIN_PART.fullmatch(name):
         return name
     exact = base64.b32encode(name.encode("utf-8")).decode("ascii").rstrip("=").lower()
     slug = _SLUG_BREAK.sub("_", name.lower()).strip("_")[:_MAX_SLUG].strip("_")
@@ -66,7 +66,7 @@ def encode_part(name: str) -> str:
 def decode_part(encoded: str) -> str:
     """Inverse of :func:`encode_part`."""
     if not encoded.startswith("_"):
-        if not _PLAIN_PART.match(encoded):
+        if not _PLAIN_PART.fullmatch(encoded):
             raise ValueError(f"{encoded!r} is not a loader table name part")
         return encoded
     exact = encoded.rsplit("_", 1)[1].upper()

@@ -55,7 +55,7 @@ class Reconciliation:
 
 
 # char(n) -> text strips the padding PostgreSQL (and wal2json) print; psycopg reads it padded.
-_BPCHAR_RE = re.compile(r"^(character|char|bpchar)(\(\d+\))?$")
+_BPCHAR_RE = re.compile(r"^(character|char|bpchar)(\(\d+\))?\Z")
 
 
 def normalize(value: Any) -> Any:

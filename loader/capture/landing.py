@@ -35,7 +35,7 @@ from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
 
 STATE_PREFIX = "_state"
-_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz$")
+_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz\Z")
 
 
 @dataclass(frozen=True, order=True)

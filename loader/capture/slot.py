@@ -194,7 +194,7 @@ def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = Fal
     return ExportedSnapshot(repl, slot, parse_lsn(row[1]), row[2])
 
 
-_SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+_SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}\Z")
 
 
 @dataclass

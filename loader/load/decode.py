@@ -16,11 +16,13 @@ What is bad data and what is not:
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
+from loader.lsn import ChangePosition
 
 CHANGE_ROW_DDL = (
     "landing_file STRING, line INT, op STRING, commit_lsn BIGINT, seq BIGINT, change_lsn BIGINT,"
@@ -130,12 +132,17 @@ def gunzip_salvage(data: bytes) -> tuple[bytes, str | None]:
     return b"".join(out), None
 
 
-def decode_file(file: str, data: bytes, first_lsn: int) -> Iterator[dict[str, Any]]:
+def decode_file(
+    file: str, data: bytes, first_lsn: int, span: tuple[ChangePosition, ChangePosition] | None = None
+) -> Iterator[dict[str, Any]]:
     """Canonical rows of one landing file: changes, control records, rejects and parks for losses.
 
     Every readable line is kept. Then the file's header is checked against what was read: a
     table with fewer records than the header says lost changes and gets a park row. Without a
     readable header, any loss (damage, or a reject that names no table) parks every table.
+    ``span`` (the positions the file's name covers) rejects records placed outside it: such a
+    record could take the position of a real change in another file, which the load's
+    exactly-once dedupe would then drop.
     """
     if file.endswith(".gz"):
         text, damage = gunzip_salvage(data)
@@ -147,6 +154,7 @@ def decode_file(file: str, data: bytes, first_lsn: int) -> Iterator[dict[str, An
     seen: dict[str, int] = {}
     unplaced = 0  # rejects that name no table: some table lost a change
     first_ts: str | None = None
+    positions: set[tuple[int, int]] = set()
     rows: list[tuple[int, bytes]] = list(enumerate(lines, start=1))
     if tail.strip():
         if damage is None:  # an intact file whose last line has no newline
@@ -160,6 +168,8 @@ def decode_file(file: str, data: bytes, first_lsn: int) -> Iterator[dict[str, An
         if row.get("op") == "header":
             header = row["header"]
             continue
+        if row["reject_reason"] is None:
+            row = _check_place(file, line_no, raw, row, span, positions)
         if row["src_table"] is not None:
             t = f"{row['src_schema']}.{row['src_table']}"
             seen[t] = seen.get(t, 0) + 1
@@ -191,6 +201,29 @@ def decode_file(file: str, data: bytes, first_lsn: int) -> Iterator[dict[str, An
         )
 
 
+def _check_place(
+    file: str,
+    line_no: int,
+    raw: bytes,
+    row: dict[str, Any],
+    span: tuple[ChangePosition, ChangePosition] | None,
+    positions: set[tuple[int, int]],
+) -> dict[str, Any]:
+    """A decoded row stays only if its position is inside the file's span and not taken twice."""
+    pos = (row["commit_lsn"], row["seq"])
+    problem = None
+    if span is not None and not (span[0] <= ChangePosition(*pos) <= span[1]):
+        problem = f"position {ChangePosition(*pos)} is outside the file's range {span[0]}..{span[1]}"
+    elif pos in positions:
+        problem = f"position {ChangePosition(*pos)} appears twice in the file"
+    if problem is None:
+        positions.add(pos)
+        return row
+    bad = reject_row(file, line_no, raw.decode("utf-8", "backslashreplace"), problem)
+    bad.update(src_schema=row["src_schema"], src_table=row["src_table"], commit_lsn=pos[0], seq=pos[1], ts=row["ts"])
+    return bad
+
+
 def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
     if not raw.strip():
         return None
@@ -216,12 +249,24 @@ def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
     return record_row(file, line_no, rec)
 
 
+_TIMESTAMP = re.compile(r"^\d{4,}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([+-]\d{2}(:?\d{2})?|Z)?\Z")
+# PostgreSQL's NAMEDATALEN - 1: no real schema, table or column name is longer.
+_MAX_NAME_BYTES = 63
+
+
 def _invalid(rec: ChangeRecord) -> str | None:
     """Why a well-formed record still cannot be applied, or None."""
+    if rec.commit_lsn < 0 or rec.seq < 0 or rec.commit_lsn >= 1 << 63:
+        return f"position {rec.commit_lsn}#{rec.seq} is not a valid change position"
+    if not _TIMESTAMP.match(rec.ts):
+        return f"commit timestamp {rec.ts[:60]!r} is not a timestamp"
     if rec.op == "X":
         return None
     if not rec.schema or not rec.table:
         return f"{OPERATIONS[rec.op]} record without schema and table"
+    too_long = [n for n in (rec.schema, rec.table, *(c.name for c in rec.columns)) if len(n.encode("utf-8")) > _MAX_NAME_BYTES]
+    if too_long:
+        return f"name longer than PostgreSQL allows ({_MAX_NAME_BYTES} bytes): {too_long[0][:80]!r}"
     if rec.op in ("I", "U", "R") and not rec.columns:
         return f"{OPERATIONS[rec.op]} without column values"
     if rec.op == "D" and not rec.identity:
@@ -229,6 +274,11 @@ def _invalid(rec: ChangeRecord) -> str | None:
     names = [c.name for c in rec.columns]
     if len(set(names)) != len(names):
         return "a column appears twice in one change"
+    if len({c.name for c in rec.identity}) != len(rec.identity):
+        return "a column appears twice in the old key"
+    if rec.op in ("I", "U", "R") and rec.pk and not set(rec.pk) <= set(names):
+        missing = sorted(set(rec.pk) - set(names))
+        return f"key column {missing[0]!r} missing from the change"
     return None
 
 
@@ -249,8 +299,9 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
             for name in batch.column(0).to_pylist():
                 parsed = LandingFile.parse(name)
                 first_lsn = parsed.first.commit_lsn if parsed is not None else 0
+                span = (parsed.first, parsed.last) if parsed is not None else None
                 # Read errors (after the store's retries) propagate: the task, and the load, fail.
-                for row in decode_file(name, store.open_bytes(name), first_lsn):
+                for row in decode_file(name, store.open_bytes(name), first_lsn, span):
                     buf.append(row)
                     if len(buf) >= batch_rows:
                         yield pa.RecordBatch.from_pylist(buf, schema=schema)

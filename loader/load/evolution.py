@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from loader.load.typemap import spark_type
 from loader.names import internal
 
-_DEC = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
+_DEC = re.compile(r"^DECIMAL\((\d+),(\d+)\)\Z")
 
 
 @dataclass

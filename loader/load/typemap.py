@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_NUMERIC_RE = re.compile(r"^numeric\((\d+),(\d+)\)$")
-_NUMERIC_P_RE = re.compile(r"^numeric\((\d+)\)$")
-_TS_RE = re.compile(r"^timestamp(?:\(\d+\))? (with|without) time zone$")
-_TEXT_ELEMENT_RE = re.compile(r"^(text|character varying(\(\d+\))?|varchar(\(\d+\))?|character(\(\d+\))?|bpchar|uuid|name)$")
+_NUMERIC_RE = re.compile(r"^numeric\((\d+),(\d+)\)\Z")
+_NUMERIC_P_RE = re.compile(r"^numeric\((\d+)\)\Z")
+_TS_RE = re.compile(r"^timestamp(?:\(\d+\))? (with|without) time zone\Z")
+_TEXT_ELEMENT_RE = re.compile(r"^(text|character varying(\(\d+\))?|varchar(\(\d+\))?|character(\(\d+\))?|bpchar|uuid|name)\Z")
 
 # A PostgreSQL array literal's elements: a double-quoted element (backslash escapes) or a bare one.
 _ARRAY_ELEMENT_REGEX = r'"(?:[^"\\]|\\.)*"|[^,{}"]+'

@@ -155,11 +155,11 @@ def test_bad_lines_become_rejects_with_their_raw_text_and_table_when_known() -> 
     good = b'{"v":1,"op":"I","lsn":9,"seq":1,"xid":1,"ts":"2026-01-01 00:00:00+00","change_lsn":1,"schema":"s","table":"t","columns":[["id","integer","1"]],"pk":["id"]}'
     lines = [
         good,
-        b'{"v":1,"op":"I","lsn":9,"seq":2,"xid":1,"ts":"t","schema":"s","table":"t","columns":[["id","integer","\xff"]]}',
+        b'{"v":1,"op":"I","lsn":9,"seq":2,"xid":1,"ts":"2026-01-01 00:00:00+00","schema":"s","table":"t","columns":[["id","integer","\xff"]]}',
         b"not json at all",
-        b'{"v":1,"op":"I","lsn":9,"seq":3,"xid":1,"ts":"t","schema":"s","table":"u","columns":[["a","int","1"],["a","int","2"]]}',
-        b'{"v":1,"op":"D","lsn":9,"seq":4,"xid":1,"ts":"t","schema":"s","table":"u","columns":[]}',
-        b'{"v":1,"op":"X","lsn":9,"seq":5,"xid":1,"ts":"t","schema":"s","table":"w","columns":[],"reason":"not UTF-8","raw":"caf\\\\xe9"}',
+        b'{"v":1,"op":"I","lsn":9,"seq":3,"xid":1,"ts":"2026-01-01 00:00:00+00","schema":"s","table":"u","columns":[["a","int","1"],["a","int","2"]]}',
+        b'{"v":1,"op":"D","lsn":9,"seq":4,"xid":1,"ts":"2026-01-01 00:00:00+00","schema":"s","table":"u","columns":[]}',
+        b'{"v":1,"op":"X","lsn":9,"seq":5,"xid":1,"ts":"2026-01-01 00:00:00+00","schema":"s","table":"w","columns":[],"reason":"not UTF-8","raw":"caf\\\\xe9"}',
     ]
     rows = list(decode_file("f.jsonl.gz", hostile_file(lines), 9))
     assert rows[0]["reject_reason"] is None

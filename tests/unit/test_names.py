@@ -101,3 +101,10 @@ def test_ordinary_columns_keep_their_name(col: str) -> None:
 def test_internal_aliases_refuse_words_that_could_meet_escaped_columns() -> None:
     with pytest.raises(ValueError):
         internal("pg_x")
+
+
+def test_a_trailing_newline_is_never_plain() -> None:
+    from loader.capture.landing import LandingFile
+
+    assert encode_part("orders\n").startswith("_")
+    assert LandingFile.parse("0000000000000001.0000000001_0000000000000001.0000000002_c.jsonl.gz\n") is None
