@@ -69,9 +69,9 @@ def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord
     row: dict[str, Any] = {f: None for f in _FIELDS}
     row.update(landing_file=file, line=line_no, reject_reason=reason, raw=raw)
     if rec is not None:
-        row.update(
-            src_schema=rec.schema or None, src_table=rec.table or None, commit_lsn=rec.commit_lsn, seq=rec.seq, ts=rec.ts
-        )
+        row.update(commit_lsn=rec.commit_lsn, seq=rec.seq, ts=rec.ts)
+        if _routable(rec.schema, rec.table):
+            row.update(src_schema=rec.schema, src_table=rec.table)
         return row
     # Keep whatever routing information survives so the reject names its table and LSN.
     try:
@@ -79,9 +79,10 @@ def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord
     except ValueError:
         return row
     if isinstance(doc, dict):
-        for field, key in (("src_schema", "schema"), ("src_table", "table"), ("ts", "ts")):
-            if isinstance(doc.get(key), str) and doc[key]:
-                row[field] = doc[key]
+        if _routable(doc.get("schema"), doc.get("table")):
+            row.update(src_schema=doc["schema"], src_table=doc["table"])
+        if isinstance(doc.get("ts"), str) and _TIMESTAMP.match(doc["ts"]):
+            row["ts"] = doc["ts"]
         for field, key in (("commit_lsn", "lsn"), ("seq", "seq")):
             if isinstance(doc.get(key), int) and not isinstance(doc.get(key), bool) and 0 <= doc[key] < 1 << 63:
                 row[field] = doc[key]
@@ -91,6 +92,12 @@ def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord
 def repair_hint(qualified: str | None) -> str:
     """The documented repair of a parked table (every table when it is not known)."""
     return f"repair: loader resync --table {qualified}" if qualified else "repair: loader resync"
+
+
+def _routable(schema: Any, table: Any) -> bool:
+    """A reject names its table only when that could be a real table: a loss is then parked there;
+    otherwise the file's header (or, without one, every table) takes the park."""
+    return all(isinstance(n, str) and 0 < len(n.encode("utf-8")) <= _MAX_NAME_BYTES for n in (schema, table))
 
 
 def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str | None, note: str) -> dict[str, Any]:
@@ -180,6 +187,11 @@ def decode_file(
     if tail.strip() and damage is not None:
         yield reject_row(file, len(lines) + 1, tail.decode("utf-8", "backslashreplace"), f"line cut off: {damage}")
     short = {t: n - seen.get(t, 0) for t, n in (header.tables.items() if header else ()) if n > seen.get(t, 0)}
+    if damage is not None and header is not None and not short and not unplaced:
+        # Damaged after everything its header announced (e.g. junk appended): nothing is lost,
+        # but the damage is recorded rather than passed over.
+        yield reject_row(file, 0, data[-64:].hex(), f"landing file damaged after its last record: {damage}")
+        return
     if damage is None and not unplaced and not short:
         return
     where = f"landing file {file} is damaged ({damage})" if damage else f"landing file {file} holds undecodable lines"
