@@ -286,7 +286,7 @@ def slot_tables(ctx: Context, as_json: bool) -> None:
     src = ctx.settings.source
     wanted = TableFilter(src.include, src.exclude)
     with slots.connect(src.conninfo()) as conn:
-        tables = [t for t in list_tables(conn) if wanted(t.qualified)]
+        tables = [t for t in list_tables(conn, partitions=src.partitions) if wanted(t.qualified)]
     if as_json:
         click.echo(json.dumps([t.as_dict() for t in tables], indent=2))
         return

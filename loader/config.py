@@ -110,6 +110,10 @@ class SourceSettings(_Redacted):
     # Also resync after a bare table rewrite (VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): the catalog
     # cannot tell those from ALTER COLUMN ... TYPE ... USING with the same type, which changes values.
     resync_on_table_rewrite: bool = True
+    # Declaratively partitioned tables: "root" lands every partition's changes as changes of the
+    # partitioned table (one history and one current table, as users query it); "leaf" keeps each
+    # partition a table of its own.
+    partitions: Literal["root", "leaf"] = "root"
     # When the slot is lost (dropped, invalidated by max_slot_wal_keep_size, consumed elsewhere): "fail"
     # (exit 1 naming 'loader resync'), or "resync" (re-create it and resync every table, unattended).
     on_slot_loss: Literal["fail", "resync"] = "fail"

@@ -367,3 +367,30 @@ def _cli_env(env: Env) -> dict[str, str]:
         "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
         "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
     }
+
+
+def test_partitioned_table_lands_as_one_table(env: Env) -> None:
+    env.sql("CREATE TABLE public.orders (id int, region text, amount int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)")
+    env.sql("CREATE TABLE public.orders_eu PARTITION OF public.orders FOR VALUES IN ('eu')")
+    env.sql("CREATE TABLE public.orders_us PARTITION OF public.orders FOR VALUES IN ('us')")
+    env.capture()
+    env.sql("INSERT INTO public.orders SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 20) g")
+    env.sql("UPDATE public.orders SET region = 'us' WHERE id = 2")  # moves to another partition
+    env.sql("DELETE FROM public.orders WHERE id = 3")
+    env.run_all()
+    assert [r.table for r in env.assert_reconciled()] == ["public.orders"], "partitions are not tables of their own"
+    # A table attached with its rows (no row changes in the WAL), and one partition truncated.
+    env.sql("CREATE TABLE public.orders_apac (LIKE public.orders INCLUDING ALL)")
+    env.sql("INSERT INTO public.orders_apac SELECT g, 'apac', g FROM generate_series(100, 110) g")
+    env.run_all()
+    env.sql("ALTER TABLE public.orders ATTACH PARTITION public.orders_apac FOR VALUES IN ('apac')")
+    env.sql("TRUNCATE public.orders_eu")
+    cap, _, _ = env.run_all()
+    assert "attached" in cap.resynced["public.orders"] and "partition of public.orders" in cap.parked["public.orders_apac"]
+    results = {r.table: r for r in env.reconcile()}
+    assert results["public.orders"].ok and results["public.orders"].source_rows == 11 + 10
+    # Detached again: its rows become a table of its own, resynced, and leave the partitioned table.
+    env.sql("ALTER TABLE public.orders DETACH PARTITION public.orders_apac")
+    cap, _, _ = env.run_all()
+    assert "detached" in cap.resynced["public.orders"] and "detached from public.orders" in cap.resynced["public.orders_apac"]
+    env.assert_reconciled()

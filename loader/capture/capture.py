@@ -153,6 +153,8 @@ class Capture:
         self.options: tuple[str, ...] = WAL2JSON_OPTIONS  # extended in run() by what the plugin supports
         self.keys: KeyLookup | None = None
         self.facts: dict[str, TableFacts] = {}
+        self.roots: dict[str, str] = {}  # leaf partition -> partitioned table (source.partitions = root)
+        self._not_partitions: set[str] = set()
         # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
         self.watch = watch
         self.controls = _Controls(None, True)
@@ -278,11 +280,13 @@ class Capture:
         """Compare the catalog with the last run; queue park records and resyncs."""
         src = self.settings.source
         state = self.store.read_state(CATALOG_STATE)
-        self.facts = read_facts(conn)
+        view = read_facts(conn, src.partitions)
+        self.facts, self.roots = view.facts, view.roots
         before = {t: TableFacts.from_doc(d) for t, d in state["tables"].items()} if state else None
         included_before = set(state.get("included", [])) if state else set()
         plan = plan_watch(
-            before, self.facts, self.filter, lambda t: t in included_before, src.resync_on_table_rewrite
+            before, self.facts, self.filter, lambda t: t in included_before, src.resync_on_table_rewrite,
+            roots_before=dict(state.get("partition_roots", {})) if state else {}, roots_now=self.roots,
         )
         pending = dict(state.get("pending_resyncs", {})) if state else {}
         if src.auto_resync:
@@ -308,6 +312,7 @@ class Capture:
                 "version": 1,
                 "tables": {t: f.to_doc() for t, f in sorted(self.facts.items())},
                 "included": sorted(t for t in self.facts if self.filter(t)),
+                "partition_roots": dict(sorted(self.roots.items())),
                 "pending_resyncs": dict(sorted(self._pending_resyncs.items())),
             },
         )
@@ -396,6 +401,7 @@ class Capture:
                                 self.controls.flush(writer, rec.ts)
                             txn_has_output = False
                             continue
+                        rec = self._to_root(conn, rec, result)
                         if not self._wanted(rec):
                             continue
                         if not txn_has_output:
@@ -435,6 +441,47 @@ class Capture:
         self._last_confirm = confirm
         new_landed = self.store.landed_position() if result.files else landed
         return rows, new_landed
+
+    def _to_root(self, conn: psycopg.Connection, rec: ChangeRecord, result: CaptureResult) -> ChangeRecord:
+        """A partition's change is its partitioned table's change (source.partitions = root).
+
+        A TRUNCATE of one partition cannot be told as a truncate of the whole table: it parks the
+        table at that point and resyncs it.
+        """
+        if self.settings.source.partitions != "root" or rec.op in (COMMIT, "X"):
+            return rec
+        root = self.roots.get(rec.qualified_table)
+        if root is None and rec.qualified_table not in self.facts:
+            root = self._lookup_root(conn, rec.schema, rec.table)  # a table or partition created during the run
+        if root is None:
+            return rec
+        schema, _, table = root.partition(".")
+        if rec.op == "T":
+            why = f"partition {rec.qualified_table} was truncated: a partition's rows cannot be told apart downstream"
+            earlier = self._pending_resyncs.get(root)
+            self._pending_resyncs[root] = f"{earlier}; {why}" if earlier and why not in earlier else (earlier or why)
+            result.parked[root] = f"waiting for a resync: {why}"
+            return ChangeRecord(op="P", commit_lsn=rec.commit_lsn, seq=rec.seq, xid=rec.xid, ts=rec.ts,
+                                schema=schema, table=table, change_lsn=rec.change_lsn, reason=result.parked[root])
+        rec.schema, rec.table = schema, table
+        return rec
+
+    def _lookup_root(self, conn: psycopg.Connection, schema: str, table: str) -> str | None:
+        key = f"{schema}.{table}"
+        if key in self._not_partitions:
+            return None
+        if key not in self.roots:
+            row = conn.execute(
+                "SELECT rn.nspname || '.' || r.relname FROM pg_class c JOIN pg_class r ON r.oid = pg_partition_root(c.oid)"
+                " JOIN pg_namespace rn ON rn.oid = r.relnamespace"
+                " WHERE c.oid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) AND c.relispartition",
+                (schema, table),
+            ).fetchone()
+            if not row:
+                self._not_partitions.add(key)
+                return None
+            self.roots[key] = row[0]
+        return self.roots[key]
 
     def _flush_controls(self, result: CaptureResult) -> None:
         """Park records of an idle run (no transaction to follow) land in a file of their own."""

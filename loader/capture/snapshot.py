@@ -187,7 +187,7 @@ class Snapshot:
         return str(reasons.get(qualified) or self.reason or f"snapshot at consistent point {state['consistent_lsn']}")
 
     def _select_tables(self, conn: psycopg.Connection) -> list[str]:
-        available = [t.qualified for t in list_tables(conn)]
+        available = [t.qualified for t in list_tables(conn, partitions=self.settings.source.partitions)]
         if self.requested and not self.recover:  # a lost slot lost changes of every table
             missing = [t for t in self.requested if t not in available]
             if missing:
@@ -302,7 +302,7 @@ class Snapshot:
         state = self.store.read_state(CATALOG_STATE)
         if state is None:
             return  # no capture ran yet: its first run records the catalog as it is
-        facts = read_facts(conn)
+        facts = read_facts(conn, self.settings.source.partitions).facts
         known = dict(state.get("tables", {}))
         included = set(state.get("included", []))
         pending = dict(state.get("pending_resyncs", {}))

@@ -85,14 +85,21 @@ SELECT n.nspname, c.relname, c.relreplident,
                  FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
                  WHERE i.indrelid = c.oid AND i.indisreplident AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind = 'r'
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
 """
+# Which relations are "tables" to capture: with partitions="root", a partitioned table stands for all
+# of its partitions (leaf partitions are not tables of their own); with "leaf", every partition is.
+_KINDS = {
+    "root": " AND ((c.relkind = 'r' AND NOT c.relispartition) OR (c.relkind = 'p' AND NOT c.relispartition))",
+    "leaf": " AND c.relkind = 'r'",
+}
 
 
-def list_tables(conn: psycopg.Connection, schema: str | None = None, table: str | None = None) -> list[SourceTableInfo]:
-    """Ordinary (leaf) tables of the source, optionally one table; sorted by name."""
-    sql = _TABLES_SQL
+def list_tables(
+    conn: psycopg.Connection, schema: str | None = None, table: str | None = None, partitions: str = "root"
+) -> list[SourceTableInfo]:
+    """The source's tables as capture sees them (see ``_KINDS``), optionally one; sorted by name."""
+    sql = _TABLES_SQL + _KINDS[partitions]
     params: list[Any] = []
     if schema is not None and table is not None:
         sql += " AND n.nspname = %s AND c.relname = %s"
@@ -104,7 +111,8 @@ def list_tables(conn: psycopg.Connection, schema: str | None = None, table: str 
 
 
 def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTableInfo | None:
-    found = list_tables(conn, schema, table)
+    """Facts of one table, a partition included (its changes arrive under its own name)."""
+    found = list_tables(conn, schema, table, partitions="leaf") or list_tables(conn, schema, table, partitions="root")
     return found[0] if found else None
 
 

@@ -24,7 +24,8 @@ the one catalog query.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+import hashlib
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -50,6 +51,7 @@ class TableFacts:
     primary_key: list[str]
     identity_index_columns: list[str]
     columns: dict[str, Column]  # attnum (text) -> column
+    partitions: list[str] = field(default_factory=list)  # a partitioned table's leaf partitions
 
     @property
     def info(self) -> SourceTableInfo:
@@ -79,6 +81,7 @@ class TableFacts:
             primary_key=list(doc["primary_key"]),
             identity_index_columns=list(doc["identity_index_columns"]),
             columns={n: Column(str(c[0]), str(c[1]), bool(c[2])) for n, c in doc["columns"].items()},
+            partitions=list(doc.get("partitions", [])),
         )
 
 
@@ -95,9 +98,15 @@ def plan_watch(
     included: Callable[[str], bool],
     was_included: Callable[[str], bool],
     resync_on_rewrite: bool = True,
+    roots_before: dict[str, str] | None = None,
+    roots_now: dict[str, str] | None = None,
 ) -> WatchPlan:
-    """Decisions for every table, from the catalog as the previous run saw it and as it is now."""
+    """Decisions for every table, from the catalog as the previous run saw it and as it is now.
+
+    ``roots_*``: leaf partition -> partitioned table, when partitions land as their root.
+    """
     plan = WatchPlan()
+    roots_before, roots_now = roots_before or {}, roots_now or {}
     if before is None:  # first run: nothing to compare with
         return plan
     by_oid_before = {f.oid: t for t, f in before.items()}
@@ -112,6 +121,8 @@ def plan_watch(
         if old is None or old.oid != facts.oid:
             if renamed_from is not None and renamed_from != table:
                 plan.resync[table] = f"renamed from {renamed_from}: its rows continue under this name"
+            elif table in roots_before:
+                plan.resync[table] = f"detached from {roots_before[table]}: its rows were captured as that table's"
             elif old is not None:
                 plan.resync[table] = "dropped and created again at the source: the old rows are gone"
             elif facts.persistence == "u":
@@ -136,6 +147,17 @@ def plan_watch(
             continue
         if facts.keeps_current and not old.keeps_current and facts.key:
             plan.resync[table] = f"replica identity {facts.replica_identity.upper()} carries updates and deletes again"
+            continue
+        if old.partitions != facts.partitions:
+            attached = sorted(set(facts.partitions) - set(old.partitions))
+            detached = sorted(set(old.partitions) - set(facts.partitions))
+            what = "; ".join(
+                part for part in (
+                    f"partition {', '.join(attached)} attached" if attached else "",
+                    f"partition {', '.join(detached)} detached" if detached else "",
+                ) if part
+            )
+            plan.resync[table] = f"{what}: the table's rows changed without row changes in the WAL"
             continue
         if old.key and facts.key and old.key != facts.key:
             reason = f"key changed from ({', '.join(old.key)}) to ({', '.join(facts.key)})"
@@ -170,7 +192,9 @@ def plan_watch(
         if table in now or not was_included(table):
             continue
         moved_to = by_oid_now.get(old.oid)
-        if moved_to is not None:
+        if table in roots_now:
+            plan.park[table] = f"attached as a partition of {roots_now[table]}: its changes continue there"
+        elif moved_to is not None:
             plan.park[table] = f"renamed to {moved_to} at the source: its changes continue there"
         else:
             plan.park[table] = "dropped at the source: the current table keeps its last state"
@@ -187,18 +211,39 @@ SELECT n.nspname, c.relname, c.oid::bigint, c.relfilenode::bigint, c.relpersiste
                  WHERE i.indrelid = c.oid AND i.indisreplident AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}'),
        COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing)
                          ORDER BY a.attnum)
-                 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]')
+                 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'),
+       c.relkind, c.relispartition,
+       (SELECT rn.nspname || '.' || r.relname FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace
+         WHERE c.relispartition AND r.oid = pg_partition_root(c.oid))
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind = 'r' AND c.relpersistence IN ('p', 'u')
+WHERE c.relkind IN ('r', 'p') AND c.relpersistence IN ('p', 'u')
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
 """
 
 
-def read_facts(conn: psycopg.Connection) -> dict[str, TableFacts]:
-    """Facts of every ordinary table of the source (partitions included), in one query."""
-    out = {}
-    for schema, name, oid, filenode, persistence, ident, pk, idx, cols in conn.execute(_FACTS_SQL).fetchall():
-        out[f"{schema}.{name}"] = TableFacts(
+@dataclass
+class CatalogView:
+    """The tables capture treats as tables, and where each leaf partition's changes belong."""
+
+    facts: dict[str, TableFacts]
+    roots: dict[str, str]  # leaf partition -> its partitioned table (partitions="root" only)
+
+
+def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogView:
+    """Facts of every table of the source, in one query.
+
+    With ``partitions="root"`` a partitioned table stands for its partitions: its facts aggregate
+    theirs (a rewrite or a "missing value" in any partition counts; the partition list is kept, so
+    ATTACH and DETACH, which change its rows without row changes, are seen), and the leaves are not
+    tables of their own. With ``"leaf"`` every partition is a table and partitioned tables are not.
+    """
+    rows = conn.execute(_FACTS_SQL).fetchall()
+    facts: dict[str, TableFacts] = {}
+    roots: dict[str, str] = {}
+    leaves: dict[str, list[tuple[str, TableFacts]]] = {}
+    for schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root in rows:
+        table = f"{schema}.{name}"
+        f = TableFacts(
             oid=int(oid),
             relfilenode=int(filenode),
             persistence=str(persistence),
@@ -207,4 +252,26 @@ def read_facts(conn: psycopg.Connection) -> dict[str, TableFacts]:
             identity_index_columns=list(idx),
             columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3])) for a in cols},
         )
-    return out
+        if partitions == "leaf":
+            if kind == "r":
+                facts[table] = f
+        elif is_partition:
+            if kind == "r" and root:
+                roots[table] = root
+                leaves.setdefault(root, []).append((table, f))
+        else:
+            facts[table] = f
+    for root, parts in leaves.items():
+        base = facts.get(root)
+        if base is None:
+            continue
+        missing = {c.name for _, leaf in parts for c in leaf.columns.values() if c.has_missing}
+        digest = hashlib.sha1(repr(sorted((leaf.oid, leaf.relfilenode) for _, leaf in parts)).encode()).hexdigest()
+        facts[root] = replace(
+            base,
+            relfilenode=int(digest[:15], 16),
+            persistence="u" if any(leaf.persistence == "u" for _, leaf in parts) else "p",
+            columns={n: replace(c, has_missing=c.name in missing) for n, c in base.columns.items()},
+            partitions=sorted(t for t, _ in parts),
+        )
+    return CatalogView(facts, roots)
