@@ -17,6 +17,7 @@ help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
 	@echo "make test   - install, start a private PostgreSQL, run the suite, stop it"
 	@echo "make bench  - benchmarks (figures and ratios from one run)"
+	@echo "make lint   - ruff check, ruff format --check, mypy on loader/"
 	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:55432)"
 
 deps:
@@ -30,7 +31,7 @@ deps:
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,lint]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -51,6 +52,13 @@ test: deps venv s3a-jars
 
 test-unit: venv
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+
+# Lint and types: what CI runs before the tests.
+LINT_PATHS := loader tests bench infra
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/mypy loader
 
 bench: deps venv
 	@set -e; $(TEST_PG) infra/postgres.sh start; \

@@ -57,15 +57,21 @@ def sample(n: int) -> list[ChangeRecord]:
     for i in range(n):
         out.append(
             ChangeRecord(
-                op=rng.choice("IUD"), commit_lsn=0x16B374D848 + i // 5 * 200, seq=i % 5 + 1, xid=1000 + i // 5,
-                ts="2024-01-31 12:00:00.123456+00", schema="public", table="accounts", change_lsn=0x16B374D848 + i * 40,
+                op=rng.choice("IUD"),
+                commit_lsn=0x16B374D848 + i // 5 * 200,
+                seq=i % 5 + 1,
+                xid=1000 + i // 5,
+                ts="2024-01-31 12:00:00.123456+00",
+                schema="public",
+                table="accounts",
+                change_lsn=0x16B374D848 + i * 40,
                 columns=[
                     Column("id", "bigint", str(i)),
                     Column("customer_id", "bigint", str(rng.randrange(10**6))),
                     Column("balance", "numeric(18,2)", f"{rng.randrange(10**8)}.{rng.randrange(100):02d}"),
                     Column("status", "text", rng.choice(["open", "closed", "frozen"])),
                     Column("opened_at", "timestamp with time zone", "2023-05-01 08:30:00+00"),
-                    Column("note", "text", None if rng.random() < 0.5 else "note %d" % rng.randrange(1000)),
+                    Column("note", "text", None if rng.random() < 0.5 else f"note {rng.randrange(1000)}"),
                 ],
                 identity=[Column("id", "bigint", str(i))] if i % 3 else [],
                 pk=["id"],
@@ -76,8 +82,14 @@ def sample(n: int) -> list[ChangeRecord]:
 
 def _avro_doc(r: ChangeRecord) -> dict:
     return {
-        "op": r.op, "lsn": r.commit_lsn, "seq": r.seq, "xid": r.xid, "ts": r.ts, "change_lsn": r.change_lsn,
-        "schema": r.schema, "table": r.table,
+        "op": r.op,
+        "lsn": r.commit_lsn,
+        "seq": r.seq,
+        "xid": r.xid,
+        "ts": r.ts,
+        "change_lsn": r.change_lsn,
+        "schema": r.schema,
+        "table": r.table,
         "columns": [{"name": c.name, "type": c.type, "value": c.value} for c in r.columns],
         "identity": [{"name": c.name, "type": c.type, "value": c.value} for c in r.identity],
         "pk": r.pk,
@@ -113,10 +125,19 @@ def run() -> None:
         t = time.perf_counter()
         back_docs = list(fastavro.reader(io.BytesIO(avro_bytes)))
         back2 = [
-            ChangeRecord(op=d["op"], commit_lsn=d["lsn"], seq=d["seq"], xid=d["xid"], ts=d["ts"], schema=d["schema"],
-                         table=d["table"], change_lsn=d["change_lsn"],
-                         columns=[Column(c["name"], c["type"], c["value"]) for c in d["columns"]],
-                         identity=[Column(c["name"], c["type"], c["value"]) for c in d["identity"]], pk=d["pk"])
+            ChangeRecord(
+                op=d["op"],
+                commit_lsn=d["lsn"],
+                seq=d["seq"],
+                xid=d["xid"],
+                ts=d["ts"],
+                schema=d["schema"],
+                table=d["table"],
+                change_lsn=d["change_lsn"],
+                columns=[Column(c["name"], c["type"], c["value"]) for c in d["columns"]],
+                identity=[Column(c["name"], c["type"], c["value"]) for c in d["identity"]],
+                pk=d["pk"],
+            )
             for d in back_docs
         ]
         rows.append((f"avro+{codec}", "decode", time.perf_counter() - t, len(avro_bytes)))

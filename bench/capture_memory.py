@@ -72,7 +72,9 @@ def run() -> None:
         print(f"  capture process peak RSS {peak_mb:.0f} MB")
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
             conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 

@@ -59,7 +59,7 @@ def _rows_sql(first: int, count: int, keys: int, new_keys_from: int, seed: int, 
         op = f"IF(i < {keys}, 'insert', 'update')"
         key = f"IF(i < {keys}, i, pmod(hash(i, {seed}), {keys}))"
     else:
-        op = f"CASE WHEN r < 0.8 THEN 'update' WHEN r < 0.9 THEN 'insert' ELSE 'delete' END"
+        op = "CASE WHEN r < 0.8 THEN 'update' WHEN r < 0.9 THEN 'insert' ELSE 'delete' END"
         key = f"IF(r >= 0.8 AND r < 0.9, {new_keys_from} + i, pmod(hash(i, {seed}), {keys}))"
     return f"""
         SELECT IF(op = 'delete', NULL, k) AS id, IF(op = 'delete', NULL, k * 7 + i) AS v,
@@ -109,7 +109,9 @@ def run() -> None:
             f"increment = {increment} changes; median of {repeats} runs; "
             f"current table: bucket({first_settings.merge.key_buckets}, id), merge-on-read"
         )
-        print(f"{'history rows':>12} {'incremental s':>14} {'full recompute s':>17} {'ratio':>7}  history files read/total  current files written/total")
+        print(
+            f"{'history rows':>12} {'incremental s':>14} {'full recompute s':>17} {'ratio':>7}  history files read/total  current files written/total"
+        )
         for n in sizes:
             settings = _settings(root, catalog_db)
             names = TableNames(settings)
@@ -138,7 +140,9 @@ def run() -> None:
             state = {"lsn": 1000 + done - 1}
             pk_types = dict(COLUMNS)
             full_sql = full_recompute_sql(hist, ["id"], pk_types, [c for c, _ in COLUMNS])
-            t_full = _median_time(lambda: spark.sql(full_sql).write.format("noop").mode("overwrite").save(), repeats)
+            t_full = _median_time(
+                lambda sql=full_sql: spark.sql(sql).write.format("noop").mode("overwrite").save(), repeats
+            )
             catalog = open_catalog(settings)
             h = catalog.load_table((settings.catalog.history_namespace, table.iceberg_name))
             since = state["lsn"] - increment  # the last increment's lower bound

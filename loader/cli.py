@@ -296,7 +296,9 @@ def slot_tables(ctx: Context, as_json: bool) -> None:
 
 @main.command()
 @click.option("--table", "tables", multiple=True, help="schema.table to resync (default: every captured table).")
-@click.option("--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows).")
+@click.option(
+    "--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows)."
+)
 @pass_ctx
 @catch_errors
 def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> None:
@@ -328,8 +330,12 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
     if lost and tables:
         click.echo("the replication slot is lost, so every captured table is resynced (not only --table)", err=True)
     snap = Snapshot(
-        ctx.settings, store, tables=None if lost else (list(tables) or None), chunk_rows=chunk_rows,
-        reason="requested with 'loader resync'", recover=lost,
+        ctx.settings,
+        store,
+        tables=None if lost else (list(tables) or None),
+        chunk_rows=chunk_rows,
+        reason="requested with 'loader resync'",
+        recover=lost,
     )
     click.echo(snap.run().summary())
 
@@ -341,7 +347,9 @@ def backfill() -> None:
 
 @backfill.command("snapshot")
 @click.option("--table", "tables", multiple=True, help="schema.table to snapshot (default: every captured table).")
-@click.option("--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows).")
+@click.option(
+    "--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows)."
+)
 @pass_ctx
 @catch_errors
 def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> None:
@@ -358,7 +366,9 @@ def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | N
 
 @backfill.command("rebuild-current")
 @click.option("--table", "table", required=True, help="schema.table whose current table to recompute.")
-@click.option("--upto-lsn", "upto_lsn", default=None, help="Recompute as of this commit LSN (X/Y); default: all loaded.")
+@click.option(
+    "--upto-lsn", "upto_lsn", default=None, help="Recompute as of this commit LSN (X/Y); default: all loaded."
+)
 @pass_ctx
 @catch_errors
 def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None) -> None:
@@ -379,7 +389,11 @@ def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None) -> 
 
 @main.command("import")
 @click.option(
-    "--format", "fmt", required=True, type=click.Choice(["pgkafka", "wal2json", "debezium"]), help="Input message format."
+    "--format",
+    "fmt",
+    required=True,
+    type=click.Choice(["pgkafka", "wal2json", "debezium"]),
+    help="Input message format.",
 )
 @click.option("--pk", "pk", multiple=True, help="schema.table=col1,col2: key of a table the input does not name.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
@@ -405,7 +419,10 @@ def import_cmd(ctx: Context, fmt: str, pk: tuple[str, ...], paths: tuple[str, ..
 
 @main.command("spark-conf")
 @click.option(
-    "--properties-file", "properties_file", type=click.Path(dir_okay=False), default=None,
+    "--properties-file",
+    "properties_file",
+    type=click.Path(dir_okay=False),
+    default=None,
     help="Write a Spark properties file (secrets included, mode 0600) for 'spark-submit --properties-file'.",
 )
 @pass_ctx
@@ -475,7 +492,10 @@ def dbt_cmd(ctx: Context, dbt_args: tuple[str, ...]) -> None:
 
 @main.command("dbt-sources")
 @click.option(
-    "--project-dir", "project", type=click.Path(file_okay=False), default=None,
+    "--project-dir",
+    "project",
+    type=click.Path(file_okay=False),
+    default=None,
     help="dbt project to write into or check (default: the shipped dbt_project).",
 )
 @click.option("--check", is_flag=True, help="Only compare: exit 1 when catalog and declared sources differ.")

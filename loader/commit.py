@@ -9,7 +9,7 @@ summary: data and watermark land in one atomic commit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,10 +29,10 @@ class _JavaCallable:
         return None
 
     class Java:
-        implements = ["java.util.concurrent.Callable"]
+        implements: ClassVar[list[str]] = ["java.util.concurrent.Callable"]
 
 
-def with_commit_properties(spark: "SparkSession", properties: dict[str, str], fn: Callable[[], Any]) -> None:
+def with_commit_properties(spark: SparkSession, properties: dict[str, str], fn: Callable[[], Any]) -> None:
     from pyspark.java_gateway import ensure_callback_server_started
 
     gw = spark.sparkContext._gateway
@@ -53,7 +53,7 @@ def with_commit_properties(spark: "SparkSession", properties: dict[str, str], fn
         raise callable_.error
 
 
-def iceberg_table(spark: "SparkSession", ident: str) -> Any:
+def iceberg_table(spark: SparkSession, ident: str) -> Any:
     """The JVM Iceberg Table behind a Spark identifier, refreshed (metadata reads without a Spark job)."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -62,7 +62,7 @@ def iceberg_table(spark: "SparkSession", ident: str) -> Any:
     return table
 
 
-def latest_summary_value(spark: "SparkSession", ident: str, key: str) -> str | None:
+def latest_summary_value(spark: SparkSession, ident: str, key: str) -> str | None:
     """The newest snapshot summary value of ``key`` along the current snapshot's ancestry."""
     table = iceberg_table(spark, ident)
     snap = table.currentSnapshot()
@@ -75,12 +75,12 @@ def latest_summary_value(spark: "SparkSession", ident: str, key: str) -> str | N
     return None
 
 
-def current_snapshot_id(spark: "SparkSession", ident: str) -> int | None:
+def current_snapshot_id(spark: SparkSession, ident: str) -> int | None:
     snap = iceberg_table(spark, ident).currentSnapshot()
     return int(snap.snapshotId()) if snap is not None else None
 
 
-def snapshots_since(spark: "SparkSession", ident: str, snapshot_id: int) -> list[dict[str, str]] | None:
+def snapshots_since(spark: SparkSession, ident: str, snapshot_id: int) -> list[dict[str, str]] | None:
     """Summaries of the current lineage's snapshots committed after ``snapshot_id`` (oldest last);
     None when ``snapshot_id`` is not in the lineage (expired, or another branch)."""
     table = iceberg_table(spark, ident)

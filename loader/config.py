@@ -182,6 +182,7 @@ class SparkSettings(BaseModel):
                 return json.loads(text)
             return [p.strip() for p in text.split(",") if p.strip()]
         return value
+
     # Override the JDBC driver jar of the catalog database; found from Debian's packages by default.
     jdbc_driver_jar: str | None = None
     # Override the Iceberg Spark runtime jar; found in the installed Python package by default.
@@ -234,9 +235,7 @@ class SqlServerSettings(BaseModel):
 class LoaderSettings(BaseSettings):
     """All loader settings; see README 'Configuration' for each key."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="LOADER_", env_nested_delimiter="__", extra="forbid", toml_file=None
-    )
+    model_config = SettingsConfigDict(env_prefix="LOADER_", env_nested_delimiter="__", extra="forbid", toml_file=None)
 
     source: SourceSettings = Field(default_factory=SourceSettings)
     landing: LandingSettings = Field(default_factory=LandingSettings)
@@ -269,16 +268,15 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Lo
     if config_file is not None:
         path = Path(config_file)
         if not path.is_file():
-            raise ConfigError(
-                f"config file {path} does not exist", hint="pass an existing TOML file to --config"
-            )
+            raise ConfigError(f"config file {path} does not exist", hint="pass an existing TOML file to --config")
     token = _config_file.set(str(Path(config_file).resolve()) if config_file is not None else None)
     try:
         return LoaderSettings(**overrides)
     except ValidationError as exc:
         # Without the input values: a bad DSN or key must not print the secret next to it.
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False, include_url=False)
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
         )
         raise ConfigError(f"invalid configuration: {problems}", hint="see README 'Configuration'") from None
     except Exception as exc:

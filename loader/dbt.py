@@ -27,8 +27,23 @@ from loader.errors import ConfigError
 TARGETS = ("session", "thrift")
 # dbt commands that take --project-dir/--profiles-dir.
 _PROJECT_COMMANDS = {
-    "build", "clean", "compile", "debug", "deps", "docs", "list", "ls", "parse", "retry", "run",
-    "run-operation", "seed", "show", "snapshot", "source", "test",
+    "build",
+    "clean",
+    "compile",
+    "debug",
+    "deps",
+    "docs",
+    "list",
+    "ls",
+    "parse",
+    "retry",
+    "run",
+    "run-operation",
+    "seed",
+    "show",
+    "snapshot",
+    "source",
+    "test",
 }
 _SKIP_COPY = {"target", "logs", "dbt_packages", "generated", ".user.yml", "package-lock.yml"}
 
@@ -53,7 +68,9 @@ def work_dir(settings: LoaderSettings) -> Path:
     if settings.dbt.work_dir:
         return Path(settings.dbt.work_dir)
     c = settings.catalog
-    ident = "|".join((redact(c.uri), c.name, c.history_namespace, c.current_namespace, settings.dbt.analytics_namespace))
+    ident = "|".join(
+        (redact(c.uri), c.name, c.history_namespace, c.current_namespace, settings.dbt.analytics_namespace)
+    )
     return state_dir() / "dbt" / f"{c.name}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}"
 
 

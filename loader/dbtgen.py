@@ -171,7 +171,11 @@ def string_columns(spec: TableSpec) -> list[str]:
 
 def pii_columns(settings: LoaderSettings, spec: TableSpec) -> list[str]:
     """Lake names of the columns settings tag as personal data (settings name source columns)."""
-    return [lake_column(c) for c in settings.dbt.pii_columns.get(spec.table.qualified, []) if lake_column(c) in spec.pg_types]
+    return [
+        lake_column(c)
+        for c in settings.dbt.pii_columns.get(spec.table.qualified, [])
+        if lake_column(c) in spec.pg_types
+    ]
 
 
 def subject_columns(settings: LoaderSettings, spec: TableSpec) -> dict[str, str]:
@@ -210,9 +214,7 @@ def _column_entries(
                 args["in_old_key"] = True
             e["data_tests"] = [{"loader_erased_subjects_absent": {"arguments": args}}]
         entries.append(e)
-    meta_cols = [
-        n for n in METADATA_DESCRIPTIONS if history or n in ("pg_lsn", "pg_seq", "pg_txn_timestamp")
-    ]
+    meta_cols = [n for n in METADATA_DESCRIPTIONS if history or n in ("pg_lsn", "pg_seq", "pg_txn_timestamp")]
     entries += [{"name": n, "description": METADATA_DESCRIPTIONS[n]} for n in meta_cols]
     return entries
 
@@ -231,24 +233,29 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
         history_tables.append(
             {
                 "name": spec.history_name,
-                "description": no_jinja(f"Every captured change of {src}, in commit order." + (f" {about}" if about else "")),
+                "description": no_jinja(
+                    f"Every captured change of {src}, in commit order." + (f" {about}" if about else "")
+                ),
                 "meta": {"source_table": src, "primary_key": spec.pk},
                 "columns": _column_entries(settings, spec, comments, history=True),
                 "data_tests": tests,
             }
         )
     for name in catalog.current_names:
-        spec = by_name.get(name)
+        found = by_name.get(name)
         entry: dict[str, Any] = {"name": name}
-        if spec is not None:
+        if found is not None:
+            spec = found
             src = spec.table.qualified
-            entry["description"] = no_jinja(f"Current state of {src} (one row per key), maintained by the loader's MERGE.")
+            entry["description"] = no_jinja(
+                f"Current state of {src} (one row per key), maintained by the loader's MERGE."
+            )
             entry["meta"] = {"source_table": src, "primary_key": spec.pk}
             entry["columns"] = _column_entries(settings, spec, comments, history=False)
-            tests: list[Any] = []
+            current_tests: list[Any] = []
             if spec.pk:
-                tests.append({"loader_unique_key": {"arguments": {"key": spec.pk}}})
-                tests.append(
+                current_tests.append({"loader_unique_key": {"arguments": {"key": spec.pk}}})
+                current_tests.append(
                     {
                         "loader_reconciliation": {
                             "arguments": {
@@ -260,8 +267,8 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
                 )
             strings = string_columns(spec)
             if strings:
-                tests.append({"loader_no_toast_placeholder": {"arguments": {"columns": strings}}})
-            entry["data_tests"] = tests
+                current_tests.append({"loader_no_toast_placeholder": {"arguments": {"columns": strings}}})
+            entry["data_tests"] = current_tests
         current_tables.append(entry)
     c = settings.catalog
     return {
@@ -297,7 +304,11 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
     for e in plain:
         if e["name"] in spec.pg_types:
             for side in ("before", "after"):
-                ce = {**e, "name": f"{e['name']}__{side}", "description": f"{no_jinja(e['name'])} {side} the change. {e['description']}"}
+                ce = {
+                    **e,
+                    "name": f"{e['name']}__{side}",
+                    "description": f"{no_jinja(e['name'])} {side} the change. {e['description']}",
+                }
                 change_cols.append(ce)
     return {
         "version": 2,
@@ -327,8 +338,8 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                     "An Iceberg table, rebuilt by each dbt build/run."
                 ),
                 "meta": {"source_table": spec.table.qualified, "primary_key": spec.pk},
-                "columns": plain[: len(spec.pg_types)]
-                + [
+                "columns": [
+                    *plain[: len(spec.pg_types)],
                     {"name": "valid_from", "description": "Commit time of the change that produced this version."},
                     {"name": "valid_to", "description": "Commit time of the next change to this key; NULL if current."},
                     {"name": "is_current", "description": "This version is the key's current row."},

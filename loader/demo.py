@@ -26,8 +26,11 @@ def reset_embedded(settings: LoaderSettings) -> None:
     """
     landing, warehouse = _local_path(settings.landing.url), _local_path(settings.catalog.warehouse)
     src, cat = urlparse(settings.source.dsn), urlparse(settings.catalog.uri)
-    if landing is None or warehouse is None or src.hostname not in ("127.0.0.1", "localhost") or (
-        cat.scheme.startswith("postgres") and cat.hostname not in ("127.0.0.1", "localhost")
+    if (
+        landing is None
+        or warehouse is None
+        or src.hostname not in ("127.0.0.1", "localhost")
+        or (cat.scheme.startswith("postgres") and cat.hostname not in ("127.0.0.1", "localhost"))
     ):
         raise ConfigError("the demo resets its databases and directories, so it only runs on local embedded settings")
     admin = urlunparse(src._replace(path="/postgres"))
@@ -36,7 +39,8 @@ def reset_embedded(settings: LoaderSettings) -> None:
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
             (settings.source.slot,),
         )
-        for db in {src.path.lstrip("/"), cat.path.lstrip("/") if cat.scheme.startswith("postgres") else None} - {None}:
+        databases = {src.path.lstrip("/")} | ({cat.path.lstrip("/")} if cat.scheme.startswith("postgres") else set())
+        for db in databases:
             conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(db)))
     for p in (landing, warehouse):
         shutil.rmtree(p, ignore_errors=True)

@@ -23,7 +23,7 @@ LEDGER_DDL = (
 )
 
 
-def ensure_loader_tables(spark: "SparkSession", names: TableNames) -> None:
+def ensure_loader_tables(spark: SparkSession, names: TableNames) -> None:
     """The namespaces and the loader's own tables (ledger, rejects)."""
     for ns in names.namespaces():
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
@@ -33,7 +33,7 @@ def ensure_loader_tables(spark: "SparkSession", names: TableNames) -> None:
     )
 
 
-def iceberg_table(spark: "SparkSession", ident: str) -> Any:
+def iceberg_table(spark: SparkSession, ident: str) -> Any:
     """The JVM Iceberg Table behind a Spark identifier, refreshed."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -42,7 +42,7 @@ def iceberg_table(spark: "SparkSession", ident: str) -> Any:
     return table
 
 
-def table_exists(spark: "SparkSession", ident: str) -> bool:
+def table_exists(spark: SparkSession, ident: str) -> bool:
     # A catalog lookup, not a query: DESCRIBE ... collect() runs a Spark job (seconds on a busy host).
     try:
         return bool(spark.catalog.tableExists(ident))
@@ -52,13 +52,13 @@ def table_exists(spark: "SparkSession", ident: str) -> bool:
         raise
 
 
-def table_properties(spark: "SparkSession", ident: str) -> dict[str, str]:
+def table_properties(spark: SparkSession, ident: str) -> dict[str, str]:
     props = iceberg_table(spark, ident).properties()
     return {str(k): str(v) for k, v in props.items()}
 
 
 def update_properties(
-    spark: "SparkSession", ident: str, set_: dict[str, str] | None = None, remove: list[str] | None = None
+    spark: SparkSession, ident: str, set_: dict[str, str] | None = None, remove: list[str] | None = None
 ) -> None:
     """One Iceberg commit setting and removing table properties."""
     if not set_ and not remove:

@@ -43,16 +43,16 @@ class ChangePosition(NamedTuple):
         return f"{self.commit_lsn:016X}.{self.seq:010d}"
 
     @classmethod
-    def from_token(cls, token: str) -> "ChangePosition":
+    def from_token(cls, token: str) -> ChangePosition:
         lsn_hex, seq = token.split(".")
         return cls(int(lsn_hex, 16), int(seq))
 
     @classmethod
-    def end_of(cls, commit_lsn: int) -> "ChangePosition":
+    def end_of(cls, commit_lsn: int) -> ChangePosition:
         """After every change of the transaction committed at ``commit_lsn``."""
         return cls(commit_lsn, END_OF_TRANSACTION)
 
-    def just_before(self) -> "ChangePosition":
+    def just_before(self) -> ChangePosition:
         """The greatest position that sorts before this one."""
         if self.seq > 0:
             return ChangePosition(self.commit_lsn, self.seq - 1)

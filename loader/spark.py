@@ -148,14 +148,12 @@ def spark_conf(settings: LoaderSettings, reveal: bool = True) -> dict[str, str]:
             conf[h + "access.key"] = s3.access_key_id
             secret = secret_text(s3.secret_access_key) or ""
             conf[h + "secret.key"] = secret if reveal else SECRET_REFERENCES["s3"]
-            conf[h + "aws.credentials.provider"] = (
-                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
-            )
+            conf[h + "aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
     conf.update(settings.spark.conf)
     return conf
 
 
-def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> "SparkSession":
+def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> SparkSession:
     """The active session (spark-submit) or a new local one configured for the loader."""
     from pyspark.sql import SparkSession
 
@@ -170,9 +168,7 @@ def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> "
         # only runtime (SQL) settings can still be applied here.
         conf = {k: v for k, v in conf.items() if k.startswith("spark.sql.") and k != "spark.sql.extensions"}
     else:
-        builder = builder.master(settings.spark.master).config(
-            "spark.driver.memory", settings.spark.driver_memory
-        )
+        builder = builder.master(settings.spark.master).config("spark.driver.memory", settings.spark.driver_memory)
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -224,7 +220,7 @@ def hadoop_s3a_conf(settings: LoaderSettings) -> dict[str, str]:
     return {k[len(prefix) :]: v for k, v in spark_conf(settings).items() if k.startswith(prefix + "fs.s3")}
 
 
-def configure_running_session(spark: "SparkSession", settings: LoaderSettings) -> None:
+def configure_running_session(spark: SparkSession, settings: LoaderSettings) -> None:
     """Register these settings' catalog (and S3A access) on a session started with other settings.
 
     Catalogs are created on first use, so a catalog name the session has not used yet can be
@@ -242,7 +238,7 @@ def configure_running_session(spark: "SparkSession", settings: LoaderSettings) -
             hconf.set(k, v)
 
 
-def require_s3a(spark: "SparkSession") -> None:
+def require_s3a(spark: SparkSession) -> None:
     """Fail clearly when the warehouse is on S3 but the S3A filesystem jars are not loaded."""
     try:
         jvm = spark.sparkContext._jvm

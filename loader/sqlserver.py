@@ -68,18 +68,26 @@ def server_command(settings: LoaderSettings) -> list[str]:
     jars = [iceberg_runtime_jar(settings), jdbc_driver_jar(settings), *settings.spark.extra_jars]
     cmd = [
         str(spark_home() / "bin" / "spark-submit"),
-        "--master", settings.spark.master,
-        "--driver-memory", settings.sql_server.driver_memory,
-        "--driver-class-path", os.pathsep.join(j for j in jars if not j.startswith(("http:", "https:"))),
-        "--properties-file", str(properties_path(settings)),
-        "--class", THRIFT_SERVER_CLASS,
-        "--name", "lakehouse-sql-server",
+        "--master",
+        settings.spark.master,
+        "--driver-memory",
+        settings.sql_server.driver_memory,
+        "--driver-class-path",
+        os.pathsep.join(j for j in jars if not j.startswith(("http:", "https:"))),
+        "--properties-file",
+        str(properties_path(settings)),
+        "--class",
+        THRIFT_SERVER_CLASS,
+        "--name",
+        "lakehouse-sql-server",
     ]
     s = settings.sql_server
     cmd += [
         "spark-internal",
-        "--hiveconf", f"hive.server2.thrift.port={s.port}",
-        "--hiveconf", f"hive.server2.thrift.bind.host={s.host}",
+        "--hiveconf",
+        f"hive.server2.thrift.port={s.port}",
+        "--hiveconf",
+        f"hive.server2.thrift.bind.host={s.host}",
     ]
     return cmd
 
@@ -157,10 +165,15 @@ def start_server(
     log_path = None
     if background:
         log_path = workdir / "server.log"
-        out = open(log_path, "wb")
+        out = open(log_path, "wb")  # noqa: SIM115 - the server's stdout for its whole life
         proc = subprocess.Popen(
-            server_command(settings), cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            server_command(settings),
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         out.close()
         (workdir / "server.pid").write_text(str(proc.pid))

@@ -57,7 +57,10 @@ class Status:
             )
         parked = [t for t in self.tables if t.parked]
         if parked:
-            lines += ["", f"parked tables ({len(parked)}): their current tables wait for a resync; every other table advances"]
+            lines += [
+                "",
+                f"parked tables ({len(parked)}): their current tables wait for a resync; every other table advances",
+            ]
             lines += [f"  {t.table}: {t.parked}" for t in parked]
         return "\n".join(lines)
 
@@ -116,7 +119,11 @@ def collect_status(settings: LoaderSettings) -> Status:
         else:
             ts.note = "not merged yet"
         tables.append(ts)
-    consistent = str(min(merged_positions)) if merged_positions and len(merged_positions) == sum(1 for t in tables if t.primary_key) else None
+    consistent = (
+        str(min(merged_positions))
+        if merged_positions and len(merged_positions) == sum(1 for t in tables if t.primary_key)
+        else None
+    )
     return Status(
         landed=landed,
         landing_files=len(files),

@@ -68,11 +68,11 @@ class SourceTable:
         return table_name(self.schema, self.table)
 
     @classmethod
-    def from_iceberg_name(cls, name: str) -> "SourceTable":
+    def from_iceberg_name(cls, name: str) -> SourceTable:
         return cls(*parse_table_name(name))
 
     @classmethod
-    def parse(cls, qualified: str) -> "SourceTable":
+    def parse(cls, qualified: str) -> SourceTable:
         """``schema.table`` as users type it (the first dot separates; quote-free)."""
         schema, dot, table = qualified.partition(".")
         if not dot or not schema or not table:

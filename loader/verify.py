@@ -15,7 +15,7 @@ import struct
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -63,7 +63,7 @@ def normalize(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
     if isinstance(value, float) and math.isnan(value):
         return "NaN"
     if isinstance(value, Decimal):
@@ -96,7 +96,7 @@ def _as_float32(value: Any) -> Any:
 def _source_rows(conn: Any, table: SourceTable, pg_types: dict[str, str]) -> list[dict[str, Any]]:
     from psycopg import sql
 
-    cols = []
+    cols: list[sql.Composable] = []
     for name, pg_type in pg_types.items():
         ident = sql.Identifier(name)
         if spark_type(pg_type).lossless_text and not _BPCHAR_RE.match(pg_type):
@@ -121,7 +121,9 @@ def _existing_source_columns(conn: Any, table: SourceTable) -> set[str]:
     return {r[0] for r in rows}
 
 
-def reconcile_table(settings: LoaderSettings, conn: Any, catalog: Any, table: SourceTable, max_examples: int = 5) -> Reconciliation:
+def reconcile_table(
+    settings: LoaderSettings, conn: Any, catalog: Any, table: SourceTable, max_examples: int = 5
+) -> Reconciliation:
     c = settings.catalog
     res = Reconciliation(table.qualified)
     hist = catalog.load_table((c.history_namespace, table.iceberg_name))
@@ -144,7 +146,8 @@ def reconcile_table(settings: LoaderSettings, conn: Any, catalog: Any, table: So
     lake_names = {lake_column(k): k for k in compared}
     lake_arrow = cur_table.scan(selected_fields=tuple(lake_names)).to_arrow()
     lake = [
-        {lake_names[k]: normalize_column(compared[lake_names[k]], v) for k, v in r.items()} for r in lake_arrow.to_pylist()
+        {lake_names[k]: normalize_column(compared[lake_names[k]], v) for k, v in r.items()}
+        for r in lake_arrow.to_pylist()
     ]
     res.source_rows, res.lake_rows = len(source), len(lake)
 

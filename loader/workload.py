@@ -9,11 +9,12 @@ from __future__ import annotations
 import random
 import uuid
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS public.customers (
@@ -131,9 +132,10 @@ class BankWorkload:
                 rng.randint(1, 5),
                 rng.random() < 0.9,
                 date(1950, 1, 1) + timedelta(days=rng.randint(0, 20000)) if rng.random() < 0.8 else None,
-                psycopg.types.json.Jsonb({"tier": rng.choice(["gold", "silver"]), "tags": [rng.randint(0, 9)]}),
+                Jsonb({"tier": rng.choice(["gold", "silver"]), "tags": [rng.randint(0, 9)]}),
                 uuid.UUID(int=rng.getrandbits(128)),
-                datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=rng.randint(0, 10**8), microseconds=rng.randint(0, 999999)),
+                datetime(2024, 1, 1, tzinfo=UTC)
+                + timedelta(seconds=rng.randint(0, 10**8), microseconds=rng.randint(0, 999999)),
             ),
         ).fetchone()
         assert row is not None
@@ -152,7 +154,8 @@ class BankWorkload:
                 Decimal(self.rng.randint(0, 10**9)) / 100,
                 Decimal(self.rng.randint(0, 99999)) / 10000 if self.rng.random() < 0.7 else None,
                 date(2020, 1, 1) + timedelta(days=self.rng.randint(0, 1500)),
-                datetime(2024, 5, 1) + timedelta(seconds=self.rng.randint(0, 10**7), microseconds=self.rng.randint(0, 999999)),
+                datetime(2024, 5, 1)
+                + timedelta(seconds=self.rng.randint(0, 10**7), microseconds=self.rng.randint(0, 999999)),
             ),
         )
         self.accounts[aid] = cid
@@ -171,12 +174,15 @@ class BankWorkload:
                 aid,
                 amount,
                 self.rng.choice(["coffee", "rent", "salary", None, "transfer 'quoted'", "emoji 🎉"]),
-                datetime(2025, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=self.rng.randint(0, 10**7)),
+                datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=self.rng.randint(0, 10**7)),
                 uuid.UUID(int=self.rng.getrandbits(128)),
             ),
         )
         self.txns.add(tid)
-        conn.execute("UPDATE accounts SET balance = balance + %s, last_activity = now()::timestamp WHERE account_id = %s", (amount, aid))
+        conn.execute(
+            "UPDATE accounts SET balance = balance + %s, last_activity = now()::timestamp WHERE account_id = %s",
+            (amount, aid),
+        )
         return [Change("public.transactions", "insert", (tid,)), Change("public.accounts", "update", (aid,))]
 
     def _update_account(self, conn: psycopg.Connection) -> list[Change]:
@@ -195,7 +201,7 @@ class BankWorkload:
         cid = self.rng.choice(sorted(self.customers))
         conn.execute(
             "UPDATE customers SET is_active = NOT is_active, segment = %s, profile = profile || %s WHERE customer_id = %s",
-            (self.rng.randint(1, 5), psycopg.types.json.Jsonb({"n": self.rng.randint(0, 100)}), cid),
+            (self.rng.randint(1, 5), Jsonb({"n": self.rng.randint(0, 100)}), cid),
         )
         return [Change("public.customers", "update", (cid,))]
 

@@ -90,7 +90,11 @@ def env(pg_admin: str, base_settings: LoaderSettings, spark: Any, tmp_path: Path
             "source": base_settings.source.model_copy(update={"dsn": f"{TEST_PG}/{db}", "slot": f"slot_{uid}"}),
             "landing": base_settings.landing.model_copy(update={"url": (tmp_path / "landing").as_uri()}),
             "catalog": base_settings.catalog.model_copy(
-                update={"history_namespace": f"h_{uid}", "current_namespace": f"c_{uid}", "loader_namespace": f"l_{uid}"}
+                update={
+                    "history_namespace": f"h_{uid}",
+                    "current_namespace": f"c_{uid}",
+                    "loader_namespace": f"l_{uid}",
+                }
             ),
         }
     )

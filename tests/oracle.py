@@ -17,7 +17,9 @@ def history_changes(env: Any, table: str, key: list[str]) -> list[tuple[int, str
     import json
 
     # Snapshot reads and control rows (resync, park) are not changes the workload made.
-    rows = env.history(table).where("pg_operation IN ('insert', 'update', 'delete')").orderBy("pg_lsn", "pg_seq").collect()
+    rows = (
+        env.history(table).where("pg_operation IN ('insert', 'update', 'delete')").orderBy("pg_lsn", "pg_seq").collect()
+    )
     out = []
     for r in rows:
         if r["pg_operation"] == "delete":

@@ -91,6 +91,7 @@ def values(rec: ChangeRecord) -> dict[str, str | None]:
 
 # --- slot lifecycle ----------------------------------------------------------------------------
 
+
 def test_slot_missing_after_data_landed_is_refused(src: Src) -> None:
     src.sql("CREATE TABLE t (id int primary key)")
     src.capture()  # creates the slot
@@ -159,6 +160,7 @@ def test_slot_info_reports_retained_wal_and_lag(src: Src) -> None:
 
 # --- ordering key ------------------------------------------------------------------------------
 
+
 def test_positions_are_unique_and_in_commit_order_across_split_transactions(src: Src) -> None:
     src.sql("CREATE TABLE a (id int primary key, v int)")
     src.sql("CREATE TABLE b (id int primary key, v int)")
@@ -190,7 +192,17 @@ def test_positions_are_unique_and_in_commit_order_across_split_transactions(src:
 # --- types --------------------------------------------------------------------------------------
 
 TYPE_CASES: list[tuple[str, str, list[str]]] = [
-    ("n", "numeric", ["12345678901234567890123456789.123456789012345678901234567890", "-0.000000000000000000000000000001", "NaN", "Infinity", "-Infinity"]),
+    (
+        "n",
+        "numeric",
+        [
+            "12345678901234567890123456789.123456789012345678901234567890",
+            "-0.000000000000000000000000000001",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+        ],
+    ),
     ("n50", "numeric(50,20)", ["123456789012345678901234567890.12345678901234567890"]),
     ("f8", "double precision", ["1e-300", "-0", "1.7976931348623157e308", "NaN", "Infinity", "-Infinity"]),
     ("f4", "real", ["3.4028235e38", "0.1"]),
@@ -218,9 +230,9 @@ TYPE_CASES: list[tuple[str, str, list[str]]] = [
         "tx",
         "text",
         [
-            "tab\there\nnewline \"quote\" back\\slash \u0001 ctl",
+            'tab\there\nnewline "quote" back\\slash \u0001 ctl',
             # BMP, SMP (emoji), SIP (CJK ext B), TIP, SSP (tag), both private-use planes.
-            "é中\U0001F600\U00020000\U00030000\U000E0001\U000F0000\U0010FFFD",
+            "é中\U0001f600\U00020000\U00030000\U000e0001\U000f0000\U0010fffd",
         ],
     ),
 ]
@@ -268,7 +280,7 @@ def test_every_type_lands_as_postgres_text(src: Src) -> None:
     for i, rec in landed.items():
         got = values(rec)
         types = {c.name: c.type for c in rec.columns}
-        for col, pg_type, _ in TYPE_CASES:
+        for col, _pg_type, _ in TYPE_CASES:
             want = expected[i][col]
             if want in SPECIAL_FLOATS and not res.numeric_special_values:
                 # Known limitation of wal2json < 2.6: numeric/float NaN and +-Infinity are printed as
@@ -286,7 +298,7 @@ def test_snapshot_keeps_every_type_including_nan(src: Src) -> None:
     Snapshot(src.settings).run()
     expected = source_text(src, "typed")
     reads = src.changes("typed")
-    assert [r.op for r in reads][0] == "S" and {r.op for r in reads[1:]} == {"R"}
+    assert reads[0].op == "S" and {r.op for r in reads[1:]} == {"R"}
     reads = reads[1:]
     for rec in reads:
         got = values(rec)
@@ -314,6 +326,7 @@ def test_null_is_distinct_from_unchanged_toast(src: Src) -> None:
 
 
 # --- keyless tables -----------------------------------------------------------------------------
+
 
 def test_replica_identity_modes_are_captured_and_reported(src: Src) -> None:
     src.sql("CREATE TABLE k_default (a int NOT NULL, b text)")
@@ -359,6 +372,7 @@ def test_replica_identity_modes_are_captured_and_reported(src: Src) -> None:
 
 # --- schema changes -----------------------------------------------------------------------------
 
+
 def test_schema_changes_land_with_the_schema_they_were_written_under(src: Src) -> None:
     src.sql("CREATE TABLE acct (id int primary key, amount int, note text)")
     src.capture()
@@ -377,11 +391,25 @@ def test_schema_changes_land_with_the_schema_they_were_written_under(src: Src) -
     stream = [r for r in src.changes("acct") if r.op in ("I", "U", "D")]
     shapes = [[(c.name, c.type, c.value) for c in r.columns] for r in stream]
     assert shapes[0] == [("id", "integer", "1"), ("amount", "integer", "10"), ("note", "text", "a")]
-    assert shapes[1] == [("id", "integer", "2"), ("amount", "integer", "20"), ("note", "text", "b"), ("flag", "boolean", "true")]
-    assert shapes[2] == [
-        ("id", "integer", "1"), ("amount", "integer", "11"), ("note", "text", "a"), ("flag", "boolean", None), ("region", "text", "eu"),
+    assert shapes[1] == [
+        ("id", "integer", "2"),
+        ("amount", "integer", "20"),
+        ("note", "text", "b"),
+        ("flag", "boolean", "true"),
     ]
-    assert shapes[3] == [("id", "integer", "3"), ("amount", "integer", "30"), ("flag", "boolean", "false"), ("region", "text", "us")]
+    assert shapes[2] == [
+        ("id", "integer", "1"),
+        ("amount", "integer", "11"),
+        ("note", "text", "a"),
+        ("flag", "boolean", None),
+        ("region", "text", "eu"),
+    ]
+    assert shapes[3] == [
+        ("id", "integer", "3"),
+        ("amount", "integer", "30"),
+        ("flag", "boolean", "false"),
+        ("region", "text", "us"),
+    ]
     assert shapes[4][1] == ("amount", "numeric(12,2)", "40.50")
     assert shapes[5][1] == ("amount", "text", "lots")
     # The default that filled row 1 and the retypes left no row changes: capture saw them in the
@@ -396,6 +424,7 @@ def test_schema_changes_land_with_the_schema_they_were_written_under(src: Src) -
 
 
 # --- include / exclude, new tables -----------------------------------------------------------
+
 
 def test_include_exclude_patterns_and_tables_created_later(src: Src) -> None:
     src.sql("CREATE SCHEMA app")
@@ -421,6 +450,7 @@ def test_include_exclude_patterns_and_tables_created_later(src: Src) -> None:
 
 
 # --- crash safety ------------------------------------------------------------------------------
+
 
 class Crash(Exception):
     pass
@@ -450,7 +480,7 @@ def test_killed_capture_rerun_yields_the_same_landing_files(src: Src) -> None:
     for k in range(1, len(reference) + 1):
         count = 0
 
-        def boom(_name: str) -> None:
+        def boom(_name: str, k: int = k) -> None:
             nonlocal count
             count += 1
             if count == k:
@@ -500,6 +530,7 @@ def test_error_mid_round_then_rerun_lands_each_change_once(src: Src) -> None:
 
 # --- landing format -----------------------------------------------------------------------------
 
+
 def test_landing_lines_validate_against_the_published_schema(src: Src) -> None:
     import jsonschema
 
@@ -526,7 +557,18 @@ def test_landing_lines_validate_against_the_published_schema(src: Src) -> None:
             ops.add(doc["op"])
     assert ops >= {"R", "I", "U", "D", "C"}
     # And the schema rejects what the loader must never write.
-    bad = {"v": 1, "op": "I", "lsn": 1, "seq": 1, "xid": 1, "ts": "x", "schema": "s", "table": "t", "columns": [["a", "int", 5]], "pk": []}
+    bad = {
+        "v": 1,
+        "op": "I",
+        "lsn": 1,
+        "seq": 1,
+        "xid": 1,
+        "ts": "x",
+        "schema": "s",
+        "table": "t",
+        "columns": [["a", "int", 5]],
+        "pk": [],
+    }
     assert not validator.is_valid(bad)
 
 
@@ -538,7 +580,9 @@ def test_s3_landing_uses_multipart_for_large_files(src: Src, s3_server: str) -> 
     client.create_bucket(Bucket=bucket)
     settings = src.settings.model_copy(
         update={
-            "landing": src.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc", "multipart_threshold_mb": 5}),
+            "landing": src.settings.landing.model_copy(
+                update={"url": f"s3://{bucket}/cdc", "multipart_threshold_mb": 5}
+            ),
             "s3": src.settings.s3.model_copy(update={"endpoint_url": s3_server}),
             "source": src.settings.source.model_copy(update={"max_changes_per_file": 100_000}),
         }
@@ -563,6 +607,7 @@ def test_s3_landing_uses_multipart_for_large_files(src: Src, s3_server: str) -> 
 
 # --- CLI ------------------------------------------------------------------------------------------
 
+
 def test_cli_snapshot_capture_slot_info_and_tables(src: Src) -> None:
     from click.testing import CliRunner
 
@@ -583,7 +628,9 @@ def test_cli_snapshot_capture_slot_info_and_tables(src: Src) -> None:
     src.sql("INSERT INTO keyed VALUES (3, 'c')")
     src.sql("INSERT INTO bare VALUES ('x')")
     out = runner.invoke(main, ["capture"], env=env)
-    assert out.exit_code == 0 and "captured 2 changes" in out.output and "public.bare: history" in out.output, out.output
+    assert out.exit_code == 0 and "captured 2 changes" in out.output and "public.bare: history" in out.output, (
+        out.output
+    )
     out = runner.invoke(main, ["slot", "info"], env=env)
     info = json.loads(out.output)
     assert info["slot"] == src.settings.source.slot and "retained_wal_bytes" in info and "lag_bytes" in info

@@ -31,8 +31,17 @@ def settings_env(s: LoaderSettings) -> dict[str, str]:
 
 def test_help_for_every_command() -> None:
     runner = CliRunner()
-    for args in (["--help"], ["capture", "--help"], ["load", "--help"], ["merge", "--help"], ["run", "--help"],
-                 ["status", "--help"], ["verify", "--help"], ["slot", "--help"], ["demo", "--help"]):
+    for args in (
+        ["--help"],
+        ["capture", "--help"],
+        ["load", "--help"],
+        ["merge", "--help"],
+        ["run", "--help"],
+        ["status", "--help"],
+        ["verify", "--help"],
+        ["slot", "--help"],
+        ["demo", "--help"],
+    ):
         res = runner.invoke(main, args)
         assert res.exit_code == 0, (args, res.output)
         assert "Usage:" in res.output
@@ -42,7 +51,7 @@ def test_missing_slot_is_one_clear_line(env: Env) -> None:
     runner = CliRunner()
     res = runner.invoke(main, ["capture", "--no-create-slot"], env=settings_env(env.settings))
     assert res.exit_code == 1
-    lines = [l for l in res.output.splitlines() if l.strip()]
+    lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1, res.output
     assert env.settings.source.slot in lines[0] and "does not exist" in lines[0] and "loader slot create" in lines[0]
     assert "Traceback" not in res.output
@@ -50,7 +59,9 @@ def test_missing_slot_is_one_clear_line(env: Env) -> None:
 
 def test_unreachable_source_names_what_to_do(tmp_path: Path) -> None:
     res = CliRunner().invoke(
-        main, ["capture"], env={"LOADER_SOURCE__DSN": "postgresql://postgres@127.0.0.1:1/nothing", "LOADER_HOME": str(tmp_path)}
+        main,
+        ["capture"],
+        env={"LOADER_SOURCE__DSN": "postgresql://postgres@127.0.0.1:1/nothing", "LOADER_HOME": str(tmp_path)},
     )
     assert res.exit_code == 1
     assert "cannot connect to the source database" in res.output and "LOADER_SOURCE__DSN" in res.output
@@ -80,7 +91,11 @@ def test_status_answers_from_the_catalog_without_spark(env: Env) -> None:
         "assert 'pyspark' not in sys.modules, 'status imported pyspark'\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, **settings_env(env.settings)}, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code],
+        env={**os.environ, **settings_env(env.settings)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     st = json.loads(proc.stdout)

@@ -21,7 +21,11 @@ from loader.workload import BankWorkload
 from tests.harness import Env
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions
 
-KEYS = {"public.customers": ["customer_id"], "public.accounts": ["account_id"], "public.transactions": ["transaction_id"]}
+KEYS = {
+    "public.customers": ["customer_id"],
+    "public.accounts": ["account_id"],
+    "public.transactions": ["transaction_id"],
+}
 
 
 def cli_env(env: Env, **extra: str) -> dict[str, str]:
@@ -159,8 +163,10 @@ KILL_POINTS: list[tuple[str, str, str]] = [
 DDL = {
     "add-column-default": ["ALTER TABLE public.accounts ADD COLUMN tier text NOT NULL DEFAULT 'standard'"],
     "rename-column": ["ALTER TABLE public.accounts RENAME COLUMN tier TO service_tier"],
-    "retype": ["ALTER TABLE public.transactions ALTER COLUMN memo TYPE varchar(80)",
-               "ALTER TABLE public.accounts ALTER COLUMN interest_rate TYPE text USING interest_rate::text"],
+    "retype": [
+        "ALTER TABLE public.transactions ALTER COLUMN memo TYPE varchar(80)",
+        "ALTER TABLE public.accounts ALTER COLUMN interest_rate TYPE text USING interest_rate::text",
+    ],
 }
 
 

@@ -64,7 +64,9 @@ def make_docs_table(env: Env) -> dict[str, str]:
     return {"big1": big1, "big3": big3}
 
 
-def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dbt_build_models_and_audits_on_pipeline_tables(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     workload = BankWorkload(env.settings.source.dsn, seed=11)
     workload.create_schema()
     env.capture()  # slot exists before the changes
@@ -87,8 +89,15 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path
     st = statuses(res)
     assert res.success, {n: s for n, s in st.items() if s not in ("pass", "success")}
     # every generic audit ran on the pipeline's tables
-    for audit in ("loader_reconciliation", "loader_unique_key", "loader_history_order", "loader_no_toast_placeholder",
-                  "loader_pii_retention", "loader_erased_subjects_absent", "loader_sources_in_step"):
+    for audit in (
+        "loader_reconciliation",
+        "loader_unique_key",
+        "loader_history_order",
+        "loader_no_toast_placeholder",
+        "loader_pii_retention",
+        "loader_erased_subjects_absent",
+        "loader_sources_in_step",
+    ):
         assert any(audit in n for n in st), audit
 
     spark, a = env.spark, f"{settings.catalog.name}.a_{env.uid}"
@@ -120,7 +129,9 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path
     assert sorted(recomputed.collect()) == sorted(env.current("public.docs").select(*cols).collect())
     notes = spark.table(f"{a}.public__notes__scd2").orderBy("valid_from_lsn", "valid_from_seq").collect()
     assert [(r.note_id, r.ended_by, r.is_current) for r in notes] == [
-        (1, "truncate", False), (2, "truncate", False), (2, None, True)
+        (1, "truncate", False),
+        (2, "truncate", False),
+        (2, None, True),
     ]
     assert one(st, "reconciliation", "public__notes") == "pass"
 
@@ -148,7 +159,9 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(env: Env, tmp_path: Path
     from loader.tables import SourceTable
 
     accounts, customers, txns = (SourceTable("public", t) for t in ("accounts", "customers", "transactions"))
-    spark.sql(f"UPDATE {cur(accounts)} SET balance = balance + 1 WHERE account_id = (SELECT min(account_id) FROM {cur(accounts)})")
+    spark.sql(
+        f"UPDATE {cur(accounts)} SET balance = balance + 1 WHERE account_id = (SELECT min(account_id) FROM {cur(accounts)})"
+    )
     spark.sql(f"INSERT INTO {cur(txns)} SELECT * FROM {cur(txns)} LIMIT 1")
     spark.sql(
         f"UPDATE {hist(customers)} SET pg_txn_timestamp = TIMESTAMP '2001-01-01 00:00:00' "

@@ -19,8 +19,13 @@ SETTINGS = LoaderSettings(
         "subject_columns": {"person": ["public.people.person_id", "public.orders.person_id"]},
     },
 )
-PEOPLE = TableSpec(SourceTable("public", "people"), "public__people", ["person_id"],
-                   {"person_id": "bigint", "email": "text", "Odd Name": "numeric(10,2)"}, True)
+PEOPLE = TableSpec(
+    SourceTable("public", "people"),
+    "public__people",
+    ["person_id"],
+    {"person_id": "bigint", "email": "text", "Odd Name": "numeric(10,2)"},
+    True,
+)
 LOG = TableSpec(SourceTable("public", "log"), "public__log", [], {"line": "text"}, False)
 CATALOG = CatalogTables([LOG, PEOPLE], ["public__people"])
 
@@ -68,7 +73,12 @@ def test_dbt_arguments_and_profile() -> None:
     assert dbt_args(["build", "-s", "x"], p) == ["build", "-s", "x", "--project-dir", "/w", "--profiles-dir", "/w"]
     assert dbt_args(["--version"], p) == ["--version"]
     assert dbt_args(["docs", "generate", "--project-dir", "/o"], p) == [
-        "docs", "generate", "--project-dir", "/o", "--profiles-dir", "/w"
+        "docs",
+        "generate",
+        "--project-dir",
+        "/o",
+        "--profiles-dir",
+        "/w",
     ]
     env = profile_env(SETTINGS, "thrift")
     assert env["DBT_LAKEHOUSE_TARGET"] == "thrift" and env["DBT_LAKEHOUSE_THRIFT_PORT"] == "10000"
@@ -80,12 +90,16 @@ def test_thrift_server_command() -> None:
     assert "--driver-class-path" in cmd and "--jars" not in cmd
     assert not any(a.startswith("spark.jars=") for a in cmd)
     assert "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2" in cmd
-    tail = cmd[cmd.index("spark-internal"):]
+    tail = cmd[cmd.index("spark-internal") :]
     assert tail == [
         "spark-internal",
-        "--hiveconf", "hive.server2.thrift.port=10000",
-        "--hiveconf", "hive.server2.thrift.bind.host=127.0.0.1",
+        "--hiveconf",
+        "hive.server2.thrift.port=10000",
+        "--hiveconf",
+        "hive.server2.thrift.bind.host=127.0.0.1",
     ]
     conf = server_conf(SETTINGS)
     assert conf["spark.sql.defaultCatalog"] == "lakehouse" and "spark.jars" not in conf
-    assert "--properties-file" in cmd and not any(a.startswith("spark.sql.") for a in cmd), "settings stay off the command line"
+    assert "--properties-file" in cmd and not any(a.startswith("spark.sql.") for a in cmd), (
+        "settings stay off the command line"
+    )

@@ -32,7 +32,9 @@ def test_add_column_with_a_default_that_fills_existing_rows(env: Env) -> None:
     env.sql("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 50) g")
     env.run_all()
     env.assert_reconciled()
-    env.sql("ALTER TABLE public.t ADD COLUMN status text NOT NULL DEFAULT 'active'")  # a "missing value": no rows written
+    env.sql(
+        "ALTER TABLE public.t ADD COLUMN status text NOT NULL DEFAULT 'active'"
+    )  # a "missing value": no rows written
     env.sql("ALTER TABLE public.t ADD COLUMN seen_at timestamptz DEFAULT clock_timestamp()")  # volatile: a rewrite
     env.sql("UPDATE public.t SET v = 'w' WHERE id = 1")
     cap, _, merge = env.run_all()
@@ -106,7 +108,9 @@ def test_logical_messages_never_wedge_the_slot(env: Env) -> None:
     env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
     env.capture()
     env.sql("SELECT pg_logical_emit_message(false, 'heartbeat', 'beat 1')")
-    env.transaction("INSERT INTO public.t VALUES (1, 'a')", "SELECT pg_logical_emit_message(true, 'debezium-signal', '{}')")
+    env.transaction(
+        "INSERT INTO public.t VALUES (1, 'a')", "SELECT pg_logical_emit_message(true, 'debezium-signal', '{}')"
+    )
     env.sql("SELECT pg_logical_emit_message(false, 'heartbeat', 'beat 2')")
     env.sql("SELECT txid_current()")  # an empty transaction
     env.sql("INSERT INTO public.t VALUES (2, 'b')")  # flushes the WAL past the messages
@@ -190,8 +194,8 @@ def test_names_that_need_quoting_or_look_like_ours(env: Env) -> None:
     env.sql('CREATE TABLE a."b__c" (id int PRIMARY KEY, v text)')
     env.sql(f'CREATE TABLE "Weird.Schema"."{long_name}" ("Id" int PRIMARY KEY, "we""ird col" text)')
     env.sql(
-        "CREATE TABLE public.cols (id int PRIMARY KEY, _reason text, _kind text, pg_lsn bigint, \"pg__x\" int,"
-        " \"PG_SEQ\" text, __absent text, _raw text, _line int, _sub int, _from text, _m text, pg_note text)"
+        'CREATE TABLE public.cols (id int PRIMARY KEY, _reason text, _kind text, pg_lsn bigint, "pg__x" int,'
+        ' "PG_SEQ" text, __absent text, _raw text, _line int, _sub int, _from text, _m text, pg_note text)'
     )
     env.capture()
     env.sql("INSERT INTO \"a__b\".c VALUES (1, 'in a__b.c')")
@@ -199,7 +203,7 @@ def test_names_that_need_quoting_or_look_like_ours(env: Env) -> None:
     env.sql(f"INSERT INTO \"Weird.Schema\".\"{long_name}\" VALUES (1, 'x'), (2, '{{{{ config() }}}}')")
     env.sql("INSERT INTO public.cols VALUES (1, 'r', 'k', 42, 7, 's', 'a', 'raw', 3, 4, 'f', 'm', 'n')")
     env.sql("UPDATE public.cols SET _reason = 'r2', pg_lsn = 43, \"pg__x\" = 8 WHERE id = 1")
-    env.sql("UPDATE a.\"b__c\" SET id = 3 WHERE id = 2")
+    env.sql('UPDATE a."b__c" SET id = 3 WHERE id = 2')
     _, load, _ = env.run_all()
     assert load.rejects == 0
     results = env.assert_reconciled()
@@ -252,7 +256,9 @@ def test_slot_invalidated_by_max_slot_wal_keep_size(env: Env, pg_admin: str) -> 
         admin.execute("SELECT pg_reload_conf()")
         try:
             for _ in range(8):  # past the limit, and checkpoints that remove the segments
-                env.sql("INSERT INTO public.t SELECT g, repeat('x', 1000) FROM generate_series(1000, 5000) g ON CONFLICT (id) DO UPDATE SET v = excluded.v")
+                env.sql(
+                    "INSERT INTO public.t SELECT g, repeat('x', 1000) FROM generate_series(1000, 5000) g ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+                )
                 admin.execute("SELECT pg_switch_wal()")
                 admin.execute("CHECKPOINT")
             with slots.connect(env.settings.source.dsn) as conn:
@@ -327,7 +333,9 @@ def test_truncated_landing_file_keeps_readable_changes_and_parks_what_it_lost(en
     merge = env.merge()
     assert set(merge.parked) == set(load.parked)
     assert {t: r.parked is not None for t, r in ((r.table, r) for r in env.reconcile())} == {
-        "public.a": "public.a" in load.parked, "public.b": "public.b" in load.parked, "public.c": False,
+        "public.a": "public.a" in load.parked,
+        "public.b": "public.b" in load.parked,
+        "public.c": False,
     }
     env.resync(["public.a", "public.b"])
     env.run_all()
@@ -370,11 +378,15 @@ def _cli_env(env: Env) -> dict[str, str]:
 
 
 def test_partitioned_table_lands_as_one_table(env: Env) -> None:
-    env.sql("CREATE TABLE public.orders (id int, region text, amount int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)")
+    env.sql(
+        "CREATE TABLE public.orders (id int, region text, amount int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)"
+    )
     env.sql("CREATE TABLE public.orders_eu PARTITION OF public.orders FOR VALUES IN ('eu')")
     env.sql("CREATE TABLE public.orders_us PARTITION OF public.orders FOR VALUES IN ('us')")
     env.capture()
-    env.sql("INSERT INTO public.orders SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 20) g")
+    env.sql(
+        "INSERT INTO public.orders SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 20) g"
+    )
     env.sql("UPDATE public.orders SET region = 'us' WHERE id = 2")  # moves to another partition
     env.sql("DELETE FROM public.orders WHERE id = 3")
     env.run_all()
@@ -386,11 +398,16 @@ def test_partitioned_table_lands_as_one_table(env: Env) -> None:
     env.sql("ALTER TABLE public.orders ATTACH PARTITION public.orders_apac FOR VALUES IN ('apac')")
     env.sql("TRUNCATE public.orders_eu")
     cap, _, _ = env.run_all()
-    assert "attached" in cap.resynced["public.orders"] and "partition of public.orders" in cap.parked["public.orders_apac"]
+    assert (
+        "attached" in cap.resynced["public.orders"] and "partition of public.orders" in cap.parked["public.orders_apac"]
+    )
     results = {r.table: r for r in env.reconcile()}
     assert results["public.orders"].ok and results["public.orders"].source_rows == 11 + 10
     # Detached again: its rows become a table of its own, resynced, and leave the partitioned table.
     env.sql("ALTER TABLE public.orders DETACH PARTITION public.orders_apac")
     cap, _, _ = env.run_all()
-    assert "detached" in cap.resynced["public.orders"] and "detached from public.orders" in cap.resynced["public.orders_apac"]
+    assert (
+        "detached" in cap.resynced["public.orders"]
+        and "detached from public.orders" in cap.resynced["public.orders_apac"]
+    )
     env.assert_reconciled()

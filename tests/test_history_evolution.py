@@ -53,7 +53,9 @@ def test_schema_changes_mid_stream(env: Env) -> None:
     # A retype Iceberg cannot apply in place: history keeps the old values in a retired column and
     # the new ones under the name; the table parks (the others keep going) until a resync. With
     # automatic resyncs off, the documented command is what heals it.
-    env.settings = env.settings.model_copy(update={"source": env.settings.source.model_copy(update={"auto_resync": False})})
+    env.settings = env.settings.model_copy(
+        update={"source": env.settings.source.model_copy(update={"auto_resync": False})}
+    )
     env.sql("CREATE TABLE public.other (id int PRIMARY KEY, v text)")
     env.sql("ALTER TABLE public.t ALTER COLUMN w TYPE text USING w::text || '!'")
     env.sql("UPDATE public.t SET w = 'text now' WHERE id = 1")
@@ -68,7 +70,13 @@ def test_schema_changes_mid_stream(env: Env) -> None:
     hist = {r["pg_lsn"]: r for r in env.history("public.t").where("pg_operation = 'update' AND id = 1").collect()}
     newest = hist[max(hist)]
     assert newest["w"] == "text now" and newest["pg__r1_w"] is None
-    assert {r["pg__r1_w"] for r in env.history("public.t").where("pg_operation = 'insert'").collect()} == {1, 2, 3, 4, 5}
+    assert {r["pg__r1_w"] for r in env.history("public.t").where("pg_operation = 'insert'").collect()} == {
+        1,
+        2,
+        3,
+        4,
+        5,
+    }
     assert 9000000000 in {r["pg__r1_w"] for r in env.history("public.t").where("pg_operation = 'read'").collect()}
     results = {r.table: r for r in env.reconcile()}
     assert results["public.other"].ok
@@ -89,7 +97,15 @@ def _iceberg(env: Env, kind: str) -> object:
 def _assert_history_layout(env: Env) -> None:
     hist = _iceberg(env, "history")
     fields = [f.name for f in hist.schema().fields]  # type: ignore[attr-defined]
-    for meta in ("pg_lsn", "pg_seq", "pg_txn_id", "pg_operation", "pg_txn_timestamp", "pg_old_key", "pg_absent_columns"):
+    for meta in (
+        "pg_lsn",
+        "pg_seq",
+        "pg_txn_id",
+        "pg_operation",
+        "pg_txn_timestamp",
+        "pg_old_key",
+        "pg_absent_columns",
+    ):
         assert meta in fields
     spec = hist.spec()  # type: ignore[attr-defined]
     assert [(str(f.transform), f.name) for f in spec.fields] == [("day", "pg_txn_timestamp_day")]

@@ -34,8 +34,17 @@ class Case:
 
 def rec(seq_offset: int, **fields: object) -> bytes:
     doc: dict[str, object] = {
-        "v": 1, "op": "I", "lsn": 0, "seq": seq_offset, "xid": 7, "ts": TS, "change_lsn": 1,
-        "schema": VICTIM[0], "table": VICTIM[1], "columns": [["id", "integer", str(1000 + seq_offset)]], "pk": ["id"],
+        "v": 1,
+        "op": "I",
+        "lsn": 0,
+        "seq": seq_offset,
+        "xid": 7,
+        "ts": TS,
+        "change_lsn": 1,
+        "schema": VICTIM[0],
+        "table": VICTIM[1],
+        "columns": [["id", "integer", str(1000 + seq_offset)]],
+        "pk": ["id"],
     }
     doc.update(fields)
     return json.dumps(doc).encode()
@@ -65,7 +74,11 @@ CASES = [
     Case("duplicate-position", "appears twice in the file", [rec(1), rec(1, columns=[["id", "integer", "77"]])]),
     Case("key-missing", "key column 'id' missing", [rec(1, columns=[["n", "integer", "1"]])]),
     Case("name-500-chars", "longer than PostgreSQL allows", [rec(1, table="t" * 500)]),
-    Case("capture-quarantine", "quarantined before landing", [rec(1, op="X", columns=[], reason="wal2json output is not UTF-8", raw="caf\\xe9")]),
+    Case(
+        "capture-quarantine",
+        "quarantined before landing",
+        [rec(1, op="X", columns=[], reason="wal2json output is not UTF-8", raw="caf\\xe9")],
+    ),
     Case("header-says-more", "", [rec(1)], header={"public.victim": 4}, rejects=0),
     # values that do not fit their column
     Case("text-in-int", "does not fit", [typed(1, "n", "integer", "twelve")]),
@@ -79,8 +92,13 @@ CASES = [
     Case("boolean-maybe", "does not fit", [typed(1, "ok", "boolean", "maybe")]),
     # file-level damage (the header still names the table)
     Case("truncated-file", "", [rec(i) for i in range(1, 9)], mangle="truncate", rejects=-1),
-    Case("bit-flips", "", [rec(i, columns=[["id", "integer", str(i)], ["n", "integer", str(i) * 30]]) for i in range(1, 9)],
-         mangle="flip", rejects=-1),
+    Case(
+        "bit-flips",
+        "",
+        [rec(i, columns=[["id", "integer", str(i)], ["n", "integer", str(i) * 30]]) for i in range(1, 9)],
+        mangle="flip",
+        rejects=-1,
+    ),
     Case("garbage-tail", "damaged after its last record", [rec(1)], mangle="garbage-tail"),
 ]
 
@@ -129,20 +147,34 @@ def test_thirty_hostile_inputs_are_quarantined_and_isolated(env: Env) -> None:
     )
     env.capture()
     env.sql("INSERT INTO public.good SELECT g, 'g' FROM generate_series(1, 20) g")
-    env.sql("INSERT INTO public.victim (id, n, amount, d, arr, b, t, ok) VALUES (1, 1, 1.5, '2024-01-01', '{1}', '\\x00', now(), true)")
+    env.sql(
+        "INSERT INTO public.victim (id, n, amount, d, arr, b, t, ok) VALUES (1, 1, 1.5, '2024-01-01', '{1}', '\\x00', now(), true)"
+    )
     env.run_all()
     base = open_landing(env.settings).landed_position()
     assert base is not None
     names = {write_case(env, case, base, i): case for i, case in enumerate(CASES)}
     # Odd but legal names are data, not code: an injection attempt lands as a table of its own.
-    injection = json.dumps({
-        "v": 1, "op": "I", "lsn": base.commit_lsn + 1, "seq": len(CASES) * 100 + 1, "xid": 7, "ts": TS, "change_lsn": 1,
-        "schema": "public", "table": "x'); DROP TABLE good; --", "columns": [["`a`; DROP", "text", "{{ run_query('x') }}"]],
-        "pk": [],
-    }).encode()
-    names[write_case(env, Case("injection", "", [injection], header={"public.x'); DROP TABLE good; --": 1}), base, len(CASES))] = Case(
-        "injection", "", [], rejects=0
-    )
+    injection = json.dumps(
+        {
+            "v": 1,
+            "op": "I",
+            "lsn": base.commit_lsn + 1,
+            "seq": len(CASES) * 100 + 1,
+            "xid": 7,
+            "ts": TS,
+            "change_lsn": 1,
+            "schema": "public",
+            "table": "x'); DROP TABLE good; --",
+            "columns": [["`a`; DROP", "text", "{{ run_query('x') }}"]],
+            "pk": [],
+        }
+    ).encode()
+    names[
+        write_case(
+            env, Case("injection", "", [injection], header={"public.x'); DROP TABLE good; --": 1}), base, len(CASES)
+        )
+    ] = Case("injection", "", [], rejects=0)
     assert len(CASES) >= 30
     load = env.load()
     rejects = {(r["landing_file"], r["line"]): r for r in env.spark.table(env.names.rejects).collect()}

@@ -33,14 +33,28 @@ from loader.inputs.importer import import_files
 from loader.load.decode import decode_file
 from tests.harness import Env
 
-V1_OPTIONS = ("format-version", "1", "include-lsn", "1", "include-xids", "1", "include-timestamp", "1",
-              "include-types", "1", "include-pk", "1")
+V1_OPTIONS = (
+    "format-version",
+    "1",
+    "include-lsn",
+    "1",
+    "include-xids",
+    "1",
+    "include-timestamp",
+    "1",
+    "include-types",
+    "1",
+    "include-pk",
+    "1",
+)
 
 
 def make_changes(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("INSERT INTO accounts SELECT g, g * 1.5, '2024-01-01 10:00:00'::timestamp + g * interval '1.5 s',"
-                  " 'n' || g, g % 2 = 0 FROM generate_series(1, 40) g")
+        c.execute(
+            "INSERT INTO accounts SELECT g, g * 1.5, '2024-01-01 10:00:00'::timestamp + g * interval '1.5 s',"
+            " 'n' || g, g % 2 = 0 FROM generate_series(1, 40) g"
+        )
         for i in range(1, 15):
             c.execute("UPDATE accounts SET balance = balance + 0.25, note = NULL WHERE id = %s", (i,))
         c.execute("UPDATE accounts SET id = 1000 WHERE id = 20")  # key change
@@ -53,15 +67,23 @@ def make_changes(dsn: str) -> None:
 
 def setup_source(env: Env) -> tuple[list[str], list[str]]:
     """Create the table, a slot that records wal2json v1 and v2 output, make changes; return both outputs."""
-    env.sql("CREATE TABLE accounts (id integer PRIMARY KEY, balance numeric(20,2), opened timestamp, note text, active boolean)")
+    env.sql(
+        "CREATE TABLE accounts (id integer PRIMARY KEY, balance numeric(20,2), opened timestamp, note text, active boolean)"
+    )
     aux = f"aux_{env.uid}"
     env.sql("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (aux,))
     try:
         make_changes(env.settings.source.dsn)
         with slots.connect(env.settings.source.dsn) as c:
+
             def peek(opts: tuple[str, ...]) -> list[str]:
                 ph = ", ".join(["%s"] * len(opts))
-                return [r[0] for r in c.execute(f"SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, {ph})", (aux, *opts))]
+                return [
+                    r[0]
+                    for r in c.execute(
+                        f"SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, {ph})", (aux, *opts)
+                    )
+                ]
 
             return peek(WAL2JSON_OPTIONS), peek(V1_OPTIONS)
     finally:
@@ -84,15 +106,29 @@ def to_pgkafka(doc: dict[str, Any]) -> dict[str, Any]:
     cols = doc.get("columns", [])
     ident = doc.get("identity", [])
     return {
-        "lsn": doc["lsn"], "xid": int(doc["xid"]), "timestamp": doc["timestamp"],
+        "lsn": doc["lsn"],
+        "xid": int(doc["xid"]),
+        "timestamp": doc["timestamp"],
         "operation": {"I": "insert", "U": "update", "D": "delete"}[doc["action"]],
         "table": f"{doc['schema']}.{doc['table']}",
-        "columns": [c["name"] for c in cols], "types": [c["type"] for c in cols],
+        "columns": [c["name"] for c in cols],
+        "types": [c["type"] for c in cols],
         # Numbers as JSON numbers with their exact digits (1.50 stays 1.50), as a producer writes them.
-        "values": [RAW + c["value"] if c["type"] in ("integer", "numeric(20,2)") and c["value"] is not None
-                   else c["value"] for c in cols],
-        **({"identity": {"columns": [c["name"] for c in ident], "types": [c["type"] for c in ident],
-                         "values": [int(c["value"]) for c in ident]}} if ident else {}),
+        "values": [
+            RAW + c["value"] if c["type"] in ("integer", "numeric(20,2)") and c["value"] is not None else c["value"]
+            for c in cols
+        ],
+        **(
+            {
+                "identity": {
+                    "columns": [c["name"] for c in ident],
+                    "types": [c["type"] for c in ident],
+                    "values": [int(c["value"]) for c in ident],
+                }
+            }
+            if ident
+            else {}
+        ),
     }
 
 
@@ -100,8 +136,13 @@ def _dbz_field(name: str, pg_type: str) -> dict[str, Any]:
     if pg_type == "integer":
         return {"field": name, "type": "int32", "optional": False}
     if pg_type.startswith("numeric"):
-        return {"field": name, "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
-                "parameters": {"scale": "2", "connect.decimal.precision": "20"}}
+        return {
+            "field": name,
+            "type": "bytes",
+            "optional": True,
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "20"},
+        }
     if pg_type.startswith("timestamp"):
         return {"field": name, "type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp"}
     if pg_type == "boolean":
@@ -136,9 +177,17 @@ def to_debezium(doc: dict[str, Any], types: dict[str, str], with_key: bool) -> d
     env = {
         "schema": {"type": "struct", "fields": [{**row_schema, "field": "before"}, {**row_schema, "field": "after"}]},
         "payload": {
-            "before": before, "after": after, "op": {"I": "c", "U": "u", "D": "d"}[doc["action"]],
-            "source": {"connector": "postgresql", "schema": doc["schema"], "table": doc["table"], "lsn": lsn,
-                       "txId": int(doc["xid"]), "ts_ms": int(ts.timestamp() * 1000)},
+            "before": before,
+            "after": after,
+            "op": {"I": "c", "U": "u", "D": "d"}[doc["action"]],
+            "source": {
+                "connector": "postgresql",
+                "schema": doc["schema"],
+                "table": doc["table"],
+                "lsn": lsn,
+                "txId": int(doc["xid"]),
+                "ts_ms": int(ts.timestamp() * 1000),
+            },
             "ts_ms": int(ts.timestamp() * 1000),
         },
     }
@@ -176,7 +225,10 @@ def input_files(env: Env, fmt: str, v2: list[str], v1: list[str], tmp: Path) -> 
         half = next(i for i in range(len(v2) // 2, len(v2)) if '"action":"C"' in v2[i]) + 1
         return [write_raw(tmp / "b.json", v2[half:]), write_raw(tmp / "a.json", v2[:half])], pk
     if fmt == "wal2json-v1":
-        return [write_raw(tmp / "part-1.json", v1[len(v1) // 2:]), write_raw(tmp / "part-0.json", v1[: len(v1) // 2])], pk
+        return [
+            write_raw(tmp / "part-1.json", v1[len(v1) // 2 :]),
+            write_raw(tmp / "part-0.json", v1[: len(v1) // 2]),
+        ], pk
     changes = v2_changes(v2)
     if fmt == "pgkafka":
         msgs = [to_pgkafka(d) for d in changes]
@@ -187,7 +239,10 @@ def input_files(env: Env, fmt: str, v2: list[str], v1: list[str], tmp: Path) -> 
         pk = ["public.accounts=id"]
     msgs = msgs + rng.sample(msgs, 10)  # at-least-once delivery
     rng.shuffle(msgs)
-    return [write_lines(tmp / "topic+0+0000.json", msgs[: len(msgs) // 2]), write_lines(tmp / "topic+0+0100.json", msgs[len(msgs) // 2:])], pk
+    return [
+        write_lines(tmp / "topic+0+0000.json", msgs[: len(msgs) // 2]),
+        write_lines(tmp / "topic+0+0100.json", msgs[len(msgs) // 2 :]),
+    ], pk
 
 
 def landed(store: LocalLandingStore) -> list[ChangeRecord]:
@@ -207,8 +262,11 @@ def test_every_input_format_lands_the_same_changes_as_capture(env: Env) -> None:
     validator = jsonschema.Draft202012Validator(
         json.loads((Path(__file__).resolve().parents[1] / "schemas" / "landing-change.v1.json").read_text())
     )
-    reference = [(r.op, r.table, [(c.name, c.value) for c in r.columns], [(c.name, c.value) for c in r.identity])
-                 for r in landed(ref_store) if r.op != COMMIT]
+    reference = [
+        (r.op, r.table, [(c.name, c.value) for c in r.columns], [(c.name, c.value) for c in r.identity])
+        for r in landed(ref_store)
+        if r.op != COMMIT
+    ]
     for fmt in FORMATS:
         files, pk = input_files(env, fmt, v2, v1, env.tmp / "in" / fmt)
         store = LocalLandingStore(env.tmp / "out" / fmt)
@@ -217,8 +275,11 @@ def test_every_input_format_lands_the_same_changes_as_capture(env: Env) -> None:
         recs = landed(store)
         positions = [r.position for r in recs]
         assert positions == sorted(positions) and len(set(positions)) == len(positions), fmt
-        got = [(r.op, r.table, [(c.name, c.value) for c in r.columns], [(c.name, c.value) for c in r.identity])
-               for r in recs if r.op != COMMIT]
+        got = [
+            (r.op, r.table, [(c.name, c.value) for c in r.columns], [(c.name, c.value) for c in r.identity])
+            for r in recs
+            if r.op != COMMIT
+        ]
         assert got == reference, fmt
         assert all(r.pk == ["id"] for r in recs if r.op != COMMIT), fmt
         for f in store.files():
@@ -262,11 +323,16 @@ def test_debezium_logical_types_become_postgres_text() -> None:
     assert _convert_value(raw, dec) == ("numeric", "-1234.567")
     assert _convert_value("19782", {"type": "int32", "name": "io.debezium.time.Date"}) == ("date", "2024-02-29")
     assert _convert_value("1706702400123456", {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}) == (
-        "timestamp without time zone", "2024-01-31 12:00:00.123456")
-    assert _convert_value("2024-01-31T12:00:00.5+05:30", {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}) == (
-        "timestamp with time zone", "2024-01-31 06:30:00.5+00")
+        "timestamp without time zone",
+        "2024-01-31 12:00:00.123456",
+    )
+    assert _convert_value(
+        "2024-01-31T12:00:00.5+05:30", {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}
+    ) == ("timestamp with time zone", "2024-01-31 06:30:00.5+00")
     assert _convert_value("45296000001", {"type": "int64", "name": "io.debezium.time.MicroTime"}) == (
-        "time without time zone", "12:34:56.000001")
+        "time without time zone",
+        "12:34:56.000001",
+    )
     assert _convert_value("AP8=", {"type": "bytes"}) == ("bytea", "\\x00ff")
     src_type = {"type": "string", "parameters": {"__debezium.source.column.type": "UUID"}}
     assert _convert_value("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", src_type)[0] == "uuid"
@@ -296,7 +362,11 @@ def _write(path: Path, entries: list[Entry]) -> dict[str, tuple[str, str]]:
         lines: list[str | bytes] = list(text) if isinstance(text, list) else [text]
         data = b"".join((x if isinstance(x, bytes) else x.encode("utf-8")) + b"\n" for x in lines)
         if expect is not None:
-            fragment, raw = expect if isinstance(expect, tuple) else (expect, data.rstrip(b"\n").decode("utf-8", "backslashreplace"))
+            fragment, raw = (
+                expect
+                if isinstance(expect, tuple)
+                else (expect, data.rstrip(b"\n").decode("utf-8", "backslashreplace"))
+            )
             bad[f"{path}:{line}"] = (fragment, raw)
         out += data
         line += len(lines)
@@ -309,18 +379,38 @@ def _j(doc: Any) -> str:
 
 
 def _pgk(lsn: Any, xid: Any, op: str, values: list[Any], identity: int | None = None, **extra: Any) -> str:
-    doc: dict[str, Any] = {"lsn": lsn, "xid": xid, "operation": op, "table": "public.t", "timestamp": TS,
-                           "columns": ["id", "v"][: len(values)], "types": ["integer", "text"][: len(values)], "values": values}
+    doc: dict[str, Any] = {
+        "lsn": lsn,
+        "xid": xid,
+        "operation": op,
+        "table": "public.t",
+        "timestamp": TS,
+        "columns": ["id", "v"][: len(values)],
+        "types": ["integer", "text"][: len(values)],
+        "values": values,
+    }
     if identity is not None:
         doc["identity"] = {"columns": ["id"], "types": ["integer"], "values": [identity]}
     doc.update(extra)
     return _j({k: v for k, v in doc.items() if v is not ...})
 
 
-def _dbz(op: str, lsn: int, tx: int, before: dict[str, Any] | None, after: dict[str, Any] | None,
-         table: str = "t", schema: dict[str, Any] | None = None, key: dict[str, Any] | None = None) -> str:
-    env: dict[str, Any] = {"before": before, "after": after, "op": op,
-                           "source": {"schema": "public", "table": table, "lsn": lsn, "txId": tx, "ts_ms": 1706702400000}}
+def _dbz(
+    op: str,
+    lsn: int,
+    tx: int,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    table: str = "t",
+    schema: dict[str, Any] | None = None,
+    key: dict[str, Any] | None = None,
+) -> str:
+    env: dict[str, Any] = {
+        "before": before,
+        "after": after,
+        "op": op,
+        "source": {"schema": "public", "table": table, "lsn": lsn, "txId": tx, "ts_ms": 1706702400000},
+    }
     doc: dict[str, Any] = {"schema": schema, "payload": env} if schema is not None else env
     return _j({"key": {"payload": key}, "value": doc} if key is not None else doc)
 
@@ -330,8 +420,14 @@ def _begin(lsn: str, xid: int, **extra: Any) -> str:
 
 
 def _w2_insert(i: int, **extra: Any) -> str:
-    doc = {"action": "I", "schema": "public", "table": "t", "columns": [{"name": "id", "type": "integer", "value": i}],
-           "pk": [{"name": "id", "type": "integer"}], **extra}
+    doc = {
+        "action": "I",
+        "schema": "public",
+        "table": "t",
+        "columns": [{"name": "id", "type": "integer", "value": i}],
+        "pk": [{"name": "id", "type": "integer"}],
+        **extra,
+    }
     return _j({k: v for k, v in doc.items() if v is not ...})
 
 
@@ -341,52 +437,110 @@ COMMIT_V2 = _j({"action": "C"})
 def pgkafka_inputs(tmp: Path) -> tuple[list[Path], dict[str, tuple[str, str]], int]:
     """pgkafka files: 5 good changes in 4 transactions, 10 bad messages between them."""
     a, b = tmp / "topic+0+0000.json", tmp / "topic+0+0100.json"
-    bad = _write(a, [
-        (_pgk("0/1000", 500, "insert", [1, "a"]), None),
-        ('{"lsn": "0/1500", "xid": 9, "operation": "ins', "not JSON"),  # truncated
-        ("[1, 2, 3]", "not an object"),
-        (_pgk(..., 9, "insert", [7, "x"]), "no lsn"),
-        (_pgk("banana", 9, "insert", [7, "x"]), "'banana' is not an LSN"),
-        (_pgk("0/2000", 501, "update", [1, "b"], identity=1), None),
-        (_pgk("0/1600", 9, "upsert", [7, "x"]), "unknown operation 'upsert'"),
-    ])
-    bad |= _write(b, [
-        (_pgk("0/1700", 9, "insert", [7, "x"], table=...), "no table"),
-        (_pgk("0/3000", 502, "insert", [2, "c"]), None),
-        (_j({"lsn": "0/1800", "xid": 9, "operation": "insert", "table": "public.t", "timestamp": TS,
-             "columns": ["id", "v"], "types": ["integer"], "values": [7, "x"]}), "differ in length"),
-        (_pgk("0/3010", 502, "insert", [3, "d"]), None),
-        ((b'{"lsn": "0/1900", "xid": 9, "operation": "insert", "table": "public.t", "timestamp": "x", "columns": ["v"], '
-          b'"types": ["text"], "values": ["caf\xe9"]}'), "not UTF-8"),
-        (_pgk("0/1A00", 9, "delete", []), "without the old key"),
-        (_pgk("0/1B00", "abc", "insert", [7, "x"]), "not a transaction id"),
-        (_pgk("0/4000", 503, "delete", [], identity=2), None),
-    ])
+    bad = _write(
+        a,
+        [
+            (_pgk("0/1000", 500, "insert", [1, "a"]), None),
+            ('{"lsn": "0/1500", "xid": 9, "operation": "ins', "not JSON"),  # truncated
+            ("[1, 2, 3]", "not an object"),
+            (_pgk(..., 9, "insert", [7, "x"]), "no lsn"),
+            (_pgk("banana", 9, "insert", [7, "x"]), "'banana' is not an LSN"),
+            (_pgk("0/2000", 501, "update", [1, "b"], identity=1), None),
+            (_pgk("0/1600", 9, "upsert", [7, "x"]), "unknown operation 'upsert'"),
+        ],
+    )
+    bad |= _write(
+        b,
+        [
+            (_pgk("0/1700", 9, "insert", [7, "x"], table=...), "no table"),
+            (_pgk("0/3000", 502, "insert", [2, "c"]), None),
+            (
+                _j(
+                    {
+                        "lsn": "0/1800",
+                        "xid": 9,
+                        "operation": "insert",
+                        "table": "public.t",
+                        "timestamp": TS,
+                        "columns": ["id", "v"],
+                        "types": ["integer"],
+                        "values": [7, "x"],
+                    }
+                ),
+                "differ in length",
+            ),
+            (_pgk("0/3010", 502, "insert", [3, "d"]), None),
+            (
+                (
+                    b'{"lsn": "0/1900", "xid": 9, "operation": "insert", "table": "public.t", "timestamp": "x", "columns": ["v"], '
+                    b'"types": ["text"], "values": ["caf\xe9"]}'
+                ),
+                "not UTF-8",
+            ),
+            (_pgk("0/1A00", 9, "delete", []), "without the old key"),
+            (_pgk("0/1B00", "abc", "insert", [7, "x"]), "not a transaction id"),
+            (_pgk("0/4000", 503, "delete", [], identity=2), None),
+        ],
+    )
     return [a, b], bad, 5
 
 
 def debezium_inputs(tmp: Path) -> tuple[list[Path], dict[str, tuple[str, str]], int]:
     """Debezium files: 3 good changes, 7 bad messages."""
-    dec = {"type": "struct", "fields": [
-        {"field": "after", "type": "struct", "fields": [{"field": "id", "type": "int32"}, {
-            "field": "amount", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}]},
-    ]}
+    dec = {
+        "type": "struct",
+        "fields": [
+            {
+                "field": "after",
+                "type": "struct",
+                "fields": [
+                    {"field": "id", "type": "int32"},
+                    {
+                        "field": "amount",
+                        "type": "bytes",
+                        "name": "org.apache.kafka.connect.data.Decimal",
+                        "parameters": {"scale": "2"},
+                    },
+                ],
+            },
+        ],
+    }
     f = tmp / "dbz+0+0000.json"
-    bad = _write(f, [
-        (_dbz("c", 20000, 800, None, {"id": 1, "v": "a"}, key={"id": 1}), None),
-        (_dbz("c", 19000, 7, None, {"id": 5, "v": UNAVAILABLE_VALUE_PLACEHOLDER}), "placeholder in v"),
-        (_dbz("x", 19001, 7, None, {"id": 5}), "unknown op 'x'"),
-        (_j({"before": None, "after": {"id": 5}, "op": "c"}), "no 'source'"),
-        (_dbz("u", 20100, 801, {"id": 1}, {"id": 1, "v": "b"}, key={"id": 1}), None),
-        (_j({"before": None, "after": {"id": 5}, "op": "c", "source": {"schema": "public", "table": "t", "txId": 7}}),
-         "no source.lsn"),
-        (_dbz("c", 19002, 7, None, {"id": 5, "amount": "not base64!"}, schema=dec), "envelope not understood"),
-        ('"just a string"', "not an object"),
-        (_dbz("r", 19003, 7, None, {"id": 5, "v": base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode()}),
-         "snapshot read carries the unavailable-value placeholder"),
-        (_dbz("d", 20200, 802, {"id": 1}, None, key={"id": 1}), None),
-        (_j({"key": {"payload": {"id": 1}}, "value": None}), None),  # tombstone: nothing, not bad
-    ])
+    bad = _write(
+        f,
+        [
+            (_dbz("c", 20000, 800, None, {"id": 1, "v": "a"}, key={"id": 1}), None),
+            (_dbz("c", 19000, 7, None, {"id": 5, "v": UNAVAILABLE_VALUE_PLACEHOLDER}), "placeholder in v"),
+            (_dbz("x", 19001, 7, None, {"id": 5}), "unknown op 'x'"),
+            (_j({"before": None, "after": {"id": 5}, "op": "c"}), "no 'source'"),
+            (_dbz("u", 20100, 801, {"id": 1}, {"id": 1, "v": "b"}, key={"id": 1}), None),
+            (
+                _j(
+                    {
+                        "before": None,
+                        "after": {"id": 5},
+                        "op": "c",
+                        "source": {"schema": "public", "table": "t", "txId": 7},
+                    }
+                ),
+                "no source.lsn",
+            ),
+            (_dbz("c", 19002, 7, None, {"id": 5, "amount": "not base64!"}, schema=dec), "envelope not understood"),
+            ('"just a string"', "not an object"),
+            (
+                _dbz(
+                    "r",
+                    19003,
+                    7,
+                    None,
+                    {"id": 5, "v": base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode()},
+                ),
+                "snapshot read carries the unavailable-value placeholder",
+            ),
+            (_dbz("d", 20200, 802, {"id": 1}, None, key={"id": 1}), None),
+            (_j({"key": {"payload": {"id": 1}}, "value": None}), None),  # tombstone: nothing, not bad
+        ],
+    )
     return [f], bad, 3
 
 
@@ -394,28 +548,69 @@ def wal2json_inputs(tmp: Path) -> tuple[list[Path], dict[str, tuple[str, str]], 
     """wal2json v1 + v2 files: 4 good changes, 8 bad messages (one of them a transaction cut off by the file's end)."""
     a, b = tmp / "recv-a.json", tmp / "recv-b.json"
     bad_change = {"kind": "upsert", "schema": "public", "table": "t"}
-    bad = _write(a, [
-        (_begin("0/5000", 600), None),
-        (_w2_insert(1, lsn="0/4F00"), None),
-        (_w2_insert(9, table=...), "not understood"),  # a change the decoder cannot read, inside a good transaction
-        (COMMIT_V2, None),
-        (_w2_insert(8), "outside a transaction"),
-        (_j({"action": "Z", "schema": "public", "table": "t"}), "unknown wal2json action 'Z'"),
-        (_j({"xid": 700, "timestamp": TS, "change": [{"kind": "insert", "schema": "public", "table": "t",
-             "columnnames": ["id"], "columntypes": ["integer"], "columnvalues": [7]}]}), "without nextlsn"),
-        (_j({"xid": 701, "nextlsn": "0/6030", "timestamp": TS, "change": [
-            {"kind": "insert", "schema": "public", "table": "t", "columnnames": ["id"], "columntypes": ["integer"],
-             "columnvalues": [2]}, bad_change]}), ("unknown kind 'upsert'", json.dumps(bad_change))),
-        (_j({"foo": 1}), "neither wal2json format"),
-        ([_j({"action": "B", "xid": 602, "timestamp": TS}), _w2_insert(6), COMMIT_V2], "cannot be placed"),
-    ])
-    bad |= _write(b, [
-        (_begin("0/7000", 603), None),
-        (_w2_insert(3), None),
-        (_w2_insert(4), None),
-        (COMMIT_V2, None),
-        ([_begin("0/8000", 604), _w2_insert(5)], "no commit record"),
-    ])
+    bad = _write(
+        a,
+        [
+            (_begin("0/5000", 600), None),
+            (_w2_insert(1, lsn="0/4F00"), None),
+            (_w2_insert(9, table=...), "not understood"),  # a change the decoder cannot read, inside a good transaction
+            (COMMIT_V2, None),
+            (_w2_insert(8), "outside a transaction"),
+            (_j({"action": "Z", "schema": "public", "table": "t"}), "unknown wal2json action 'Z'"),
+            (
+                _j(
+                    {
+                        "xid": 700,
+                        "timestamp": TS,
+                        "change": [
+                            {
+                                "kind": "insert",
+                                "schema": "public",
+                                "table": "t",
+                                "columnnames": ["id"],
+                                "columntypes": ["integer"],
+                                "columnvalues": [7],
+                            }
+                        ],
+                    }
+                ),
+                "without nextlsn",
+            ),
+            (
+                _j(
+                    {
+                        "xid": 701,
+                        "nextlsn": "0/6030",
+                        "timestamp": TS,
+                        "change": [
+                            {
+                                "kind": "insert",
+                                "schema": "public",
+                                "table": "t",
+                                "columnnames": ["id"],
+                                "columntypes": ["integer"],
+                                "columnvalues": [2],
+                            },
+                            bad_change,
+                        ],
+                    }
+                ),
+                ("unknown kind 'upsert'", json.dumps(bad_change)),
+            ),
+            (_j({"foo": 1}), "neither wal2json format"),
+            ([_j({"action": "B", "xid": 602, "timestamp": TS}), _w2_insert(6), COMMIT_V2], "cannot be placed"),
+        ],
+    )
+    bad |= _write(
+        b,
+        [
+            (_begin("0/7000", 603), None),
+            (_w2_insert(3), None),
+            (_w2_insert(4), None),
+            (COMMIT_V2, None),
+            ([_begin("0/8000", 604), _w2_insert(5)], "no commit record"),
+        ],
+    )
     return [a, b], bad, 4
 
 
@@ -443,7 +638,7 @@ def check_quarantine(store: LocalLandingStore, res: ImportResult, bad: dict[str,
     assert [r.op for r in recs[: k + 1]] == ["X"] * k + [COMMIT]
     assert [r.position for r in recs[: k + 1]] == [(first_commit - 1, s) for s in range(1, k + 2)]
     assert all(r.xid == 0 and r.ts for r in recs[: k + 1])
-    assert all(r.commit_lsn >= first_commit for r in recs[k + 1:])
+    assert all(r.commit_lsn >= first_commit for r in recs[k + 1 :])
     # Every landing file has its header, counting the X records under their tables.
     for f in store.files():
         header = json.loads(next(iter(store.read_lines(f.name))))
@@ -492,7 +687,12 @@ def test_quarantine_is_idempotent_across_overlapping_imports(tmp_path: Path) -> 
     res = import_files(settings, "pgkafka", [str(old), str(new)], store=store)
     assert (res.quarantined, res.quarantined_before, res.changes, res.already_landed) == (1, 1, 1, 1)
     recs = [r for f in store.files()[1:] for r in store.read_records(f.name)]
-    assert [(r.op, r.position) for r in recs] == [("X", (0x2000 - 1, 1)), (COMMIT, (0x2000 - 1, 2)), ("I", (0x2000, 1)), (COMMIT, (0x2000, 2))]
+    assert [(r.op, r.position) for r in recs] == [
+        ("X", (0x2000 - 1, 1)),
+        (COMMIT, (0x2000 - 1, 2)),
+        ("I", (0x2000, 1)),
+        (COMMIT, (0x2000, 2)),
+    ]
     assert recs[0].reason.startswith(f"{new}:2: ") and recs[0].table == "t"
 
     # Only bad messages, nothing new to land: the control transaction follows what is landed; once.
@@ -512,7 +712,9 @@ def test_quarantine_is_idempotent_across_overlapping_imports(tmp_path: Path) -> 
     # A landing area that was emptied (the ledger outlives it) gets the X records again, at (0, 1..k) when nothing else lands.
     fresh = LocalLandingStore(tmp_path / "land2")
     (tmp_path / "land2" / "_state").mkdir(parents=True)
-    (tmp_path / "land2" / "_state" / QUARANTINE_STATE).write_bytes((tmp_path / "land" / "_state" / QUARANTINE_STATE).read_bytes())
+    (tmp_path / "land2" / "_state" / QUARANTINE_STATE).write_bytes(
+        (tmp_path / "land" / "_state" / QUARANTINE_STATE).read_bytes()
+    )
     res = import_files(settings, "pgkafka", [str(only_bad)], store=fresh)
     assert res.quarantined == 2
     assert [r.position for r in landed(fresh)] == [(0, 1), (0, 2), (0, 3)]
@@ -521,25 +723,45 @@ def test_quarantine_is_idempotent_across_overlapping_imports(tmp_path: Path) -> 
 def test_debezium_unavailable_placeholder_is_an_absent_column(tmp_path: Path) -> None:
     """Unchanged TOASTed values Debezium did not receive (text, bytea base64/hex, text[]) are left out, not kept as data."""
     P = UNAVAILABLE_VALUE_PLACEHOLDER
-    fields = [{"field": "id", "type": "int32"}, {"field": "body", "type": "string", "optional": True},
-              {"field": "blob", "type": "bytes", "optional": True},
-              {"field": "tags", "type": "array", "items": {"type": "string"}, "optional": True},
-              {"field": "note", "type": "string", "optional": True}]
-    schema = {"type": "struct", "fields": [{"field": "before", "type": "struct", "fields": fields},
-                                           {"field": "after", "type": "struct", "fields": fields}]}
+    fields = [
+        {"field": "id", "type": "int32"},
+        {"field": "body", "type": "string", "optional": True},
+        {"field": "blob", "type": "bytes", "optional": True},
+        {"field": "tags", "type": "array", "items": {"type": "string"}, "optional": True},
+        {"field": "note", "type": "string", "optional": True},
+    ]
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"field": "before", "type": "struct", "fields": fields},
+            {"field": "after", "type": "struct", "fields": fields},
+        ],
+    }
     b64 = base64.b64encode(P.encode()).decode()
-    full = {"id": 1, "body": "long text", "blob": base64.b64encode(b"\x00\xff").decode(), "tags": ["a", "b"], "note": "n1"}
+    full = {
+        "id": 1,
+        "body": "long text",
+        "blob": base64.b64encode(b"\x00\xff").decode(),
+        "tags": ["a", "b"],
+        "note": "n1",
+    }
     toasted = {"id": 1, "body": P, "blob": b64, "tags": [P], "note": "n2"}
     f = tmp_path / "dbz.json"
-    _write(f, [
-        (_dbz("c", 1000, 10, None, full, schema=schema, key={"id": 1}), None),
-        (_dbz("u", 2000, 11, {**toasted, "note": "n1"}, toasted, schema=schema, key={"id": 1}), None),
-        # REPLICA IDENTITY FULL without a key: the old row is the identity, minus what was unavailable.
-        (_dbz("u", 3000, 12, {**toasted, "note": "n2"}, {**toasted, "note": "n3"}, table="nokey", schema=schema), None),
-        # Without the Connect schema a bytea arrives as hex text.
-        (_dbz("u", 4000, 13, None, {"id": 1, "blob": "\\x" + P.encode().hex(), "note": "n4"}, key={"id": 1}), None),
-        (_dbz("d", 5000, 14, {**toasted, "note": "n4"}, None, table="nokey", schema=schema), None),
-    ])
+    _write(
+        f,
+        [
+            (_dbz("c", 1000, 10, None, full, schema=schema, key={"id": 1}), None),
+            (_dbz("u", 2000, 11, {**toasted, "note": "n1"}, toasted, schema=schema, key={"id": 1}), None),
+            # REPLICA IDENTITY FULL without a key: the old row is the identity, minus what was unavailable.
+            (
+                _dbz("u", 3000, 12, {**toasted, "note": "n2"}, {**toasted, "note": "n3"}, table="nokey", schema=schema),
+                None,
+            ),
+            # Without the Connect schema a bytea arrives as hex text.
+            (_dbz("u", 4000, 13, None, {"id": 1, "blob": "\\x" + P.encode().hex(), "note": "n4"}, key={"id": 1}), None),
+            (_dbz("d", 5000, 14, {**toasted, "note": "n4"}, None, table="nokey", schema=schema), None),
+        ],
+    )
     store = LocalLandingStore(tmp_path / "land")
     res = import_files(_settings(tmp_path), "debezium", [str(f)], store=store)
     assert res.quarantined == 0, res.summary()
@@ -551,7 +773,9 @@ def test_debezium_unavailable_placeholder_is_an_absent_column(tmp_path: Path) ->
     assert [(c.name, c.value) for c in upd_nokey.identity] == [("id", "1"), ("note", "n2")]
     assert [(c.name, c.value) for c in upd_hex.columns] == [("id", "1"), ("note", "n4")]
     assert [(c.name, c.value) for c in dele.identity] == [("id", "1"), ("note", "n4")]
-    assert not any(P in (c.value or "") or b64 in (c.value or "") for r in landed(store) for c in r.columns + r.identity)
+    assert not any(
+        P in (c.value or "") or b64 in (c.value or "") for r in landed(store) for c in r.columns + r.identity
+    )
 
     # The placeholder is configurable; then Debezium's default text is ordinary data.
     g = tmp_path / "custom.json"
@@ -564,7 +788,9 @@ def test_debezium_unavailable_placeholder_is_an_absent_column(tmp_path: Path) ->
 
 def test_bad_input_names_the_file_and_line_and_only_whole_input_problems_are_fatal(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text('{"lsn": "0/10", "xid": 1, "operation": "insert", "table": "public.t", "columns": ["a"], "types": [], "values": [1]}\n')
+    bad.write_text(
+        '{"lsn": "0/10", "xid": 1, "operation": "insert", "table": "public.t", "columns": ["a"], "types": [], "values": [1]}\n'
+    )
     store = LocalLandingStore(tmp_path / "land")
     res = import_files(_settings(tmp_path), "pgkafka", [str(bad)], store=store)
     assert res.quarantined == 1 and res.reasons[0].startswith(f"{bad}:1: ")
@@ -586,7 +812,9 @@ def test_bad_input_names_the_file_and_line_and_only_whole_input_problems_are_fat
 
 def test_a_transaction_an_interrupted_import_landed_in_part_is_resumed(tmp_path: Path) -> None:
     """Files are cut inside a big transaction; if the import died after the first ones, the next import continues it."""
-    settings = LoaderSettings.model_validate({"source": {"max_changes_per_file": 2}, "landing": {"url": (tmp_path / "land").as_uri()}})
+    settings = LoaderSettings.model_validate(
+        {"source": {"max_changes_per_file": 2}, "landing": {"url": (tmp_path / "land").as_uri()}}
+    )
     f = tmp_path / "big.json"
     _write(f, [(_pgk(f"0/{0x100 + i:X}", 7, "insert", [i, "x"]), None) for i in range(5)] + [("nope", "not JSON")])
     store = LocalLandingStore(tmp_path / "land")

@@ -42,7 +42,9 @@ def _two_tables(settings: LoaderSettings) -> list[Txn]:
     return [*txns, other]
 
 
-def test_load_twice_crash_midway_and_rerun(spark: Any, base_settings: LoaderSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_twice_crash_midway_and_rerun(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = lake_settings(base_settings, tmp_path)
     txns = _two_tables(settings)
     write_files(settings, txns, max_changes=3)
@@ -99,7 +101,9 @@ def test_redelivered_overlapping_and_late_files(spark: Any, base_settings: Loade
     assert current_rows(spark, settings) == model
 
 
-def test_bad_landing_lines_and_untypeable_values_are_rejected(spark: Any, base_settings: LoaderSettings, tmp_path: Path) -> None:
+def test_bad_landing_lines_and_untypeable_values_are_rejected(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path
+) -> None:
     from click.testing import CliRunner
 
     from loader.cli import main
@@ -113,7 +117,11 @@ def test_bad_landing_lines_and_untypeable_values_are_rejected(spark: Any, base_s
     store = open_landing(settings)
     ok = Txn(commit_lsn=0x2000)
     change(ok, "I", {"id": 3, "a": "ok", "b": 3})
-    lines = ['{"v":1,"op":"I","lsn":8192,"se', '{"v":99,"op":"I","lsn":8192,"seq":2}', *[r.to_json() for r in ok.records()]]
+    lines = [
+        '{"v":1,"op":"I","lsn":8192,"se',
+        '{"v":99,"op":"I","lsn":8192,"seq":2}',
+        *[r.to_json() for r in ok.records()],
+    ]
     name = LandingFile.name_for(ChangePosition(0x2000, 1), ChangePosition(0x2000, 3), True)
     spool = tmp_path / "hand.jsonl.gz"
     spool.write_bytes(gzip.compress("\n".join(lines).encode()))

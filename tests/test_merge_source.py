@@ -14,9 +14,7 @@ BIG_ARRAY = "(SELECT array_agg(md5(random()::text)) FROM generate_series(1, 300)
 
 
 def _toast_table(env: Env) -> None:
-    env.sql(
-        "CREATE TABLE public.docs (id int PRIMARY KEY, body text, meta jsonb, tags text[], blob bytea, n int)"
-    )
+    env.sql("CREATE TABLE public.docs (id int PRIMARY KEY, body text, meta jsonb, tags text[], blob bytea, n int)")
 
 
 def test_unchanged_toast_survives_updates_and_key_changes(env: Env) -> None:
@@ -32,7 +30,7 @@ def test_unchanged_toast_survives_updates_and_key_changes(env: Env) -> None:
     env.sql("UPDATE public.docs SET id = 11, n = 2 WHERE id = 10")
     # Key change of a row only the current table knows (its values come from the current row).
     env.sql("UPDATE public.docs SET id = 20 WHERE id = 2")
-    _, load, merge = env.run_all()
+    env.run_all()
     absent = env.history("public.docs").where("size(pg_absent_columns) > 0").count()
     assert absent >= 4, "the test must exercise omitted TOAST columns"
     env.assert_reconciled()
@@ -78,7 +76,9 @@ def test_truncate_empties_current_and_keyless_tables_keep_history_only(env: Env)
 
     st = collect_status(env.settings)
     assert "history only" in {t.table: t.note for t in st.tables}["public.nokey"]
-    env.transaction("INSERT INTO public.t VALUES (21, 'x')", "TRUNCATE public.t", "INSERT INTO public.t VALUES (5, 'after')")
+    env.transaction(
+        "INSERT INTO public.t VALUES (21, 'x')", "TRUNCATE public.t", "INSERT INTO public.t VALUES (5, 'after')"
+    )
     env.sql("INSERT INTO public.t VALUES (6, 'later')")
     _, _, merge = env.run_all()
     assert "truncated at" in {t.table: t.note for t in merge.tables}["public.t"]
@@ -117,7 +117,9 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     env.spark.sql(key_events_sql("replay_inc", ["id"], types, cols)).createOrReplaceTempView("replay_events")
     env.spark.sql(reduce_sql("replay_events", ["id"], cols)).createOrReplaceTempView("replay_reduced")
     watermark = (second.commit_lsn, second.seq)  # what CurrentMerge passes: the table's merged-through
-    env.spark.sql(merge_sql(env.names.current(SourceTable("public", "t")), "replay_reduced", ["id"], cols, insert_after=watermark))
+    env.spark.sql(
+        merge_sql(env.names.current(SourceTable("public", "t")), "replay_reduced", ["id"], cols, insert_after=watermark)
+    )
     assert sorted(env.current("public.t").collect()) == state
     merge = CurrentMerge(env.spark, env.settings)
     merge.merge_table(SourceTable("public", "t"), first.token())
@@ -126,7 +128,10 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     # Merging twice commits nothing the second time.
     snaps = env.spark.sql(f"SELECT count(*) FROM {env.names.current(SourceTable('public', 't'))}.snapshots").first()[0]
     env.merge()
-    assert env.spark.sql(f"SELECT count(*) FROM {env.names.current(SourceTable('public', 't'))}.snapshots").first()[0] == snaps
+    assert (
+        env.spark.sql(f"SELECT count(*) FROM {env.names.current(SourceTable('public', 't'))}.snapshots").first()[0]
+        == snaps
+    )
     env.assert_reconciled()
 
     # Rebuild mode: recompute current from history as of the first increment's LSN, via the CLI.
@@ -137,8 +142,10 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
 
     expected_then = sorted((k, 0) for k in range(1, 11))
     result = CliRunner().invoke(
-        main, ["backfill", "rebuild-current", "--table", "public.t", "--upto-lsn", format_lsn(first.commit_lsn)],
-        env=_cli_env(env), catch_exceptions=False,
+        main,
+        ["backfill", "rebuild-current", "--table", "public.t", "--upto-lsn", format_lsn(first.commit_lsn)],
+        env=_cli_env(env),
+        catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
     assert sorted((r["id"], r["v"]) for r in env.current("public.t").collect()) == expected_then

@@ -9,7 +9,11 @@ from loader.workload import BankWorkload
 from tests.harness import Env
 from tests.oracle import assert_history_matches
 
-KEYS = {"public.customers": ["customer_id"], "public.accounts": ["account_id"], "public.transactions": ["transaction_id"]}
+KEYS = {
+    "public.customers": ["customer_id"],
+    "public.accounts": ["account_id"],
+    "public.transactions": ["transaction_id"],
+}
 
 
 def _snapshot_ids(env: Env) -> dict[str, list[int]]:

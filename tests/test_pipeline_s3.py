@@ -13,13 +13,23 @@ from tests.oracle import assert_history_matches
 
 def test_s3_landing_end_to_end(env: Env, s3_server: str) -> None:
     bucket = f"landing-{env.uid}"
-    s3 = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_server,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     s3.create_bucket(Bucket=bucket)
     env.settings = env.settings.model_copy(
         update={
             "landing": env.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc"}),
             "s3": env.settings.s3.model_copy(
-                update={"endpoint_url": s3_server, "access_key_id": "testing", "secret_access_key": SecretStr("testing")}
+                update={
+                    "endpoint_url": s3_server,
+                    "access_key_id": "testing",
+                    "secret_access_key": SecretStr("testing"),
+                }
             ),
         }
     )

@@ -35,7 +35,11 @@ def lake_settings(base: LoaderSettings, root: Path) -> LoaderSettings:
             "source": base.source.model_copy(update={"slot": f"prop_{uid}"}),
             "landing": base.landing.model_copy(update={"url": (root / uid).as_uri()}),
             "catalog": base.catalog.model_copy(
-                update={"history_namespace": f"h_{uid}", "current_namespace": f"c_{uid}", "loader_namespace": f"l_{uid}"}
+                update={
+                    "history_namespace": f"h_{uid}",
+                    "current_namespace": f"c_{uid}",
+                    "loader_namespace": f"l_{uid}",
+                }
             ),
         }
     )
@@ -47,7 +51,9 @@ class Txn:
     changes: list[ChangeRecord] = field(default_factory=list)
 
     def records(self) -> list[ChangeRecord]:
-        commit = ChangeRecord(op=COMMIT, commit_lsn=self.commit_lsn, seq=len(self.changes) + 1, xid=self.commit_lsn, ts=TS)
+        commit = ChangeRecord(
+            op=COMMIT, commit_lsn=self.commit_lsn, seq=len(self.changes) + 1, xid=self.commit_lsn, ts=TS
+        )
         return [*self.changes, commit]
 
 
@@ -59,13 +65,24 @@ def change(txn: Txn, op: str, cols: dict[str, Any] | None, old_id: int | None = 
     seq = len(txn.changes) + 1
     txn.changes.append(
         ChangeRecord(
-            op=op, commit_lsn=txn.commit_lsn, seq=seq, xid=txn.commit_lsn, ts=TS, schema=TABLE.schema,
-            table=TABLE.table, change_lsn=txn.commit_lsn - 100 + seq, columns=columns, identity=identity, pk=["id"],
+            op=op,
+            commit_lsn=txn.commit_lsn,
+            seq=seq,
+            xid=txn.commit_lsn,
+            ts=TS,
+            schema=TABLE.schema,
+            table=TABLE.table,
+            change_lsn=txn.commit_lsn - 100 + seq,
+            columns=columns,
+            identity=identity,
+            pk=["id"],
         )
     )
 
 
-def generate(rnd: random.Random, n_txns: int, keys: int = 4) -> tuple[list[Txn], dict[int, tuple[str | None, int | None]]]:
+def generate(
+    rnd: random.Random, n_txns: int, keys: int = 4
+) -> tuple[list[Txn], dict[int, tuple[str | None, int | None]]]:
     """Random transactions over a few keys, and the model state after applying them in order."""
     model: dict[int, tuple[str | None, int | None]] = {}
     txns = []
@@ -133,7 +150,12 @@ def load_and_merge(spark: Any, settings: LoaderSettings) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(seed=st.integers(0, 2**32 - 1), n_txns=st.integers(2, 14), n_batches=st.integers(1, 3), max_changes=st.integers(1, 4))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_txns=st.integers(2, 14),
+    n_batches=st.integers(1, 3),
+    max_changes=st.integers(1, 4),
+)
 def test_any_delivery_ends_in_the_model(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path, seed: int, n_txns: int, n_batches: int, max_changes: int
 ) -> None:

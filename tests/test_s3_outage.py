@@ -17,7 +17,11 @@ from tests.harness import Env
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions
 from tests.s3proxy import FlakyProxy
 
-KEYS = {"public.customers": ["customer_id"], "public.accounts": ["account_id"], "public.transactions": ["transaction_id"]}
+KEYS = {
+    "public.customers": ["customer_id"],
+    "public.accounts": ["account_id"],
+    "public.transactions": ["transaction_id"],
+}
 
 
 @pytest.fixture

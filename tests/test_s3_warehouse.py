@@ -17,14 +17,24 @@ def test_history_and_current_on_s3_warehouse(env: Env, s3_server: str) -> None:
         pytest.skip("no S3A jars: run 'make s3a-jars' (or set LOADER_SPARK__EXTRA_JARS) before the test session")
     bucket = f"wh-{env.uid}"
     s3 = boto3.client(
-        "s3", endpoint_url=s3_server, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        "s3",
+        endpoint_url=s3_server,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
     )
     s3.create_bucket(Bucket=bucket)
     env.settings = env.settings.model_copy(
         update={
-            "catalog": env.settings.catalog.model_copy(update={"name": f"s3lake_{env.uid}", "warehouse": f"s3://{bucket}/wh"}),
+            "catalog": env.settings.catalog.model_copy(
+                update={"name": f"s3lake_{env.uid}", "warehouse": f"s3://{bucket}/wh"}
+            ),
             "s3": env.settings.s3.model_copy(
-                update={"endpoint_url": s3_server, "access_key_id": "testing", "secret_access_key": SecretStr("testing")}
+                update={
+                    "endpoint_url": s3_server,
+                    "access_key_id": "testing",
+                    "secret_access_key": SecretStr("testing"),
+                }
             ),
         }
     )
@@ -38,7 +48,7 @@ def test_history_and_current_on_s3_warehouse(env: Env, s3_server: str) -> None:
         "DELETE FROM public.acct WHERE id = 30",
         "UPDATE public.acct SET id = 100 WHERE id = 29",
     )
-    _, load, merge = env.run_all()
+    _, load, _ = env.run_all()
     assert load.rejects == 0
     env.assert_reconciled()
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, MaxKeys=1000).get("Contents", [])]

@@ -80,7 +80,9 @@ def test_spark_conf_output_references_secrets_and_the_properties_file_holds_them
 
 
 def test_thrift_server_command_line_carries_no_secret() -> None:
-    s = secret_settings().model_copy(update={"spark": secret_settings().spark.model_copy(update={"jdbc_driver_jar": "/x/postgresql.jar"})})
+    s = secret_settings().model_copy(
+        update={"spark": secret_settings().spark.model_copy(update={"jdbc_driver_jar": "/x/postgresql.jar"})}
+    )
     cmd = server_command(s)
     assert SECRET not in " ".join(cmd) and "--properties-file" in cmd
 
@@ -109,14 +111,22 @@ def restricted(pg_admin: str, tmp_path: Path) -> Any:
         admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
         admin.execute(f"CREATE ROLE {role}_noreplication LOGIN PASSWORD '{SECRET}'")
     u = TEST_PG.split("://", 1)[1].split("@", 1)[1]
-    yield {
-        "LOADER_SOURCE__DSN": f"postgresql://{role}:{SECRET}@{u}/{db}",
-        "LOADER_SOURCE__SLOT": f"slot_{uid}",
-        "LOADER_LANDING__URL": (tmp_path / "landing").as_uri(),
-        "LOADER_CATALOG__URI": f"postgresql://postgres:{SECRET}@{u}/{db}",
-    }, f"postgresql://{role}_noreplication:{SECRET}@{u}/{db}", f"{TEST_PG}/{db}", role
+    yield (
+        {
+            "LOADER_SOURCE__DSN": f"postgresql://{role}:{SECRET}@{u}/{db}",
+            "LOADER_SOURCE__SLOT": f"slot_{uid}",
+            "LOADER_LANDING__URL": (tmp_path / "landing").as_uri(),
+            "LOADER_CATALOG__URI": f"postgresql://postgres:{SECRET}@{u}/{db}",
+        },
+        f"postgresql://{role}_noreplication:{SECRET}@{u}/{db}",
+        f"{TEST_PG}/{db}",
+        role,
+    )
     with psycopg.connect(pg_admin, autocommit=True) as admin:
-        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE %s", (f"%{uid}%",))
+        admin.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE %s",
+            (f"%{uid}%",),
+        )
         admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(db)))
         admin.execute(f"DROP ROLE IF EXISTS {role}")
         admin.execute(f"DROP ROLE IF EXISTS {role}_noreplication")
@@ -136,11 +146,15 @@ def test_a_replication_and_select_role_captures_and_resyncs_without_showing_its_
     assert res.exit_code == 0 and "captured 1 changes" in res.output, res.output
     outputs.append(res.output)
     # Without REPLICATION: one clear line saying what the role lacks, still no password.
-    res = runner.invoke(main, ["capture"], env={**env, "LOADER_SOURCE__DSN": no_replication_dsn, "LOADER_SOURCE__SLOT": "other"})
+    res = runner.invoke(
+        main, ["capture"], env={**env, "LOADER_SOURCE__DSN": no_replication_dsn, "LOADER_SOURCE__SLOT": "other"}
+    )
     assert res.exit_code == 1 and "REPLICATION" in res.output, res.output
     outputs.append(res.output)
     # Unreachable source: the error names the server, not the password.
-    res = runner.invoke(main, ["capture"], env={**env, "LOADER_SOURCE__DSN": f"postgresql://{role}:{SECRET}@127.0.0.1:1/x"})
+    res = runner.invoke(
+        main, ["capture"], env={**env, "LOADER_SOURCE__DSN": f"postgresql://{role}:{SECRET}@127.0.0.1:1/x"}
+    )
     assert res.exit_code == 1 and "127.0.0.1" in res.output
     outputs.append(res.output)
     assert all(SECRET not in o for o in outputs)

@@ -45,7 +45,9 @@ class Writer(threading.Thread):
                     with conn.transaction():
                         op = self.rng.random()
                         if op < 0.45:
-                            conn.execute(f"UPDATE {t} SET balance = balance + 1, note = md5(random()::text) WHERE id = %s", (k,))
+                            conn.execute(
+                                f"UPDATE {t} SET balance = balance + 1, note = md5(random()::text) WHERE id = %s", (k,)
+                            )
                         elif op < 0.7:
                             next_id += 1
                             conn.execute(f"INSERT INTO {t} VALUES (%s, 0, 'new')", (next_id,))
@@ -112,7 +114,8 @@ def test_initial_snapshot_under_concurrent_writes_hands_over_to_streaming(env: E
     assert hist.where("pg_operation = 'read'").count() == landed_reads
     # Every read sorts before every streamed change.
     agg = hist.selectExpr(
-        "max(IF(pg_operation = 'read', pg_lsn, NULL)) AS last_read", "min(IF(pg_operation NOT IN ('read', 'resync'), pg_lsn, NULL)) AS first_change"
+        "max(IF(pg_operation = 'read', pg_lsn, NULL)) AS last_read",
+        "min(IF(pg_operation NOT IN ('read', 'resync'), pg_lsn, NULL)) AS first_change",
     ).collect()[0]
     assert agg.last_read < agg.first_change
 
@@ -135,7 +138,9 @@ def test_table_added_later_is_snapshotted_consistently_while_streaming(env: Env)
     writer.start()
     writer.wait_for(30)  # changes to both tables wait in the slot when "late" gets included
     # Now include "late": the snapshot first lands what the slot holds, then reads at a new consistent point.
-    res = Snapshot(env.settings, tables=["public.late"], chunk_rows=400, on_published=lambda _n: writer.wait_for(3)).run()
+    res = Snapshot(
+        env.settings, tables=["public.late"], chunk_rows=400, on_published=lambda _n: writer.wait_for(3)
+    ).run()
     assert not res.slot_created and res.exact and res.rows > 0
     writer.wait_for(30)
     writer.finish()
@@ -193,6 +198,8 @@ def test_snapshot_killed_mid_way_resumes_without_duplicates(env: Env) -> None:
     ev = [r for f in store.files() for r in store.read_records(f.name) if r.table == "events" and r.op != "S"]
     assert sorted(int(r.columns[0].value or 0) for r in ev) == list(range(1, 701))
     markers = [r for f in store.files() for r in store.read_records(f.name) if r.op == "S"]
-    assert sorted(r.table for r in markers) == ["accounts", "events"], "one resync marker per table, also after the crash"
+    assert sorted(r.table for r in markers) == ["accounts", "events"], (
+        "one resync marker per table, also after the crash"
+    )
     commits = [r for f in store.files() for r in store.read_records(f.name) if r.op == COMMIT and r.xid == 0]
     assert len(commits) == 1, "the snapshot is one unit with one commit marker"

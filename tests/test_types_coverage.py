@@ -49,12 +49,16 @@ def test_every_type_round_trips_into_history_and_current(env: Env) -> None:
     env.capture()
     env.sql(f"INSERT INTO public.alltypes VALUES {ROW}")
     env.sql("INSERT INTO public.alltypes (id) VALUES (2)")  # every column NULL
-    env.sql("INSERT INTO public.alltypes (id, c_text_arr, c_int_arr, c_real, c_double) VALUES (3, '{}', '{}', -0.5, 1e-300)")
+    env.sql(
+        "INSERT INTO public.alltypes (id, c_text_arr, c_int_arr, c_real, c_double) VALUES (3, '{}', '{}', -0.5, 1e-300)"
+    )
     _, load, _ = env.run_all()
     assert load.rejects == 0
     env.assert_reconciled()
     # A second increment of updates exercises the typed MERGE path for every type.
-    env.sql("UPDATE public.alltypes SET c_integer = c_integer - 1, c_text_arr = c_text_arr || ARRAY['z'], id = id + 100")
+    env.sql(
+        "UPDATE public.alltypes SET c_integer = c_integer - 1, c_text_arr = c_text_arr || ARRAY['z'], id = id + 100"
+    )
     _, load, _ = env.run_all()
     assert load.rejects == 0
     env.assert_reconciled()
@@ -79,7 +83,9 @@ def _assert_history_matches_source_first_version(env: Env) -> None:
     rows = hist.scan(row_filter="pg_operation == 'insert'").to_arrow().to_pylist()
     lake = {r["id"]: {k: normalize_column(pg_types[k], r[k]) for k in pg_types} for r in rows}
     # Undo the second increment at the source to compare the insert-time values.
-    env.sql("UPDATE public.alltypes SET c_integer = c_integer + 1, c_text_arr = CASE WHEN id = 102 THEN NULL ELSE c_text_arr[1:cardinality(c_text_arr) - 1] END, id = id - 100")
+    env.sql(
+        "UPDATE public.alltypes SET c_integer = c_integer + 1, c_text_arr = CASE WHEN id = 102 THEN NULL ELSE c_text_arr[1:cardinality(c_text_arr) - 1] END, id = id - 100"
+    )
     source = {
         r["id"]: {k: normalize_column(pg_types[k], v) for k, v in r.items()}
         for r in _source_rows(env.conn, SourceTable("public", "alltypes"), pg_types)

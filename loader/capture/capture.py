@@ -20,6 +20,7 @@ import fnmatch
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Any
 
 import psycopg
@@ -125,7 +126,9 @@ class _Controls:
         for table, reason in self.pending:
             seq += 1
             schema, _, name = table.partition(".")
-            writer.write(ChangeRecord(op="P", commit_lsn=lsn, seq=seq, xid=0, ts=ts, schema=schema, table=name, reason=reason))
+            writer.write(
+                ChangeRecord(op="P", commit_lsn=lsn, seq=seq, xid=0, ts=ts, schema=schema, table=name, reason=reason)
+            )
         commit = ChangeRecord(op=COMMIT, commit_lsn=lsn, seq=seq + 1, xid=0, ts=ts)
         writer.write(commit)
         self.after(commit)
@@ -204,7 +207,9 @@ class Capture:
                 result.retained_wal_bytes = info.retained_wal_bytes
         return result
 
-    def _slot_ready(self, conn: psycopg.Connection, create_slot: bool, landing_files: list[Any], result: CaptureResult) -> bool:
+    def _slot_ready(
+        self, conn: psycopg.Connection, create_slot: bool, landing_files: list[Any], result: CaptureResult
+    ) -> bool:
         """Create the slot on the first run; detect a lost one. False: the slot must be recovered."""
         src = self.settings.source
         info = slots.slot_info(conn, src.slot)
@@ -223,7 +228,9 @@ class Capture:
         if info is None and not landing_files:
             slots.require_slot(conn, src.slot, src.plugin)  # raises SlotMissingError with the fix
         try:
-            slots.check_not_lost(info, src.slot, str(landing_files[-1].last) if landing_files else None, confirmed_by_us)
+            slots.check_not_lost(
+                info, src.slot, str(landing_files[-1].last) if landing_files else None, confirmed_by_us
+            )
         except SlotLostError:
             if src.on_slot_loss == "resync" and self.watch:
                 log.warning("replication slot %s was lost; recovering with a resync of every table", src.slot)
@@ -285,15 +292,22 @@ class Capture:
         before = {t: TableFacts.from_doc(d) for t, d in state["tables"].items()} if state else None
         included_before = set(state.get("included", [])) if state else set()
         plan = plan_watch(
-            before, self.facts, self.filter, lambda t: t in included_before, src.resync_on_table_rewrite,
-            roots_before=dict(state.get("partition_roots", {})) if state else {}, roots_now=self.roots,
+            before,
+            self.facts,
+            self.filter,
+            lambda t: t in included_before,
+            src.resync_on_table_rewrite,
+            roots_before=dict(state.get("partition_roots", {})) if state else {},
+            roots_now=self.roots,
         )
         pending = dict(state.get("pending_resyncs", {})) if state else {}
         if src.auto_resync:
             pending.update(plan.resync)
         else:
             for table, reason in plan.resync.items():
-                plan.park.setdefault(table, f"{reason}; run 'loader resync --table {table}' (source.auto_resync is off)")
+                plan.park.setdefault(
+                    table, f"{reason}; run 'loader resync --table {table}' (source.auto_resync is off)"
+                )
         # Until its resync lands, a table's current table stops here: after the last landed
         # change, before anything the catalog change touched.
         parks = {t: f"waiting for a resync: {why}" for t, why in plan.resync.items()}
@@ -328,7 +342,9 @@ class Capture:
                 self._save_catalog_state(WatchPlan())
             return
         checkpoint("capture-before-resync")
-        snap = Snapshot(self.settings, self.store, tables=sorted(pending), reasons=pending, on_published=self.on_published)
+        snap = Snapshot(
+            self.settings, self.store, tables=sorted(pending), reasons=pending, on_published=self.on_published
+        )
         done = snap.run(locked=True)
         result.files += done.files
         result.resynced.update({t: pending[t] for t in done.tables})
@@ -461,8 +477,17 @@ class Capture:
             earlier = self._pending_resyncs.get(root)
             self._pending_resyncs[root] = f"{earlier}; {why}" if earlier and why not in earlier else (earlier or why)
             result.parked[root] = f"waiting for a resync: {why}"
-            return ChangeRecord(op="P", commit_lsn=rec.commit_lsn, seq=rec.seq, xid=rec.xid, ts=rec.ts,
-                                schema=schema, table=table, change_lsn=rec.change_lsn, reason=result.parked[root])
+            return ChangeRecord(
+                op="P",
+                commit_lsn=rec.commit_lsn,
+                seq=rec.seq,
+                xid=rec.xid,
+                ts=rec.ts,
+                schema=schema,
+                table=table,
+                change_lsn=rec.change_lsn,
+                reason=result.parked[root],
+            )
         rec.schema, rec.table = schema, table
         return rec
 
@@ -515,7 +540,9 @@ class Capture:
             return  # dropped since: the stream's own key is all we have
         rec.pk = list(info.key)
         if not info.key:
-            table_info = SourceTableInfo(rec.schema, rec.table, info.replica_identity, info.primary_key, info.identity_index_columns)
+            table_info = SourceTableInfo(
+                rec.schema, rec.table, info.replica_identity, info.primary_key, info.identity_index_columns
+            )
             result.limited_tables.setdefault(rec.qualified_table, table_info.downstream)
 
     def _wanted(self, rec: ChangeRecord) -> bool:
@@ -537,6 +564,6 @@ class _RawText(psycopg.adapt.Loader):
 
 
 def _now_text() -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f+00")
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")

@@ -48,7 +48,7 @@ class LandingFile:
     name: str
 
     @classmethod
-    def parse(cls, name: str) -> "LandingFile | None":
+    def parse(cls, name: str) -> LandingFile | None:
         m = _NAME_RE.match(name)
         if not m:
             return None
@@ -325,7 +325,8 @@ class LandingWriter:
         self.max_changes = max_changes
         self.spool_dir = spool_dir
         self._tmp: Path | None = None
-        self._gz: IO[bytes] | None = None
+        self._gz: gzip.GzipFile | None = None
+        self._spool: IO[bytes] | None = None
         self._first: ChangePosition | None = None
         self._last: ChangePosition | None = None
         self._last_op: str | None = None
@@ -339,7 +340,8 @@ class LandingWriter:
             os.close(fd)
             self._tmp = Path(tmp)
             # No name and no time in the gzip header: a re-capture writes byte-identical files.
-            self._gz = gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=open(self._tmp, "wb"), mtime=0)
+            self._spool = open(self._tmp, "wb")  # noqa: SIM115 - closed in _close_spool, after the GzipFile
+            self._gz = gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=self._spool, mtime=0)
             self._first = record.position
             self._count = 0
             self._tables = {}
@@ -351,9 +353,9 @@ class LandingWriter:
                 self._count += 1
             t = record.qualified_table
             self._tables[t] = self._tables.get(t, 0) + 1
-        if self._count >= self.max_changes and record.op != COMMIT:
-            self.close_file()
-        elif record.op == COMMIT and self._count >= self.max_changes:
+        if (self._count >= self.max_changes and record.op != COMMIT) or (
+            record.op == COMMIT and self._count >= self.max_changes
+        ):
             self.close_file()
 
     @property
@@ -387,10 +389,10 @@ class LandingWriter:
 
     def _close_spool(self) -> None:
         assert self._gz is not None
-        fileobj = self._gz.fileobj
         self._gz.close()  # GzipFile does not close a file object it was given
-        if fileobj is not None:
-            fileobj.close()
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
     def abort(self) -> None:
         if self._gz is not None:

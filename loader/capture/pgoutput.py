@@ -56,16 +56,26 @@ _INT64_MAX = (1 << 63) - 1
 _KEY_FLAG = 1
 
 _MESSAGE_NAMES = {
-    "B": "Begin", "C": "Commit", "R": "Relation", "Y": "Type", "O": "Origin", "I": "Insert",
-    "U": "Update", "D": "Delete", "T": "Truncate", "M": "Message",
+    "B": "Begin",
+    "C": "Commit",
+    "R": "Relation",
+    "Y": "Type",
+    "O": "Origin",
+    "I": "Insert",
+    "U": "Update",
+    "D": "Delete",
+    "T": "Truncate",
+    "M": "Message",
 }
 
 
 def peek_options(publication: str) -> tuple[str, ...]:
     """Plugin options for ``pg_logical_slot_peek_binary_changes`` (after slot, upto_lsn, upto_nchanges)."""
     # publication_names is parsed as an identifier list: unquoted names are folded to lower case.
-    quoted = publication if publication.isidentifier() and publication.islower() else (
-        '"' + publication.replace('"', '""') + '"'
+    quoted = (
+        publication
+        if publication.isidentifier() and publication.islower()
+        else ('"' + publication.replace('"', '""') + '"')
     )
     return ("proto_version", "1", "publication_names", quoted)
 
@@ -157,7 +167,7 @@ class _Reader:
                 f"{self.what} message truncated: {field} needs {n} bytes at offset {self.pos}, "
                 f"message has {len(self.data)}"
             )
-        chunk = self.data[self.pos:end]
+        chunk = self.data[self.pos : end]
         self.pos = end
         return chunk
 
@@ -186,12 +196,14 @@ class _Reader:
         end = self.data.find(b"\0", self.pos)
         if end < 0:
             raise _Malformed(f"{self.what} message truncated: {field} at offset {self.pos} has no terminating NUL")
-        raw = self.data[self.pos:end]
+        raw = self.data[self.pos : end]
         self.pos = end + 1
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _Malformed(f"{self.what} message: {field} is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+            raise _Malformed(
+                f"{self.what} message: {field} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
 
     def end(self) -> None:
         # Protocol v1 messages have an exact layout: extra bytes mean the layout is not what we parse
@@ -420,11 +432,20 @@ class PgOutputDecoder:
         else:
             identity = _columns(old)
         txn.seq += 1
-        return [ChangeRecord(
-            op=kind, commit_lsn=txn.commit_lsn, seq=txn.seq, xid=txn.xid, ts=txn.ts,
-            schema=rel.schema, table=rel.table, change_lsn=row_lsn,
-            columns=_columns(new), identity=identity,
-        )]
+        return [
+            ChangeRecord(
+                op=kind,
+                commit_lsn=txn.commit_lsn,
+                seq=txn.seq,
+                xid=txn.xid,
+                ts=txn.ts,
+                schema=rel.schema,
+                table=rel.table,
+                change_lsn=row_lsn,
+                columns=_columns(new),
+                identity=identity,
+            )
+        ]
 
     def _tuple(self, r: _Reader, rel: Relation, which: str) -> list[_TupleValue | None]:
         ncols = r.int16(f"{which} column count")
@@ -478,14 +499,28 @@ class PgOutputDecoder:
             rel = self._relations.get(oid)
             if rel is None:
                 # Only this relation is unknown: the others' truncates still apply.
-                out.append(self._x_record(
-                    txn, row_lsn, f"Truncate of relation oid {oid}, never described by a Relation message", r.data, None
-                ))
+                out.append(
+                    self._x_record(
+                        txn,
+                        row_lsn,
+                        f"Truncate of relation oid {oid}, never described by a Relation message",
+                        r.data,
+                        None,
+                    )
+                )
                 continue
-            out.append(ChangeRecord(
-                op="T", commit_lsn=txn.commit_lsn, seq=txn.seq, xid=txn.xid, ts=txn.ts,
-                schema=rel.schema, table=rel.table, change_lsn=row_lsn,
-            ))
+            out.append(
+                ChangeRecord(
+                    op="T",
+                    commit_lsn=txn.commit_lsn,
+                    seq=txn.seq,
+                    xid=txn.xid,
+                    ts=txn.ts,
+                    schema=rel.schema,
+                    table=rel.table,
+                    change_lsn=row_lsn,
+                )
+            )
         return out
 
     # -- quarantine -------------------------------------------------------------------------------
@@ -502,9 +537,16 @@ class PgOutputDecoder:
     @staticmethod
     def _x_record(txn: _Transaction, row_lsn: int, reason: str, msg: bytes, rel: Relation | None) -> ChangeRecord:
         return ChangeRecord(
-            op="X", commit_lsn=txn.commit_lsn, seq=txn.seq, xid=txn.xid, ts=txn.ts,
-            schema=rel.schema if rel else "", table=rel.table if rel else "", change_lsn=row_lsn,
-            reason=reason, raw=msg.hex(),
+            op="X",
+            commit_lsn=txn.commit_lsn,
+            seq=txn.seq,
+            xid=txn.xid,
+            ts=txn.ts,
+            schema=rel.schema if rel else "",
+            table=rel.table if rel else "",
+            change_lsn=row_lsn,
+            reason=reason,
+            raw=msg.hex(),
         )
 
 

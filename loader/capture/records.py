@@ -107,7 +107,7 @@ class ChangeRecord:
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, line: str) -> "ChangeRecord":
+    def from_json(cls, line: str) -> ChangeRecord:
         doc = json.loads(line)
         if not isinstance(doc, dict):
             raise ValueError("a landing line must be a JSON object")
@@ -148,12 +148,16 @@ class FileHeader:
     tables: dict[str, int]
 
     def to_json(self) -> str:
-        return json.dumps({"v": FORMAT_VERSION, "op": HEADER, "tables": self.tables}, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(
+            {"v": FORMAT_VERSION, "op": HEADER, "tables": self.tables}, ensure_ascii=False, separators=(",", ":")
+        )
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> "FileHeader":
+    def from_doc(cls, doc: dict[str, Any]) -> FileHeader:
         tables = doc.get("tables")
-        if not isinstance(tables, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in tables.items()):
+        if not isinstance(tables, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) for k, v in tables.items()
+        ):
             raise ValueError("header 'tables' must map schema.table to a count")
         return cls(dict(tables))
 

@@ -87,7 +87,9 @@ def check_not_lost(info: SlotInfo | None, slot: str, landed: str | None, confirm
     - it confirms more than this loader ever confirmed (another consumer read it, or it was dropped
       and created again): the changes in between were never landed.
     """
-    hint = "run 'loader resync' (re-creates the slot and resyncs every captured table), or set source.on_slot_loss=resync"
+    hint = (
+        "run 'loader resync' (re-creates the slot and resyncs every captured table), or set source.on_slot_loss=resync"
+    )
     since = f" after {landed}" if landed else ""
     if info is None:
         raise SlotLostError(f"replication slot {slot!r} is gone: changes committed{since} were not captured", hint=hint)
@@ -97,7 +99,11 @@ def check_not_lost(info: SlotInfo | None, slot: str, landed: str | None, confirm
             f"behind): changes committed{since} can no longer be decoded",
             hint=hint,
         )
-    if confirmed_by_us is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn > confirmed_by_us:
+    if (
+        confirmed_by_us is not None
+        and info.confirmed_flush_lsn is not None
+        and info.confirmed_flush_lsn > confirmed_by_us
+    ):
         raise SlotLostError(
             f"replication slot {slot!r} confirms {format_lsn(info.confirmed_flush_lsn)}, but this loader only ever "
             f"confirmed {format_lsn(confirmed_by_us)}: another consumer read it, or it was dropped and created again; "
@@ -156,7 +162,9 @@ def require_slot(conn: psycopg.Connection, slot: str, plugin: str = "wal2json") 
     return info
 
 
-def create_slot_exporting_snapshot(dsn: str, slot: str, *, temporary: bool = False, plugin: str = "wal2json") -> "ExportedSnapshot":
+def create_slot_exporting_snapshot(
+    dsn: str, slot: str, *, temporary: bool = False, plugin: str = "wal2json"
+) -> ExportedSnapshot:
     """Create a logical slot over a replication connection and keep its exported snapshot alive.
 
     The snapshot sees exactly the transactions committed before the slot's consistent point;
@@ -209,7 +217,7 @@ class ExportedSnapshot:
     def close(self) -> None:
         self.connection.close()
 
-    def __enter__(self) -> "ExportedSnapshot":
+    def __enter__(self) -> ExportedSnapshot:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -65,7 +65,9 @@ class SnapshotResult:
         )
         if self.resumed:
             text += "; resumed after an interruption" + (
-                "" if self.exact else " (rows after the resume point read from a newer snapshot; the stream reconciles them)"
+                ""
+                if self.exact
+                else " (rows after the resume point read from a newer snapshot; the stream reconciles them)"
             )
         return text
 
@@ -171,7 +173,9 @@ class Snapshot:
                     "ts": row[0],
                     "exact": True,
                     "done": False,
-                    "reasons": {t: self.reasons.get(t) or self.reason for t in tables if self.reasons.get(t) or self.reason},
+                    "reasons": {
+                        t: self.reasons.get(t) or self.reason for t in tables if self.reasons.get(t) or self.reason
+                    },
                 }
                 self.store.write_state(SNAPSHOT_STATE, state)
                 result.consistent_lsn = cp
@@ -231,11 +235,15 @@ class Snapshot:
                 # inet adds /32). Output columns are aliased so ORDER BY / WHERE see the typed columns.
                 select = sql.SQL(", ").join(
                     sql.SQL(
-                        "_t.{0}::text AS {1}" if t == "boolean" else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
+                        "_t.{0}::text AS {1}"
+                        if t == "boolean"
+                        else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
                     ).format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
                     for j, (c, t) in enumerate(cols)
                 )
-                query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(select, sql.Identifier(schema), sql.Identifier(name))
+                query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(
+                    select, sql.Identifier(schema), sql.Identifier(name)
+                )
                 params: list[Any] = []
                 if key:
                     if after_key is not None and i == 0:
@@ -253,8 +261,16 @@ class Snapshot:
                     seq += 1
                     writer.write(
                         ChangeRecord(
-                            op="S", commit_lsn=pos, seq=seq, xid=0, ts=state["ts"], schema=schema, table=name,
-                            change_lsn=cp, pk=list(key), reason=self.reason_for(qualified, state),
+                            op="S",
+                            commit_lsn=pos,
+                            seq=seq,
+                            xid=0,
+                            ts=state["ts"],
+                            schema=schema,
+                            table=name,
+                            change_lsn=cp,
+                            pk=list(key),
+                            reason=self.reason_for(qualified, state),
                         )
                     )
                 with reader.cursor(name=f"loader_snapshot_{i}") as cur:
@@ -348,7 +364,15 @@ class Snapshot:
             state = {**state, "exact": False}
             result.exact = False
             self.store.write_state(SNAPSHOT_STATE, state)
-            self._copy(reader, state, tables[start:], seq=seq, after_key=after_key, result=result, marker_written=marker_written)
+            self._copy(
+                reader,
+                state,
+                tables[start:],
+                seq=seq,
+                after_key=after_key,
+                result=result,
+                marker_written=marker_written,
+            )
             reader.execute("COMMIT")
         return result
 

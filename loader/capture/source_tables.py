@@ -105,9 +105,7 @@ def list_tables(
         sql += " AND n.nspname = %s AND c.relname = %s"
         params = [schema, table]
     rows = conn.execute(sql + " ORDER BY 1, 2", params).fetchall()
-    return [
-        SourceTableInfo(r[0], r[1], IDENTITY_NAMES.get(r[2], r[2]), list(r[3]), list(r[4])) for r in rows
-    ]
+    return [SourceTableInfo(r[0], r[1], IDENTITY_NAMES.get(r[2], r[2]), list(r[3]), list(r[4])) for r in rows]
 
 
 def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTableInfo | None:

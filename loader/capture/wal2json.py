@@ -18,13 +18,20 @@ from loader.lsn import parse_lsn
 
 # Options passed to pg_logical_slot_peek_changes; see PLATFORM.md and wal2json's README.
 WAL2JSON_OPTIONS: tuple[str, ...] = (
-    "format-version", "2",
-    "include-lsn", "1",
-    "include-xids", "1",
-    "include-timestamp", "1",
-    "include-types", "1",
-    "include-pk", "1",
-    "include-transaction", "1",
+    "format-version",
+    "2",
+    "include-lsn",
+    "1",
+    "include-xids",
+    "1",
+    "include-timestamp",
+    "1",
+    "include-types",
+    "1",
+    "include-pk",
+    "1",
+    "include-transaction",
+    "1",
 )
 
 # wal2json >= 2.6 can print numbers as JSON strings, which keeps numeric/float NaN and +-Infinity
@@ -108,7 +115,9 @@ class Wal2JsonDecoder:
             text = data if isinstance(data, str) else data.decode("utf-8")
         except UnicodeDecodeError as exc:
             assert isinstance(data, bytes)
-            yield from self._quarantine(data.decode("utf-8", "backslashreplace"), f"wal2json output is not UTF-8: {exc}", None)
+            yield from self._quarantine(
+                data.decode("utf-8", "backslashreplace"), f"wal2json output is not UTF-8: {exc}", None
+            )
             return
         raw = text
         try:
@@ -119,7 +128,9 @@ class Wal2JsonDecoder:
             return
         if action == "B":
             if self.txn is not None:
-                raise DecodeError(f"wal2json began a transaction inside another one: {raw[:200]!r}", hint="re-run capture")
+                raise DecodeError(
+                    f"wal2json began a transaction inside another one: {raw[:200]!r}", hint="re-run capture"
+                )
             try:
                 self.txn = TransactionState(
                     xid=int(doc.get("xid", 0)),
@@ -195,11 +206,19 @@ class Wal2JsonDecoder:
             return
         txn.seq += 1
         self.quarantined += 1
-        schema = doc.get("schema") if isinstance(doc, dict) and isinstance(doc.get("schema"), str) else ""
-        table = doc.get("table") if isinstance(doc, dict) and isinstance(doc.get("table"), str) else ""
+        fields = doc if isinstance(doc, dict) else {}
+        schema = fields["schema"] if isinstance(fields.get("schema"), str) else ""
+        table = fields["table"] if isinstance(fields.get("table"), str) else ""
         yield ChangeRecord(
-            op="X", commit_lsn=txn.commit_lsn, seq=txn.seq, xid=txn.xid, ts=txn.ts,
-            schema=schema, table=table, reason=reason, raw=raw,
+            op="X",
+            commit_lsn=txn.commit_lsn,
+            seq=txn.seq,
+            xid=txn.xid,
+            ts=txn.ts,
+            schema=schema,
+            table=table,
+            reason=reason,
+            raw=raw,
         )
 
     @property

@@ -23,8 +23,8 @@ the one catalog query.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -72,7 +72,7 @@ class TableFacts:
         return doc
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> "TableFacts":
+    def from_doc(cls, doc: dict[str, Any]) -> TableFacts:
         return cls(
             oid=int(doc["oid"]),
             relfilenode=int(doc["relfilenode"]),
@@ -152,10 +152,12 @@ def plan_watch(
             attached = sorted(set(facts.partitions) - set(old.partitions))
             detached = sorted(set(old.partitions) - set(facts.partitions))
             what = "; ".join(
-                part for part in (
+                part
+                for part in (
                     f"partition {', '.join(attached)} attached" if attached else "",
                     f"partition {', '.join(detached)} detached" if detached else "",
-                ) if part
+                )
+                if part
             )
             plan.resync[table] = f"{what}: the table's rows changed without row changes in the WAL"
             continue

@@ -95,8 +95,15 @@ class InputChange:
     raw: str = ""  # the message's text, kept for the X record should the change prove invalid
 
     def fingerprint(self) -> str:
-        doc = [self.op, self.txn, self.change_lsn, self.schema, self.table,
-               [[c.name, c.type, c.value] for c in self.columns], [[c.name, c.type, c.value] for c in self.identity]]
+        doc = [
+            self.op,
+            self.txn,
+            self.change_lsn,
+            self.schema,
+            self.table,
+            [[c.name, c.type, c.value] for c in self.columns],
+            [[c.name, c.type, c.value] for c in self.identity],
+        ]
         return hashlib.sha1(json.dumps(doc, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -183,7 +190,8 @@ def read_text(path: Path) -> tuple[str, bool]:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise DecodeError(
-                f"input {path} is not readable gzip: {exc}", hint="leave the damaged file out of the import, or repair it"
+                f"input {path} is not readable gzip: {exc}",
+                hint="leave the damaged file out of the import, or repair it",
             ) from exc
     try:
         return data.decode("utf-8"), False
@@ -207,7 +215,7 @@ def _next_message_start(text: str, pos: int) -> int:
     i = text.find("\n", pos)
     while i != -1 and i + 1 < n:
         c = text[i + 1]
-        if not c.isspace() and c not in "}],\"":
+        if not c.isspace() and c not in '}],"':
             return i + 1
         i = text.find("\n", i + 1)
     return n
@@ -264,7 +272,7 @@ def _read_ledger(store: LandingStore) -> dict[str, ChangePosition]:
     doc = store.read_state(QUARANTINE_STATE) or {}
     out: dict[str, ChangePosition] = {}
     entries = doc.get("quarantined")
-    for fp, token in (entries.items() if isinstance(entries, dict) else ()):
+    for fp, token in entries.items() if isinstance(entries, dict) else ():
         try:
             out[str(fp)] = ChangePosition.from_token(str(token))
         except ValueError:
@@ -304,8 +312,9 @@ def import_changes(
         if isinstance(item, InputChange):
             problem = invalid_change(item)
             if problem is not None:
-                item = Quarantined(item.origin, problem, item.raw, item.schema if item.table else "",
-                                   item.table if item.schema else "")
+                item = Quarantined(
+                    item.origin, problem, item.raw, item.schema if item.table else "", item.table if item.schema else ""
+                )
         fp = item.fingerprint()
         if fp in seen:
             result.duplicates += 1
@@ -359,8 +368,13 @@ def import_changes(
             first = (to_land[0][0], to_land[0][2]) if to_land else None
             control = _control_start(landed, first)
             # Any valid commit time: the first landed transaction's, else the input's last one's.
-            ts = (to_land[0][1][0].ts if to_land else ordered[-1][2][0].ts if ordered else
-                  datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S+00"))
+            ts = (
+                to_land[0][1][0].ts
+                if to_land
+                else ordered[-1][2][0].ts
+                if ordered
+                else datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S+00")
+            )
             if control.seq > 0:
                 written = _write_control(writer, control, quarantine, ts, result)
         for n, (commit, changes, resume) in enumerate(to_land):
@@ -369,15 +383,28 @@ def import_changes(
                     continue
                 writer.write(
                     ChangeRecord(
-                        op=ch.op, commit_lsn=commit, seq=seq, xid=ch.xid, ts=ch.ts, schema=ch.schema, table=ch.table,
-                        change_lsn=ch.change_lsn, columns=ch.columns, identity=ch.identity, pk=ch.pk,
+                        op=ch.op,
+                        commit_lsn=commit,
+                        seq=seq,
+                        xid=ch.xid,
+                        ts=ch.ts,
+                        schema=ch.schema,
+                        table=ch.table,
+                        change_lsn=ch.change_lsn,
+                        columns=ch.columns,
+                        identity=ch.identity,
+                        pk=ch.pk,
                     )
                 )
                 result.changes += 1
-            writer.write(ChangeRecord(op=COMMIT, commit_lsn=commit, seq=len(changes) + 1, xid=changes[0].xid, ts=changes[0].ts))
+            writer.write(
+                ChangeRecord(op=COMMIT, commit_lsn=commit, seq=len(changes) + 1, xid=changes[0].xid, ts=changes[0].ts)
+            )
             result.transactions += 1
             if n == 0 and control is not None and control.seq == 0:
-                written = _write_control(writer, ChangePosition(commit, len(changes) + 2), quarantine, changes[0].ts, result)
+                written = _write_control(
+                    writer, ChangePosition(commit, len(changes) + 2), quarantine, changes[0].ts, result
+                )
         writer.close_file()
     except BaseException:
         writer.abort()
@@ -398,8 +425,17 @@ def _write_control(
     for k, q in enumerate(quarantine):
         pos = ChangePosition(start.commit_lsn, start.seq + k)
         writer.write(
-            ChangeRecord(op="X", commit_lsn=pos.commit_lsn, seq=pos.seq, xid=0, ts=ts, schema=q.schema, table=q.table,
-                         reason=q.reason, raw=q.raw)
+            ChangeRecord(
+                op="X",
+                commit_lsn=pos.commit_lsn,
+                seq=pos.seq,
+                xid=0,
+                ts=ts,
+                schema=q.schema,
+                table=q.table,
+                reason=q.reason,
+                raw=q.raw,
+            )
         )
         written[q.fingerprint()] = pos
         result.quarantined += 1

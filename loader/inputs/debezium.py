@@ -48,8 +48,15 @@ UNAVAILABLE_VALUE_PLACEHOLDER = "__debezium_unavailable_value"
 _OPS = {"c": "I", "u": "U", "d": "D", "r": "R", "t": "T"}
 _EPOCH = datetime(1970, 1, 1)
 _CONNECT_TYPES = {
-    "int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "float32": "real",
-    "float64": "double precision", "boolean": "boolean", "string": "text", "bytes": "bytea",
+    "int8": "smallint",
+    "int16": "smallint",
+    "int32": "integer",
+    "int64": "bigint",
+    "float32": "real",
+    "float64": "double precision",
+    "boolean": "boolean",
+    "string": "text",
+    "bytes": "bytea",
 }
 _LOGICAL_TYPES = {
     "org.apache.kafka.connect.data.Decimal": "numeric",
@@ -107,7 +114,11 @@ def _convert_value(value: Any, field: dict[str, Any] | None) -> tuple[str, str |
     pg_type = str(params.get("__debezium.source.column.type", "")).lower() or _LOGICAL_TYPES.get(
         logical, _CONNECT_TYPES.get(field.get("type", ""), "text")
     )
-    if "__debezium.source.column.length" in params and pg_type == "numeric" and "__debezium.source.column.scale" in params:
+    if (
+        "__debezium.source.column.length" in params
+        and pg_type == "numeric"
+        and "__debezium.source.column.scale" in params
+    ):
         pg_type = f"numeric({params['__debezium.source.column.length']},{params['__debezium.source.column.scale']})"
     if value is None:
         return pg_type, None
@@ -148,7 +159,9 @@ def placeholder_forms(placeholder: str) -> frozenset[str]:
     b64 = base64.b64encode(raw).decode("ascii")
     url = base64.urlsafe_b64encode(raw).decode("ascii")
     hx = raw.hex()
-    return frozenset({placeholder, b64, b64.rstrip("="), url, url.rstrip("="), hx, hx.upper(), "\\x" + hx, "\\x" + hx.upper()})
+    return frozenset(
+        {placeholder, b64, b64.rstrip("="), url, url.rstrip("="), hx, hx.upper(), "\\x" + hx, "\\x" + hx.upper()}
+    )
 
 
 def _unavailable(value: Any, forms: frozenset[str]) -> bool:
@@ -219,7 +232,9 @@ def convert(
     if not isinstance(env, dict):
         raise DecodeError(f"not a Debezium envelope: a JSON {type(env).__name__}, not an object")
     if "op" not in env:
-        raise DecodeError("not a Debezium envelope: no 'op'", hint="expected op, before, after, source{lsn, txId, ts_ms}")
+        raise DecodeError(
+            "not a Debezium envelope: no 'op'", hint="expected op, before, after, source{lsn, txId, ts_ms}"
+        )
     op = _OPS.get(env["op"]) if isinstance(env["op"], str) else None
     if op is None:
         raise DecodeError(f"unknown op {env['op']!r}", hint="Debezium ops are c, u, d, r and t")
@@ -250,7 +265,9 @@ def convert(
             if keys and all(k in by_name for k in keys):
                 identity = [by_name[k] for k in keys]
             elif keys and isinstance(key, dict):
-                identity = [Column(k, after_types.get(k) or _convert_value(key[k], None)[0], value_text(key[k])) for k in keys]
+                identity = [
+                    Column(k, after_types.get(k) or _convert_value(key[k], None)[0], value_text(key[k])) for k in keys
+                ]
             elif before:
                 identity = before
         ts_ms = int(src.get("ts_ms") or env.get("ts_ms") or 0)

@@ -25,8 +25,19 @@ from loader.capture.records import Column
 from loader.errors import DecodeError
 from loader.inputs.common import InputChange, InputItem, Quarantined, json_documents, lsn_value, value_text
 
-_OPS = {"insert": "I", "update": "U", "delete": "D", "read": "R", "snapshot": "R", "truncate": "T",
-        "I": "I", "U": "U", "D": "D", "R": "R", "T": "T"}
+_OPS = {
+    "insert": "I",
+    "update": "U",
+    "delete": "D",
+    "read": "R",
+    "snapshot": "R",
+    "truncate": "T",
+    "I": "I",
+    "U": "U",
+    "D": "D",
+    "R": "R",
+    "T": "T",
+}
 _REQUIRED = ("lsn", "xid", "operation", "table", "timestamp")
 
 
@@ -63,7 +74,9 @@ def convert(doc: Any, origin: str) -> InputChange:
         raise DecodeError(f"not a pgkafka message: a JSON {type(doc).__name__}, not an object")
     missing = [k for k in _REQUIRED if k not in doc or doc[k] is None or doc[k] == ""]
     if missing:
-        raise DecodeError(f"not a pgkafka message: no {', '.join(missing)}", hint="expected lsn, xid, operation, table, ...")
+        raise DecodeError(
+            f"not a pgkafka message: no {', '.join(missing)}", hint="expected lsn, xid, operation, table, ..."
+        )
     if not isinstance(doc["table"], str):
         raise DecodeError(f"table {doc['table']!r} is not a name")
     op = _OPS.get(doc["operation"]) if isinstance(doc["operation"], str) else None

@@ -60,7 +60,9 @@ def _quarantine_group(origin: str, what: str, raw: str, changes: list[Any]) -> I
 def _v1_cols(names: Any, types: Any, values: Any, what: str) -> list[Column]:
     names, types, values = list(names or []), list(types or []), list(values or [])
     if not (len(names) == len(types) == len(values)):
-        raise DecodeError(f"{what} names, types and values differ in length ({len(names)}, {len(types)}, {len(values)})")
+        raise DecodeError(
+            f"{what} names, types and values differ in length ({len(names)}, {len(types)}, {len(values)})"
+        )
     return [Column(str(n), str(t), column_text(str(t), v)) for n, t, v in zip(names, types, values)]
 
 
@@ -82,7 +84,9 @@ def _read_v1(d: Document, pk: dict[str, list[str]]) -> Iterator[InputItem]:
         except (DecodeError, TypeError, ValueError) as exc:
             problem = f"wal2json format 1 transaction without a usable nextlsn/xid: {exc}"
     if problem is not None:
-        yield from _quarantine_group(d.origin, problem, d.raw, [c for c in changes if isinstance(c, dict) and c.get("kind") != "message"])
+        yield from _quarantine_group(
+            d.origin, problem, d.raw, [c for c in changes if isinstance(c, dict) and c.get("kind") != "message"]
+        )
         return
     for i, ch in enumerate(changes):
         if isinstance(ch, dict) and ch.get("kind") == "message":
@@ -100,15 +104,25 @@ def _read_v1(d: Document, pk: dict[str, list[str]]) -> Iterator[InputItem]:
             old = ch.get("oldkeys") or {}
             table_pk = pk.get(f"{schema}.{table}") or [str(p) for p in (ch.get("pk") or {}).get("pknames", [])]
             yield InputChange(
-                op=kind, txn=f"v1:{commit}", xid=xid, commit_lsn=commit, change_lsn=i, ts=str(doc["timestamp"]),
-                schema=schema, table=table,
+                op=kind,
+                txn=f"v1:{commit}",
+                xid=xid,
+                commit_lsn=commit,
+                change_lsn=i,
+                ts=str(doc["timestamp"]),
+                schema=schema,
+                table=table,
                 columns=_v1_cols(ch.get("columnnames"), ch.get("columntypes"), ch.get("columnvalues"), "column"),
                 identity=_v1_cols(old.get("keynames"), old.get("keytypes"), old.get("keyvalues"), "oldkeys"),
-                pk=table_pk, origin=d.origin, raw=raw,
+                pk=table_pk,
+                origin=d.origin,
+                raw=raw,
             )
         except (DecodeError, TypeError, ValueError, AttributeError) as exc:
             what = exc.one_line() if isinstance(exc, DecodeError) else f"{type(exc).__name__}: {exc}"
-            yield Quarantined(d.origin, f"change #{i + 1} of the transaction not understood: {what}", raw, *_table_of(ch))
+            yield Quarantined(
+                d.origin, f"change #{i + 1} of the transaction not understood: {what}", raw, *_table_of(ch)
+            )
 
 
 def _begin_problem(doc: dict[str, Any]) -> str | None:
@@ -141,14 +155,27 @@ def _v2_transaction(docs: list[Document], pk: dict[str, list[str]]) -> list[Inpu
                         continue
                     if rec.op == "X":
                         named = bool(rec.schema and rec.table)
-                        out.append(Quarantined(d.origin, rec.reason, d.raw, rec.schema if named else "", rec.table if named else ""))
+                        out.append(
+                            Quarantined(
+                                d.origin, rec.reason, d.raw, rec.schema if named else "", rec.table if named else ""
+                            )
+                        )
                         continue
                     out.append(
                         InputChange(
-                            op=rec.op, txn=f"v2:{rec.commit_lsn}", xid=rec.xid, commit_lsn=rec.commit_lsn,
-                            change_lsn=rec.change_lsn or rec.seq, ts=rec.ts, schema=rec.schema, table=rec.table,
-                            columns=rec.columns, identity=rec.identity,
-                            pk=pk.get(rec.qualified_table) or rec.pk, origin=d.origin, raw=d.raw,
+                            op=rec.op,
+                            txn=f"v2:{rec.commit_lsn}",
+                            xid=rec.xid,
+                            commit_lsn=rec.commit_lsn,
+                            change_lsn=rec.change_lsn or rec.seq,
+                            ts=rec.ts,
+                            schema=rec.schema,
+                            table=rec.table,
+                            columns=rec.columns,
+                            identity=rec.identity,
+                            pk=pk.get(rec.qualified_table) or rec.pk,
+                            origin=d.origin,
+                            raw=d.raw,
                         )
                     )
             return out
@@ -165,7 +192,9 @@ def _joined(docs: list[Document]) -> str:
 def _incomplete(docs: list[Document], why: str) -> Iterator[Quarantined]:
     changes = [d.doc for d in docs if d.doc.get("action") in _CHANGE_ACTIONS]
     n = len(changes)
-    what = f"transaction begun here has no commit record ({why}): its {n} change{'' if n == 1 else 's'} cannot be imported"
+    what = (
+        f"transaction begun here has no commit record ({why}): its {n} change{'' if n == 1 else 's'} cannot be imported"
+    )
     yield from _quarantine_group(docs[0].origin, what, _joined(docs), changes)
 
 
@@ -179,7 +208,9 @@ def read(paths: Iterable[Path], pk: dict[str, list[str]]) -> Iterator[InputItem]
                 continue
             doc = d.doc
             if not isinstance(doc, dict):
-                yield Quarantined(d.origin, f"not a wal2json document: a JSON {type(doc).__name__}, not an object", d.raw)
+                yield Quarantined(
+                    d.origin, f"not a wal2json document: a JSON {type(doc).__name__}, not an object", d.raw
+                )
             elif "action" in doc:
                 action = doc["action"]
                 if action == "B":
@@ -195,8 +226,10 @@ def read(paths: Iterable[Path], pk: dict[str, list[str]]) -> Iterator[InputItem]
                     continue  # a non-transactional logical message: not a change
                 elif action in (*_CHANGE_ACTIONS, "C"):
                     yield Quarantined(
-                        d.origin, f"wal2json {action!r} record outside a transaction (no begin record before it in this file)",
-                        d.raw, *_table_of(doc),
+                        d.origin,
+                        f"wal2json {action!r} record outside a transaction (no begin record before it in this file)",
+                        d.raw,
+                        *_table_of(doc),
                     )
                 else:
                     yield Quarantined(d.origin, f"unknown wal2json action {action!r}", d.raw, *_table_of(doc))
@@ -204,8 +237,10 @@ def read(paths: Iterable[Path], pk: dict[str, list[str]]) -> Iterator[InputItem]
                 yield from _read_v1(d, pk)
             else:
                 yield Quarantined(
-                    d.origin, "neither wal2json format 1 (no 'change') nor 2 (no 'action'); check the --format option",
-                    d.raw, *_table_of(doc),
+                    d.origin,
+                    "neither wal2json format 1 (no 'change') nor 2 (no 'action'); check the --format option",
+                    d.raw,
+                    *_table_of(doc),
                 )
         if txn is not None:
             yield from _incomplete(txn, f"{path} ends inside it")

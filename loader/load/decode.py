@@ -33,9 +33,25 @@ CHANGE_ROW_DDL = (
 )
 
 _FIELDS = (
-    "landing_file", "line", "op", "commit_lsn", "seq", "change_lsn", "xid", "ts", "src_schema",
-    "src_table", "col_names", "col_types", "col_values", "key_names", "key_values", "pk",
-    "note", "reject_reason", "raw",
+    "landing_file",
+    "line",
+    "op",
+    "commit_lsn",
+    "seq",
+    "change_lsn",
+    "xid",
+    "ts",
+    "src_schema",
+    "src_table",
+    "col_names",
+    "col_types",
+    "col_values",
+    "key_names",
+    "key_values",
+    "pk",
+    "note",
+    "reject_reason",
+    "raw",
 )
 _CHUNK = 1 << 16
 _SMALL_CHUNK = 256
@@ -104,9 +120,23 @@ def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str
     """A park marker the load derived (not read from the file): a damaged file lost this table's changes."""
     row: dict[str, Any] = {f: None for f in _FIELDS}
     row.update(
-        landing_file=file, line=0, op="park", commit_lsn=lsn, seq=0, change_lsn=0, xid=0, ts=ts,
-        src_schema=schema, src_table=table, col_names=[], col_types=[], col_values=[], key_names=[],
-        key_values=[], pk=[], note=note,
+        landing_file=file,
+        line=0,
+        op="park",
+        commit_lsn=lsn,
+        seq=0,
+        change_lsn=0,
+        xid=0,
+        ts=ts,
+        src_schema=schema,
+        src_table=table,
+        col_names=[],
+        col_types=[],
+        col_values=[],
+        key_names=[],
+        key_values=[],
+        pk=[],
+        note=note,
     )
     return row
 
@@ -200,14 +230,22 @@ def decode_file(
     unattributed = any(not t.partition(".")[2] for t in short)
     if header is None or unattributed:
         yield park_row(
-            file, None, None, first_lsn, first_ts,
+            file,
+            None,
+            None,
+            first_lsn,
+            first_ts,
             f"{where}; it has no readable header, so every table may have lost changes; {repair_hint(None)}",
         )
         return
     for qualified, lost in sorted(short.items()):
         schema, _, table = qualified.partition(".")
         yield park_row(
-            file, schema, table, first_lsn, first_ts,
+            file,
+            schema,
+            table,
+            first_lsn,
+            first_ts,
             f"{where}: {lost} of its {header.tables[qualified]} changes of this table are unreadable; "
             f"{repair_hint(qualified)}",
         )
@@ -257,7 +295,13 @@ def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
     if problem:
         return reject_row(file, line_no, line, problem, rec)
     if rec.op == "X":
-        return reject_row(file, line_no, rec.raw if rec.raw is not None else line, f"quarantined before landing (capture or import): {rec.reason}", rec)
+        return reject_row(
+            file,
+            line_no,
+            rec.raw if rec.raw is not None else line,
+            f"quarantined before landing (capture or import): {rec.reason}",
+            rec,
+        )
     return record_row(file, line_no, rec)
 
 
@@ -276,7 +320,9 @@ def _invalid(rec: ChangeRecord) -> str | None:
         return None
     if not rec.schema or not rec.table:
         return f"{OPERATIONS[rec.op]} record without schema and table"
-    too_long = [n for n in (rec.schema, rec.table, *(c.name for c in rec.columns)) if len(n.encode("utf-8")) > _MAX_NAME_BYTES]
+    too_long = [
+        n for n in (rec.schema, rec.table, *(c.name for c in rec.columns)) if len(n.encode("utf-8")) > _MAX_NAME_BYTES
+    ]
     if too_long:
         return f"name longer than PostgreSQL allows ({_MAX_NAME_BYTES} bytes): {too_long[0][:80]!r}"
     if rec.op in ("I", "U", "R") and not rec.columns:
@@ -331,9 +377,24 @@ def _arrow_schema() -> Any:
     ls = pa.list_(s)
     return pa.schema(
         [
-            ("landing_file", s), ("line", i32), ("op", s), ("commit_lsn", i64), ("seq", i64),
-            ("change_lsn", i64), ("xid", i64), ("ts", s), ("src_schema", s), ("src_table", s),
-            ("col_names", ls), ("col_types", ls), ("col_values", ls), ("key_names", ls),
-            ("key_values", ls), ("pk", ls), ("note", s), ("reject_reason", s), ("raw", s),
+            ("landing_file", s),
+            ("line", i32),
+            ("op", s),
+            ("commit_lsn", i64),
+            ("seq", i64),
+            ("change_lsn", i64),
+            ("xid", i64),
+            ("ts", s),
+            ("src_schema", s),
+            ("src_table", s),
+            ("col_names", ls),
+            ("col_types", ls),
+            ("col_values", ls),
+            ("key_names", ls),
+            ("key_values", ls),
+            ("pk", ls),
+            ("note", s),
+            ("reject_reason", s),
+            ("raw", s),
         ]
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from loader.capture.landing import LandingFile, LandingStore, open_landing
@@ -106,7 +107,7 @@ HISTORY_TABLE_PROPERTIES: dict[str, str] = {
 class HistoryLoad:
     """Load every pending landing file into history tables."""
 
-    def __init__(self, spark: "SparkSession", settings: LoaderSettings, store: LandingStore | None = None) -> None:
+    def __init__(self, spark: SparkSession, settings: LoaderSettings, store: LandingStore | None = None) -> None:
         self.spark = spark
         self.settings = settings
         self.store = store or open_landing(settings)
@@ -151,9 +152,11 @@ class HistoryLoad:
                     reject_parks = self._reject_parks(bad)
                     good = decoded.where(F.col("reject_reason").isNull())
                     tables = self._tables_in(good)
-                    unknown_damage = good.where("op = 'park' AND src_table IS NULL").select(
-                        "landing_file", "commit_lsn", "ts", "note"
-                    ).collect()
+                    unknown_damage = (
+                        good.where("op = 'park' AND src_table IS NULL")
+                        .select("landing_file", "commit_lsn", "ts", "note")
+                        .collect()
+                    )
                     for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
                         tables.setdefault(t, ([], []))
                     for table in sorted(tables):
@@ -197,7 +200,7 @@ class HistoryLoad:
         ).collect()
         return [SourceTable.from_iceberg_name(r.tableName) for r in rows]
 
-    def _tables_in(self, good: "DataFrame") -> dict[SourceTable, tuple[list[tuple[str, str]], list[str]]]:
+    def _tables_in(self, good: DataFrame) -> dict[SourceTable, tuple[list[tuple[str, str]], list[str]]]:
         """table -> ([(column, pg type)] in source order, key) for every table in the batch."""
         from pyspark.sql import functions as F
 
@@ -207,8 +210,12 @@ class HistoryLoad:
                 "src_schema", "src_table", "commit_lsn", "seq", F.posexplode(F.arrays_zip("col_names", "col_types"))
             )
             .select(
-                "src_schema", "src_table", "pos", F.struct("commit_lsn", "seq").alias("at"),
-                F.col("col.col_names").alias("name"), F.col("col.col_types").alias("type"),
+                "src_schema",
+                "src_table",
+                "pos",
+                F.struct("commit_lsn", "seq").alias("at"),
+                F.col("col.col_names").alias("name"),
+                F.col("col.col_types").alias("type"),
             )
             # A column retyped inside the batch takes its newest type.
             .groupBy("src_schema", "src_table", "name")
@@ -225,14 +232,16 @@ class HistoryLoad:
         out: dict[SourceTable, tuple[list[tuple[str, str]], list[str]]] = {}
         for r in present:
             table = SourceTable(r.src_schema, r.src_table)
-            these = sorted((c.pos, c.name, c.type) for c in cols if (c.src_schema, c.src_table) == (r.src_schema, r.src_table))
+            these = sorted(
+                (c.pos, c.name, c.type) for c in cols if (c.src_schema, c.src_table) == (r.src_schema, r.src_table)
+            )
             pk = next((list(p.pk) for p in pks if (p.src_schema, p.src_table) == (r.src_schema, r.src_table)), [])
             out[table] = ([(n, t) for _, n, t in these], pk)
         return out
 
     # --- history tables ----------------------------------------------------------------------
     def _ensure_history_table(
-        self, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], rows: "DataFrame", result: LoadResult
+        self, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], rows: DataFrame, result: LoadResult
     ) -> tuple[list[HistoryColumn], list[dict[str, Any]]]:
         """Create or evolve the history table: its columns after evolution, and park rows for retypes."""
         ident = self.names.history(table)
@@ -269,10 +278,14 @@ class HistoryLoad:
         # finishes the same evolution on its re-run; the properties are written last.
         for name, pg_type in plan.add:
             if not has(lake_column(name)):
-                self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {quote_ident(lake_column(name))} {spark_type(pg_type).sql}")
+                self.spark.sql(
+                    f"ALTER TABLE {ident} ADD COLUMN {quote_ident(lake_column(name))} {spark_type(pg_type).sql}"
+                )
             existing[name] = pg_type
         for name, pg_type in plan.widen:
-            self.spark.sql(f"ALTER TABLE {ident} ALTER COLUMN {quote_ident(lake_column(name))} TYPE {spark_type(pg_type).sql}")
+            self.spark.sql(
+                f"ALTER TABLE {ident} ALTER COLUMN {quote_ident(lake_column(name))} TYPE {spark_type(pg_type).sql}"
+            )
             existing[name] = pg_type
         for name, pg_type in plan.retext:
             existing[name] = pg_type
@@ -312,18 +325,23 @@ class HistoryLoad:
                 self.spark.sql(f"ALTER TABLE {ident} ADD COLUMN {name} {typ}")
 
     @staticmethod
-    def _first_with_type(rows: "DataFrame", column: str, pg_type: str) -> tuple[int, str] | None:
+    def _first_with_type(rows: DataFrame, column: str, pg_type: str) -> tuple[int, str] | None:
         """(commit LSN, commit timestamp) of the first change carrying ``column`` with ``pg_type``."""
         from pyspark.sql import functions as F
 
-        typed = rows.where(F.exists(F.arrays_zip("col_names", "col_types"), lambda c: (c["col_names"] == column) & (c["col_types"] == pg_type)))
+        typed = rows.where(
+            F.exists(
+                F.arrays_zip("col_names", "col_types"),
+                lambda c: (c["col_names"] == column) & (c["col_types"] == pg_type),
+            )
+        )
         first = typed.agg(F.min(F.struct("commit_lsn", "seq", "ts"))).collect()[0][0]
         return (int(first["commit_lsn"]), str(first["ts"])) if first is not None else None
 
     # --- one table -------------------------------------------------------------------------
     def _load_table(
         self,
-        good: "DataFrame",
+        good: DataFrame,
         table: SourceTable,
         columns: list[tuple[str, str]],
         pk: list[str],
@@ -365,7 +383,9 @@ class HistoryLoad:
             existing = self.spark.table(ident).where(F.col("pg_lsn").between(lo, hi)).select("pg_lsn", "pg_seq")
             new = ok.join(existing, ["pg_lsn", "pg_seq"], "left_anti").dropDuplicates(["pg_lsn", "pg_seq"])
             target_cols = self.spark.table(ident).columns
-            new = new.select(*[F.col(quote_ident(c)) if c in new.columns else F.lit(None).alias(c) for c in target_cols])
+            new = new.select(
+                *[F.col(quote_ident(c)) if c in new.columns else F.lit(None).alias(c) for c in target_cols]
+            )
             new = new.persist()
             try:
                 stats = new.agg(F.count(F.lit(1)), F.min(F.struct("pg_lsn", "pg_seq"))).collect()[0]
@@ -385,7 +405,7 @@ class HistoryLoad:
         finally:
             ok.unpersist()
 
-    def _note_parks(self, ident: str, table: SourceTable, ok: "DataFrame", result: LoadResult) -> None:
+    def _note_parks(self, ident: str, table: SourceTable, ok: DataFrame, result: LoadResult) -> None:
         """Keep the history table's ``loader.parked`` property in step with its park/resync rows.
 
         Display only (status, verify): merges find parks from the rows themselves.
@@ -412,7 +432,7 @@ class HistoryLoad:
         elif PROP_PARKED in props:
             update_properties(self.spark, ident, remove=[PROP_PARKED])
 
-    def _dropped_columns(self, ident: str, rows: "DataFrame", columns: list[HistoryColumn]) -> dict[str, ChangePosition]:
+    def _dropped_columns(self, ident: str, rows: DataFrame, columns: list[HistoryColumn]) -> dict[str, ChangePosition]:
         """Columns dropped at the source, with the position the drop was first seen.
 
         wal2json sends every column of an insert, and every fixed-length column of an update;
@@ -430,7 +450,9 @@ class HistoryLoad:
         for i, col in enumerate(columns):
             lit = sql_string(col.source)
             evidence = "op IN ('insert', 'read')" + (" OR op = 'update'" if never_toasted(col.pg_type) else "")
-            aggs.append(f"min(IF(({evidence}) AND NOT array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS d{i}")
+            aggs.append(
+                f"min(IF(({evidence}) AND NOT array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS d{i}"
+            )
             aggs.append(f"max(IF(array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS p{i}")
         if not aggs:
             return known
@@ -453,14 +475,18 @@ class HistoryLoad:
         return known
 
     # --- rejects and the ledger --------------------------------------------------------------
-    def _write_rejects(self, bad: "DataFrame", result: LoadResult, typed: bool = False) -> int:
+    def _write_rejects(self, bad: DataFrame, result: LoadResult, typed: bool = False) -> int:
         from pyspark.sql import functions as F
 
         if not typed:
             bad = bad.selectExpr(
-                "landing_file", "line",
+                "landing_file",
+                "line",
                 "concat_ws('.', src_schema, src_table) AS source_table",
-                "commit_lsn AS pg_lsn", "seq AS pg_seq", "reject_reason AS reason", "raw",
+                "commit_lsn AS pg_lsn",
+                "seq AS pg_seq",
+                "reject_reason AS reason",
+                "raw",
             )
         df = bad.withColumn("rejected_at", F.current_timestamp())
         known = self.spark.table(self.names.rejects).select("landing_file", "line")
@@ -468,22 +494,27 @@ class HistoryLoad:
         try:
             n = df.count()
             if n:
-                df.select("landing_file", "line", "source_table", "pg_lsn", "pg_seq", "reason", "raw", "rejected_at").writeTo(
-                    self.names.rejects
-                ).append()
+                df.select(
+                    "landing_file", "line", "source_table", "pg_lsn", "pg_seq", "reason", "raw", "rejected_at"
+                ).writeTo(self.names.rejects).append()
         finally:
             df.unpersist()
         result.rejects += n
         return int(n)
 
-    def _reject_parks(self, bad: "DataFrame") -> dict[SourceTable, list[dict[str, Any]]]:
+    def _reject_parks(self, bad: DataFrame) -> dict[SourceTable, list[dict[str, Any]]]:
         """One park row per table that lost undecodable changes, at the start of the first one's transaction."""
         from pyspark.sql import functions as F
 
         rows = (
             bad.where("src_table IS NOT NULL")
             .groupBy("src_schema", "src_table")
-            .agg(F.count(F.lit(1)).alias("n"), F.min(F.struct(F.coalesce("commit_lsn", F.lit(0)).alias("lsn"), "ts", "reject_reason", "landing_file")).alias("first"))
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.min(
+                    F.struct(F.coalesce("commit_lsn", F.lit(0)).alias("lsn"), "ts", "reject_reason", "landing_file")
+                ).alias("first"),
+            )
             .collect()
         )
         out: dict[SourceTable, list[dict[str, Any]]] = {}
@@ -497,8 +528,8 @@ class HistoryLoad:
             out[table] = [park_row(f["landing_file"], table.schema, table.table, int(f["lsn"]), f["ts"], reason)]
         return out
 
-    def _ledger_rows(self, decoded: "DataFrame", batch: list[LandingFile]) -> list[tuple[Any, ...]]:
-        from datetime import datetime, timezone
+    def _ledger_rows(self, decoded: DataFrame, batch: list[LandingFile]) -> list[tuple[Any, ...]]:
+        from datetime import datetime
 
         from pyspark.sql import functions as F
 
@@ -511,7 +542,7 @@ class HistoryLoad:
             )
             .collect()
         }
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
 
 
@@ -526,18 +557,19 @@ class _read_errors_explained:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
-            return False
+            return
         text = str(exc)
         for marker in ("LandingUnavailableError", "LandingError"):
             if marker in text:
                 from loader.errors import LandingError, LandingUnavailableError
 
-                detail = next((ln.split(marker + ":", 1)[1].strip() for ln in text.splitlines() if marker + ":" in ln), text[:300])
+                detail = next(
+                    (ln.split(marker + ":", 1)[1].strip() for ln in text.splitlines() if marker + ":" in ln), text[:300]
+                )
                 cls = LandingUnavailableError if marker == "LandingUnavailableError" else LandingError
                 raise cls(
                     f"load stopped while reading landing files: {detail}",
                     hint="nothing was marked loaded; re-run 'loader load' once the landing area answers",
                 ) from exc
-        return False

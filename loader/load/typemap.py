@@ -31,7 +31,9 @@ from dataclasses import dataclass
 _NUMERIC_RE = re.compile(r"^numeric\((\d+),(\d+)\)\Z")
 _NUMERIC_P_RE = re.compile(r"^numeric\((\d+)\)\Z")
 _TS_RE = re.compile(r"^timestamp(?:\(\d+\))? (with|without) time zone\Z")
-_TEXT_ELEMENT_RE = re.compile(r"^(text|character varying(\(\d+\))?|varchar(\(\d+\))?|character(\(\d+\))?|bpchar|uuid|name)\Z")
+_TEXT_ELEMENT_RE = re.compile(
+    r"^(text|character varying(\(\d+\))?|varchar(\(\d+\))?|character(\(\d+\))?|bpchar|uuid|name)\Z"
+)
 
 # A PostgreSQL array literal's elements: a double-quoted element (backslash escapes) or a bare one.
 _ARRAY_ELEMENT_REGEX = r'"(?:[^"\\]|\\.)*"|[^,{}"]+'
@@ -65,7 +67,7 @@ class SparkType:
     sql: str  # Spark SQL type for DDL
     cast: str  # template: "{v}" stands for the text value; NULL only for NULL input or a misfit
     lossless_text: bool = False  # stored as its exact PostgreSQL text
-    array_of: "SparkType | None" = None  # element type of a native array
+    array_of: SparkType | None = None  # element type of a native array
 
 
 def _text() -> SparkType:
@@ -77,7 +79,9 @@ def _cast(sql: str) -> SparkType:
 
 
 # Timestamps: wal2json prints timestamptz with a '+00' style offset; Spark parses '+00:00'.
-_TSTZ = SparkType("TIMESTAMP", "try_cast(regexp_replace({v}, " + sql_regex(_TZ_HOURS_REGEX) + ", '$1:00') AS TIMESTAMP)")
+_TSTZ = SparkType(
+    "TIMESTAMP", "try_cast(regexp_replace({v}, " + sql_regex(_TZ_HOURS_REGEX) + ", '$1:00') AS TIMESTAMP)"
+)
 
 _SIMPLE: dict[str, SparkType] = {
     "smallint": _cast("INT"),
@@ -101,14 +105,30 @@ _SIMPLE: dict[str, SparkType] = {
     # wal2json renders bytea as hex without the leading \x (PostgreSQL's own text form has it).
     "bytea": SparkType(
         "BINARY",
-        "IF({v} RLIKE " + sql_regex(_BYTEA_REGEX) + ", unhex(regexp_replace({v}, " + sql_regex(_BYTEA_PREFIX_REGEX) + ", '')), NULL)",
+        "IF({v} RLIKE "
+        + sql_regex(_BYTEA_REGEX)
+        + ", unhex(regexp_replace({v}, "
+        + sql_regex(_BYTEA_PREFIX_REGEX)
+        + ", '')), NULL)",
     ),
 }
 
 # Array element types that become native Spark arrays (only 1-D values; see _array_type).
 _ARRAY_ELEMENT_TYPES = {
-    "smallint", "int2", "integer", "int4", "int", "bigint", "int8", "real", "float4",
-    "double precision", "float8", "boolean", "bool", "date",
+    "smallint",
+    "int2",
+    "integer",
+    "int4",
+    "int",
+    "bigint",
+    "int8",
+    "real",
+    "float4",
+    "double precision",
+    "float8",
+    "boolean",
+    "bool",
+    "date",
 }
 
 
@@ -145,7 +165,8 @@ def _array_type(element: str) -> SparkType | None:
     items = "regexp_extract_all({v}, " + sql_regex(_ARRAY_ELEMENT_REGEX) + ", 0)"
     raw_elem = (
         "IF(substr(_e, 1, 1) = '\"', regexp_replace(substr(_e, 2, length(_e) - 2), "
-        + sql_regex(_UNESCAPE_REGEX) + ", '$1'), IF(_e = 'NULL', NULL, _e))"
+        + sql_regex(_UNESCAPE_REGEX)
+        + ", '$1'), IF(_e = 'NULL', NULL, _e))"
     )
     typed_elem = elem.cast.replace("{v}", "_x")
     # Elements are parsed into text first, then typed; any element that fails to type

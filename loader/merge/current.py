@@ -95,8 +95,8 @@ class MergeResult:
 
 
 def resolve_key_change_toast(
-    spark: "SparkSession", events: "DataFrame", current: str | None, pk: list[str], columns: list[str]
-) -> "DataFrame":
+    spark: SparkSession, events: DataFrame, current: str | None, pk: list[str], columns: list[str]
+) -> DataFrame:
     """Fill the unchanged-TOAST columns of key-changing updates from the old key's row.
 
     An update that changes the key and leaves a TOASTed value unchanged does not send it, and
@@ -121,8 +121,11 @@ def resolve_key_change_toast(
     involved = [
         {
             **{c: r[c] for c in columns},
-            "pg_lsn": r["pg_lsn"], "pg_seq": r["pg_seq"], "kind": r[KIND],
-            "absent": r["pg_absent_columns"], "from": r[FROM],
+            "pg_lsn": r["pg_lsn"],
+            "pg_seq": r["pg_seq"],
+            "kind": r[KIND],
+            "absent": r["pg_absent_columns"],
+            "from": r[FROM],
         }
         for r in events.join(key_df, on, "left_semi").orderBy("pg_lsn", "pg_seq", SUB).collect()
     ]
@@ -149,21 +152,25 @@ def resolve_key_change_toast(
     for c in events.columns:
         if c in non_key:
             i = non_key.index(c)
-            out.append(F.expr(f"IF({is_patch} AND array_contains(pg__patched, {sql_string(c)}), pg__p{i}, {col(c)})").alias(c))
+            out.append(
+                F.expr(f"IF({is_patch} AND array_contains(pg__patched, {sql_string(c)}), pg__p{i}, {col(c)})").alias(c)
+            )
         elif c == "pg_absent_columns":
-            out.append(F.expr(f"IF({is_patch}, array_except(pg_absent_columns, pg__patched), pg_absent_columns)").alias(c))
+            out.append(
+                F.expr(f"IF({is_patch}, array_except(pg_absent_columns, pg__patched), pg_absent_columns)").alias(c)
+            )
         else:
             out.append(F.col(col(c)))
     return joined.select(*out)
 
 
-def history_tables(spark: "SparkSession", names: TableNames) -> list[SourceTable]:
+def history_tables(spark: SparkSession, names: TableNames) -> list[SourceTable]:
     rows = spark.sql(f"SHOW TABLES IN {quote_ident(names.catalog)}.{quote_ident(names.history_ns)}").collect()
     return sorted(SourceTable.from_iceberg_name(r.tableName) for r in rows)
 
 
 class CurrentMerge:
-    def __init__(self, spark: "SparkSession", settings: LoaderSettings) -> None:
+    def __init__(self, spark: SparkSession, settings: LoaderSettings) -> None:
         self.spark = spark
         self.settings = settings
         self.names = TableNames(settings)
@@ -293,7 +300,7 @@ class CurrentMerge:
         out.merged_through = plan.cut.token()
         return out
 
-    def _apply(self, a: "_Apply", out: TableMerge) -> None:
+    def _apply(self, a: _Apply, out: TableMerge) -> None:
         from pyspark.sql import functions as F
 
         columns = list(a.pg_types)
@@ -324,7 +331,10 @@ class CurrentMerge:
                 self._record_progress(a.cur, a.commit_props)
                 return
             statement = merge_sql(
-                a.cur, quote_ident(reduced_view), a.pk, columns,
+                a.cur,
+                quote_ident(reduced_view),
+                a.pk,
+                columns,
                 (boundary.commit_lsn, boundary.seq) if boundary is not None else None,
                 None if boundary is not None else self._bucket_filter(a.cur, a.pk, quote_ident(reduced_view)),
                 (a.since.commit_lsn, a.since.seq) if a.since is not None else None,
@@ -332,7 +342,10 @@ class CurrentMerge:
             checkpoint("merge-before-commit")
             with_commit_properties(self.spark, a.commit_props, lambda: self.spark.sql(statement))
             checkpoint("merge-after-commit")
-            if latest_summary_value(self.spark, a.cur, SUMMARY_MERGED_THROUGH) != a.commit_props[SUMMARY_MERGED_THROUGH]:
+            if (
+                latest_summary_value(self.spark, a.cur, SUMMARY_MERGED_THROUGH)
+                != a.commit_props[SUMMARY_MERGED_THROUGH]
+            ):
                 # Every matched row was already at or past its event (a replayed increment): the
                 # MERGE changed nothing and committed nothing; record the progress explicitly.
                 self._record_progress(a.cur, a.commit_props)
@@ -374,7 +387,9 @@ class CurrentMerge:
         if not m:
             return None
         fn = f"{quote_ident(self.names.catalog)}.system.bucket({int(m.group(1))}, {{col}})"
-        hit = [r[0] for r in self.spark.sql(f"SELECT DISTINCT {fn.format(col=col(pk[0]))} FROM {reduced_view}").collect()]
+        hit = [
+            r[0] for r in self.spark.sql(f"SELECT DISTINCT {fn.format(col=col(pk[0]))} FROM {reduced_view}").collect()
+        ]
         if not hit or len(hit) >= int(m.group(1)) or any(b is None for b in hit):
             return None
         return f"{fn.format(col='t.' + col(pk[0]))} IN ({', '.join(str(int(b)) for b in sorted(hit))})"
@@ -447,7 +462,7 @@ class _Apply:
 
     table: SourceTable
     cur: str
-    events: "DataFrame"
+    events: DataFrame
     pk: list[str]
     pg_types: dict[str, str]
     commit_props: dict[str, str]

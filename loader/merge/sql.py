@@ -55,12 +55,20 @@ def key_events_sql(history_view: str, pk: list[str], pk_types: dict[str, str], c
     meta = "pg_lsn, pg_seq, pg_txn_timestamp"
     null_cols = [f"NULL AS {col(c)}" for c in non_key]
     del_select = ", ".join(
-        old_key + null_cols
+        old_key
+        + null_cols
         + [meta, f"'delete' AS {KIND}", f"0 AS {SUB}", "CAST(array() AS ARRAY<STRING>) AS pg_absent_columns", no_from]
     )
     ups_select = ", ".join(
-        [col(c) for c in pk] + [col(c) for c in non_key]
-        + [meta, f"'upsert' AS {KIND}", f"1 AS {SUB}", "pg_absent_columns", f"IF({key_change}, {from_struct}, NULL) AS {FROM}"]
+        [col(c) for c in pk]
+        + [col(c) for c in non_key]
+        + [
+            meta,
+            f"'upsert' AS {KIND}",
+            f"1 AS {SUB}",
+            "pg_absent_columns",
+            f"IF({key_change}, {from_struct}, NULL) AS {FROM}",
+        ]
     )
     return (
         f"SELECT {del_select} FROM {history_view} WHERE pg_operation = 'delete'\n"
@@ -100,9 +108,7 @@ def reduce_sql(events_view: str, pk: list[str], columns: list[str]) -> str:
             carried_cols.append(col(c))
             outer_cols.append(col(c))
             continue
-        sent = (
-            f"IF({KIND} = 'upsert' AND NOT array_contains(pg_absent_columns, {sql_string(c)}), named_struct('v', {col(c)}), NULL)"
-        )
+        sent = f"IF({KIND} = 'upsert' AND NOT array_contains(pg_absent_columns, {sql_string(c)}), named_struct('v', {col(c)}), NULL)"
         carried_cols.append(f"last({sent}, true) OVER ({win}) AS {carried(i)}")
         outer_cols.append(f"{carried(i)}.v AS {col(c)}")
         outer_cols.append(f"{carried(i)} IS NULL AS {absent(i)}")

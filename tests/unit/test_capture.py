@@ -64,7 +64,10 @@ def test_messages_inside_and_outside_transactions_never_stop_the_stream() -> Non
 @pytest.mark.parametrize(
     ("row", "why"),
     [
-        (b'{"action":"I","schema":"public","table":"t","columns":[{"name":"v","type":"text","value":"caf\xe9"}]}', "not UTF-8"),
+        (
+            b'{"action":"I","schema":"public","table":"t","columns":[{"name":"v","type":"text","value":"caf\xe9"}]}',
+            "not UTF-8",
+        ),
         ('{"action":"I","schema":"public","table":"t","columns":[', "unreadable"),
         ('{"action":"Q","schema":"public","table":"t"}', "unknown wal2json action"),
         ('{"action":"U","table":"t"}', "not understood"),
@@ -119,7 +122,10 @@ def test_control_records_round_trip() -> None:
 def test_landing_writer_splits_names_by_range_and_heads_each_file(tmp_path: Path) -> None:
     store = LocalLandingStore(tmp_path / "land")
     w = LandingWriter(store, max_changes=3)
-    recs = [ChangeRecord("I", 100, s, 9, "ts", "public", "t" if s % 2 else "u", columns=[Column("a", "int", str(s))]) for s in range(1, 8)]
+    recs = [
+        ChangeRecord("I", 100, s, 9, "ts", "public", "t" if s % 2 else "u", columns=[Column("a", "int", str(s))])
+        for s in range(1, 8)
+    ]
     recs.append(ChangeRecord("C", 100, 8, 9, "ts"))
     for r in recs:
         w.write(r)
@@ -136,7 +142,10 @@ def test_landing_writer_splits_names_by_range_and_heads_each_file(tmp_path: Path
 
 
 def test_landing_files_are_byte_identical_when_written_again(tmp_path: Path) -> None:
-    recs = [ChangeRecord("I", 100, 1, 9, "ts", "public", "t", columns=[Column("a", "int", "1")]), ChangeRecord("C", 100, 2, 9, "ts")]
+    recs = [
+        ChangeRecord("I", 100, 1, 9, "ts", "public", "t", columns=[Column("a", "int", "1")]),
+        ChangeRecord("C", 100, 2, 9, "ts"),
+    ]
     out = []
     for d in ("a", "b"):
         store = LocalLandingStore(tmp_path / d)

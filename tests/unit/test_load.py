@@ -68,11 +68,19 @@ def test_typed_select_uses_lake_names_and_reserved_aliases() -> None:
 
 
 def test_evolution_adds_widens_and_retires_incompatible_retypes() -> None:
-    plan = plan_evolution("public.t", {"a": "integer", "d": "numeric(10,2)", "x": "date"}, [("a", "bigint"), ("d", "numeric(12,2)"), ("n", "text"), ("x", "integer")])
+    plan = plan_evolution(
+        "public.t",
+        {"a": "integer", "d": "numeric(10,2)", "x": "date"},
+        [("a", "bigint"), ("d", "numeric(12,2)"), ("n", "text"), ("x", "integer")],
+    )
     assert plan.widen == [("a", "bigint"), ("d", "numeric(12,2)")] and plan.add == [("n", "text")]
     assert plan.retire == [("x", "integer")]
-    assert plan_evolution("public.t", {"a": "bigint"}, [("a", "integer")]).empty  # narrowed: the wider type still holds it
-    assert plan_evolution("public.t", {"a": "numeric(10,2)"}, [("a", "numeric(10,4)")]).retire == [("a", "numeric(10,4)")]
+    assert plan_evolution(
+        "public.t", {"a": "bigint"}, [("a", "integer")]
+    ).empty  # narrowed: the wider type still holds it
+    assert plan_evolution("public.t", {"a": "numeric(10,2)"}, [("a", "numeric(10,4)")]).retire == [
+        ("a", "numeric(10,4)")
+    ]
     assert retired_name("amount", 2) == "pg__r2_amount"
 
 
@@ -93,7 +101,19 @@ def workload(n: int = 300) -> list[ChangeRecord]:
     recs = []
     for s in range(1, n + 1):
         table = "a" if s % 3 else "b"
-        recs.append(ChangeRecord("I", 500, s, 9, "2026-01-01 00:00:00+00", "public", table, columns=[Column("id", "integer", str(s)), Column("v", "text", "x" * (s % 50))], pk=["id"]))
+        recs.append(
+            ChangeRecord(
+                "I",
+                500,
+                s,
+                9,
+                "2026-01-01 00:00:00+00",
+                "public",
+                table,
+                columns=[Column("id", "integer", str(s)), Column("v", "text", "x" * (s % 50))],
+                pk=["id"],
+            )
+        )
     recs.append(ChangeRecord("C", 500, n + 1, 9, "2026-01-01 00:00:00+00"))
     return recs
 
@@ -105,7 +125,9 @@ def test_an_intact_file_decodes_every_record_and_no_header_row(tmp_path: Path) -
     assert {r["op"] for r in rows} == {"insert"}
 
 
-def test_a_truncated_file_keeps_every_complete_line_and_parks_exactly_the_tables_that_lost_changes(tmp_path: Path) -> None:
+def test_a_truncated_file_keeps_every_complete_line_and_parks_exactly_the_tables_that_lost_changes(
+    tmp_path: Path,
+) -> None:
     name, data = landing_bytes(tmp_path, workload(3000))
     for cut in (len(data) // 2, len(data) - 40, 2000):
         rows = list(decode_file(name, data[:cut], 500))

@@ -53,7 +53,17 @@ def test_position_sql_agrees_with_tuple_order(row: ChangePosition, bound: Change
     env = {"l": row.commit_lsn, "s": row.seq}
 
     def ev(expr: str) -> bool:
-        return bool(eval(expr.replace("OR", "or").replace("AND", "and").replace("=", "==").replace("<==", "<=").replace(">==", ">="), {}, env))
+        return bool(
+            eval(
+                expr.replace("OR", "or")
+                .replace("AND", "and")
+                .replace("=", "==")
+                .replace("<==", "<=")
+                .replace(">==", ">="),
+                {},
+                env,
+            )
+        )
 
     assert ev(position_after_sql("l", "s", bound)) == (row > bound)
     assert ev(position_after_sql("l", "s", bound, inclusive=True)) == (row >= bound)

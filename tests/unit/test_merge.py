@@ -56,7 +56,9 @@ def test_markers_beyond_the_cut_do_not_count() -> None:
 
 
 markers = st.lists(
-    st.builds(Marker, st.builds(P, st.integers(1, 100), st.integers(0, 5)), st.sampled_from(["park", "resync", "truncate"])),
+    st.builds(
+        Marker, st.builds(P, st.integers(1, 100), st.integers(0, 5)), st.sampled_from(["park", "resync", "truncate"])
+    ),
     max_size=8,
 )
 

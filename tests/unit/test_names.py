@@ -20,9 +20,9 @@ from loader.names import (
 )
 
 # PostgreSQL identifiers: 1..63 bytes of UTF-8, no NUL.
-pg_names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=63).filter(
-    lambda s: len(s.encode("utf-8")) <= 63
-)
+pg_names = st.text(
+    st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=63
+).filter(lambda s: len(s.encode("utf-8")) <= 63)
 plainish = st.from_regex(r"[a-z_A-Z0-9.]{1,12}", fullmatch=True)
 
 
@@ -58,7 +58,9 @@ def test_the_double_underscore_pair_from_the_field_report_gets_two_names() -> No
     assert parse_table_name(table_name("a", "b__c")) == ("a", "b__c")
 
 
-@pytest.mark.parametrize("name", ["Users", "user.name", 'we"ird', "sp ace", "ünïcødé", "_lead", "trail_", "X" * 63, "ä" * 31])
+@pytest.mark.parametrize(
+    "name", ["Users", "user.name", 'we"ird', "sp ace", "ünïcødé", "_lead", "trail_", "X" * 63, "ä" * 31]
+)
 def test_hostile_parts_round_trip(name: str) -> None:
     enc = encode_part(name)
     assert enc.startswith("_") and "__" not in enc and not enc.endswith("_")
