@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 
 from loader.config import LoaderSettings, redact, secret_text
 from loader.errors import CatalogError
+from loader.tables import newest_position
 
 
 def pyiceberg_uri(uri: str, password: str | None = None) -> str:
@@ -74,15 +75,20 @@ def latest_summary(table: Any, key: str) -> str | None:
     return None
 
 
+def watermark(table: Any, key: str) -> str | None:
+    """The newer of the property ``key`` and its snapshot-summary value (see loader.iceberg)."""
+    return newest_position(table.properties.get(key), latest_summary(table, key))
+
+
 def row_count(table: Any) -> int:
-    """Live rows from the current snapshot's summary (deletes accounted for)."""
+    """Live rows from the current snapshot's summary: no scan, also for merge-on-read tables.
+
+    Position deletes remove one row each; Spark writes no equality deletes, but they are
+    subtracted the same way if another writer made some.
+    """
     snap = table.current_snapshot()
     if snap is None or snap.summary is None:
         return 0
     p = snap.summary.additional_properties
-    total = int(p.get("total-records", 0))
-    # Merge-on-read: position/equality deletes are not subtracted from total-records.
     deletes = int(p.get("total-position-deletes", 0)) + int(p.get("total-equality-deletes", 0))
-    if deletes:
-        return int(table.scan(selected_fields=(table.schema().fields[0].name,)).to_arrow().num_rows)
-    return total
+    return max(0, int(p.get("total-records", 0)) - deletes)

@@ -72,12 +72,59 @@ def catch_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group()
 @click.option("--config", "config", envvar="LOADER_CONFIG", type=click.Path(dir_okay=False), help="TOML settings file.")
+@click.option(
+    "--log-level",
+    envvar="LOADER_LOG_LEVEL",
+    default=None,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Log level (default WARNING; INFO in follow mode).",
+)
+@click.option(
+    "--log-format",
+    envvar="LOADER_LOG_FORMAT",
+    default="text",
+    type=click.Choice(["text", "json"]),
+    help="Logs as text or as JSON lines (stderr).",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.version_option(package_name="lakehouse-loader")
 @click.pass_context
-def main(ctx: click.Context, config: str | None, debug: bool) -> None:
+def main(ctx: click.Context, config: str | None, debug: bool, log_level: str | None, log_format: str) -> None:
     """PostgreSQL change history into Iceberg: capture -> load -> merge, plus status and checks."""
+    from loader.logs import setup_logging
+
+    follow = "--follow" in sys.argv
+    setup_logging(log_level or ("INFO" if follow else "WARNING"), log_format)
     ctx.obj = Context(config, debug)
+
+
+def emit(result: Any, as_json: bool) -> None:
+    """A command's result: its summary, or (``--json``) every field as JSON on stdout."""
+    if as_json:
+        click.echo(json.dumps(_plain(result), indent=2, sort_keys=True))
+    else:
+        click.echo(result.summary())
+
+
+def _plain(value: Any) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        for extra in ("parked", "consistent_through"):
+            if extra not in out and hasattr(type(value), extra):
+                out[extra] = _plain(getattr(value, extra))
+        return out
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -91,9 +138,10 @@ pass_ctx = click.make_pass_decorator(Context)
     is_flag=True,
     help="When the slot is created, first land a consistent snapshot of the tables' existing rows.",
 )
+@json_option
 @pass_ctx
 @catch_errors
-def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool) -> None:
+def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool, as_json: bool) -> None:
     """Decode the replication slot into landing files; advance the slot once they are durable."""
     from loader.capture import slot as slots
     from loader.capture.capture import Capture
@@ -104,20 +152,23 @@ def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool) -> None:
         with slots.connect(ctx.settings.source.conninfo()) as conn:
             missing = slots.slot_info(conn, ctx.settings.source.slot) is None
         if missing:
-            click.echo(Snapshot(ctx.settings).run().summary())
+            snap = Snapshot(ctx.settings).run()
+            if not as_json:
+                click.echo(snap.summary())
     res = Capture(ctx.settings).run(create_slot=not no_create_slot)
-    click.echo(res.summary())
+    emit(res, as_json)
 
 
 @main.command()
+@json_option
 @pass_ctx
 @catch_errors
-def load(ctx: Context) -> None:
+def load(ctx: Context, as_json: bool) -> None:
     """Append pending landing files to the Iceberg history tables (exactly once)."""
     from loader.load.history import HistoryLoad
 
     res = HistoryLoad(ctx.spark(), ctx.settings).run()
-    click.echo(res.summary())
+    emit(res, as_json)
     sys.exit(_load_exit(ctx, res))
 
 
@@ -142,33 +193,103 @@ def _merge_exit(res: Any) -> int:
 
 @main.command()
 @click.option("--table", "tables", multiple=True, help="schema.table to merge (default: all).")
+@json_option
 @pass_ctx
 @catch_errors
-def merge(ctx: Context, tables: tuple[str, ...]) -> None:
+def merge(ctx: Context, tables: tuple[str, ...], as_json: bool) -> None:
     """Apply the history increment since the last merge to the current tables (MERGE INTO)."""
     from loader.merge.current import CurrentMerge
 
     res = CurrentMerge(ctx.spark(), ctx.settings).run(list(tables) or None)
-    click.echo(res.summary())
+    emit(res, as_json)
     sys.exit(_merge_exit(res))
 
 
 @main.command()
+@click.option("--follow", is_flag=True, help="Keep running: capture continuously, load and merge every interval.")
+@click.option("--interval", type=float, default=None, help="Follow mode: seconds between cycles (follow.interval_s).")
+@click.option(
+    "--max-batch-files", type=int, default=None, help="Follow mode: landing files per load (follow.max_batch_files)."
+)
+@click.option("--metrics-port", type=int, default=None, help="Follow mode: serve Prometheus metrics on this port.")
+@click.option("--max-cycles", type=int, default=None, hidden=True)
+@json_option
 @pass_ctx
 @catch_errors
-def run(ctx: Context) -> None:
-    """All stages once, in order: capture, load, merge."""
+def run(
+    ctx: Context,
+    follow: bool,
+    interval: float | None,
+    max_batch_files: int | None,
+    metrics_port: int | None,
+    max_cycles: int | None,
+    as_json: bool,
+) -> None:
+    """All stages once, in order: capture, load, merge; or, with --follow, continuously.
+
+    Follow mode keeps one process and Spark session: capture streams in a thread while Spark loads,
+    a cycle without changes starts no Spark job, SIGTERM/SIGINT stop it cleanly (exit 0), and a
+    restart after a kill repairs everything. One follower runs per catalog (a second exits 75).
+    """
     from loader.capture.capture import Capture
     from loader.load.history import HistoryLoad
     from loader.merge.current import CurrentMerge
 
-    click.echo(Capture(ctx.settings).run().summary())
+    if follow:
+        from loader.follow import Follower
+        from loader.metrics import Metrics
+
+        f = ctx.settings.follow
+        updates = {
+            k: v
+            for k, v in (("interval_s", interval), ("max_batch_files", max_batch_files), ("metrics_port", metrics_port))
+            if v is not None
+        }
+        settings = ctx.settings.model_copy(update={"follow": f.model_copy(update=updates)})
+        metrics = Metrics()
+        if settings.follow.metrics_port is not None:
+            metrics.serve(settings.follow.metrics_port, settings.follow.metrics_host)
+        follower = Follower(settings, ctx.spark(), metrics, max_cycles=max_cycles)
+        code = follower.run()
+        st = follower.stats
+        click.echo(
+            f"follow: {st.cycles} cycles ({st.idle_cycles} idle), {st.captured_changes} changes captured, "
+            f"{st.loaded_changes} loaded" + (f"; {len(st.errors)} cycles retried" if st.errors else "")
+        )
+        sys.exit(code)
+    cap = Capture(ctx.settings).run()
     spark = ctx.spark()
     res = HistoryLoad(spark, ctx.settings).run()
-    click.echo(res.summary())
     merged = CurrentMerge(spark, ctx.settings).run()
-    click.echo(merged.summary())
+    if as_json:
+        click.echo(
+            json.dumps({"capture": _plain(cap), "load": _plain(res), "merge": _plain(merged)}, indent=2, sort_keys=True)
+        )
+    else:
+        for part in (cap, res, merged):
+            click.echo(part.summary())
     sys.exit(max(_load_exit(ctx, res), _merge_exit(merged)))
+
+
+@main.command()
+@click.option(
+    "--table", "tables", multiple=True, help="schema.table to maintain (default: all, and the loader's tables)."
+)
+@click.option("--no-expire", is_flag=True, help="Do not expire snapshots.")
+@click.option("--no-orphans", is_flag=True, help="Do not remove orphan files.")
+@json_option
+@pass_ctx
+@catch_errors
+def maintain(ctx: Context, tables: tuple[str, ...], no_expire: bool, no_orphans: bool, as_json: bool) -> None:
+    """Compact history (keeping LSN order) and current tables (applying deletes), expire snapshots
+    beyond maintenance.snapshot_retention_hours, rewrite manifests, remove orphan files.
+
+    Watermarks, late-file detection, status and the dbt audits keep working after it, and after
+    the same procedures run by anyone else.
+    """
+    from loader.maintain import Maintenance
+
+    emit(Maintenance(ctx.spark(), ctx.settings).run(list(tables) or None, not no_expire, not no_orphans), as_json)
 
 
 @main.command()

@@ -190,6 +190,31 @@ class SparkSettings(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+class FollowSettings(BaseModel):
+    """``loader run --follow``: one long-lived process cycling capture -> load -> merge."""
+
+    interval_s: float = 2.0  # a load + merge cycle starts at most this often
+    capture_interval_s: float = 1.0  # the capture thread's pause between runs
+    max_batch_files: int = 200  # landing files per load (a transaction longer than this goes whole)
+    metrics_port: int | None = None  # Prometheus metrics on 127.0.0.1:<port>; None: off
+    metrics_host: str = "127.0.0.1"
+
+
+class MaintenanceSettings(BaseModel):
+    """``loader maintain``, and the policy follow mode applies on its own."""
+
+    every_minutes: float = 60.0  # follow mode runs maintenance this often
+    # Snapshots older than this are expired (the newest retain_last are always kept).
+    snapshot_retention_hours: float = 24.0
+    retain_last: int = 5
+    # Files no snapshot references, older than this, are deleted (never younger: a writer may be
+    # about to commit them).
+    orphan_older_than_hours: float = 72.0
+    # Compaction: rewrite when a partition has at least this many small files; aim at this size.
+    min_input_files: int = 5
+    target_file_mb: int = 128
+
+
 class LockSettings(BaseModel):
     """How a stage meets another process already running it (see loader.locks)."""
 
@@ -243,6 +268,8 @@ class LoaderSettings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     merge: MergeSettings = Field(default_factory=MergeSettings)
     locks: LockSettings = Field(default_factory=LockSettings)
+    follow: FollowSettings = Field(default_factory=FollowSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     dbt: DbtSettings = Field(default_factory=DbtSettings)
     sql_server: SqlServerSettings = Field(default_factory=SqlServerSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

@@ -49,7 +49,16 @@ _SKIP_COPY = {"target", "logs", "dbt_packages", "generated", ".user.yml", "packa
 
 
 def shipped_project_dir() -> Path:
-    """The dbt project next to the loader package (repository checkout or editable install)."""
+    """The dbt project shipped with the loader: inside an installed wheel (``loader/_data``), or
+    next to the package in a checkout (editable install)."""
+    import importlib.resources
+
+    try:
+        packaged = Path(str(importlib.resources.files("loader._data.dbt_project")))
+        if (packaged / "dbt_project.yml").is_file():
+            return packaged
+    except ModuleNotFoundError:
+        pass
     return Path(__file__).resolve().parent.parent / "dbt_project"
 
 

@@ -3,13 +3,21 @@
 Table existence and properties go through Iceberg's Java API on the driver (a catalog lookup and
 a metadata read, no Spark job); property updates are Iceberg commits of their own, so they need
 no SQL quoting of names or values.
+
+Watermarks (how far a table is loaded or merged) are written twice: into the snapshot summary of
+the very commit they describe (atomic with the data, attached with Iceberg's
+``CommitMetadata``), and into a table property right after it. Snapshot expiry and compaction by
+anyone can remove the summaries, never the properties; a crash between the two leaves the property
+behind, and the summary (while it lives) ahead. :func:`watermark` reads the newer of the two, so
+a watermark never moves back, and losing both only makes a re-run replay an idempotent increment.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from loader.tables import TableNames
+from loader.tables import TableNames, newest_position
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,3 +77,79 @@ def update_properties(
     for k in remove or []:
         update = update.remove(k)
     update.commit()
+
+
+def watermark(spark: SparkSession, ident: str, key: str) -> str | None:
+    """The newest of the property ``key`` and its value in the snapshot summaries (see module doc)."""
+    table = iceberg_table(spark, ident)
+    return newest_position(table.properties().get(key), _summary_walk(table, key))
+
+
+def latest_summary_value(spark: SparkSession, ident: str, key: str) -> str | None:
+    """The newest snapshot summary value of ``key`` along the current snapshot's ancestry."""
+    return _summary_walk(iceberg_table(spark, ident), key)
+
+
+def _summary_walk(table: Any, key: str) -> str | None:
+    snap = table.currentSnapshot()
+    while snap is not None:
+        value = snap.summary().get(key)
+        if value is not None:
+            return str(value)
+        parent = snap.parentId()
+        snap = table.snapshot(parent) if parent is not None else None
+    return None
+
+
+def current_snapshot_id(spark: SparkSession, ident: str) -> int | None:
+    snap = iceberg_table(spark, ident).currentSnapshot()
+    return int(snap.snapshotId()) if snap is not None else None
+
+
+# --- data and watermark in one commit ---------------------------------------------------------
+
+
+class _JavaCallable:
+    """A Python callable the JVM can call (py4j callback), keeping its exception for Python."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def call(self) -> None:
+        try:
+            self.fn()
+        except BaseException as exc:  # surfaced in Python after the JVM call returns
+            self.error = exc
+            raise
+        return None
+
+    class Java:
+        implements: ClassVar[list[str]] = ["java.util.concurrent.Callable"]
+
+
+def with_commit_properties(spark: SparkSession, properties: dict[str, str], fn: Callable[[], Any]) -> None:
+    """Run ``fn`` (a Spark SQL statement that commits) with ``properties`` in its snapshot summary.
+
+    Iceberg's ``CommitMetadata.withCommitProperties`` sets them in a JVM thread-local for the
+    duration of a callable. PySpark's pinned-thread py4j gateway runs our Python callback on the
+    same JVM thread, so the MERGE issued inside it commits with the watermark in its summary.
+    """
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gw = spark.sparkContext._gateway
+    assert gw is not None
+    ensure_callback_server_started(gw)
+    props = gw.jvm.java.util.HashMap()
+    for k, v in properties.items():
+        props.put(k, v)
+    callable_ = _JavaCallable(fn)
+    exc_class = gw.jvm.java.lang.Class.forName("java.lang.RuntimeException")
+    try:
+        gw.jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, callable_, exc_class)
+    except Exception:
+        if callable_.error is not None:
+            raise callable_.error from None
+        raise
+    if callable_.error is not None:
+        raise callable_.error

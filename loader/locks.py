@@ -26,6 +26,9 @@ from loader.config import LoaderSettings
 from loader.errors import StageBusyError
 
 STAGES = ("load", "merge")
+# Stages this process holds (a follower holds its stages for its whole life; the stages it runs
+# take them again): a lock taken twice by one process is taken once.
+_held: dict[str, int] = {}
 
 
 def _lock_name(settings: LoaderSettings, stage: str) -> str:
@@ -40,14 +43,27 @@ def _holder_label(stage: str) -> str:
 @contextmanager
 def stage_lock(settings: LoaderSettings, stage: str, wait_seconds: float | None = None) -> Iterator[None]:
     """Hold ``stage``'s lock for the catalog of ``settings`` while the body runs."""
+    name = _lock_name(settings, stage)
+    if _held.get(name):
+        _held[name] += 1
+        try:
+            yield
+        finally:
+            _held[name] -= 1
+        return
     wait = settings.locks.wait_seconds if wait_seconds is None else wait_seconds
     u = urlparse(settings.catalog.uri)
-    if u.scheme.startswith("postgres"):
-        with _pg_lock(settings, stage, wait):
+    lock = (
+        _pg_lock(settings, stage, wait)
+        if u.scheme.startswith("postgres")
+        else _file_lock(Path(u.path), settings, stage, wait)
+    )
+    with lock:
+        _held[name] = 1
+        try:
             yield
-    else:
-        with _file_lock(Path(u.path), settings, stage, wait):
-            yield
+        finally:
+            _held.pop(name, None)
 
 
 @contextmanager

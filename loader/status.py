@@ -1,20 +1,50 @@
-"""``loader status``: landed, loaded and merged positions and row counts, from pyiceberg only."""
+"""``loader status``: positions, freshness, row counts and parked tables, from pyiceberg only.
+
+Everything comes from table metadata (properties and the current snapshot's summary): no scan, no
+Spark, so it answers in seconds however large the tables are, and it keeps answering after any
+snapshot expiry or compaction (the watermarks are table properties).
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from loader.capture.landing import open_landing
-from loader.catalog import latest_summary, open_catalog, row_count
+from loader.catalog import latest_summary, open_catalog, row_count, watermark
 from loader.config import LoaderSettings
 from loader.lsn import ChangePosition
-from loader.tables import PROP_PARKED, PROP_PRIMARY_KEY, SUMMARY_LOADED_THROUGH, SUMMARY_MERGED_THROUGH, SourceTable
+from loader.tables import (
+    PROP_LAST_POSITION,
+    PROP_LOADED_THROUGH_TS,
+    PROP_MERGED_THROUGH_TS,
+    PROP_PARKED,
+    PROP_PRIMARY_KEY,
+    SUMMARY_LOADED_THROUGH,
+    SUMMARY_MERGED_THROUGH,
+    SourceTable,
+    newest_position,
+)
 
 
 def _pos(token: str | None) -> str | None:
     return str(ChangePosition.from_token(token)) if token else None
+
+
+def commit_time(text: str | None) -> datetime | None:
+    """A PostgreSQL timestamptz text (``2026-11-22 19:29:55.01951+00``) as a UTC datetime."""
+    if not text:
+        return None
+    t = text.strip().replace(" ", "T", 1)
+    if t[-3] in "+-" and t[-3:].lstrip("+-").isdigit():
+        t += ":00"
+    try:
+        dt = datetime.fromisoformat(t)
+    except ValueError:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 @dataclass
@@ -27,6 +57,9 @@ class TableStatus:
     merged: str | None
     note: str = ""
     parked: str | None = None  # why the table waits for a resync, with the repair
+    # Commit time of the newest source transaction the current table reflects, and its age.
+    fresh_as_of: str | None = None
+    lag_seconds: float | None = None
 
 
 @dataclass
@@ -37,23 +70,29 @@ class Status:
     consistent: str | None
     rejects: int
     tables: list[TableStatus] = field(default_factory=list)
+    loaded_as_of: str | None = None
+    lag_seconds: float | None = None  # the oldest table's (overall freshness)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     def render(self) -> str:
+        lag = f" (freshness lag {self.lag_seconds:.1f} s)" if self.lag_seconds is not None else ""
         lines = [
             f"landed through:   {self.landed or '-'} ({self.landing_files} landing files)",
-            f"loaded through:   {self.loaded or '-'}",
-            f"consistent at:    {self.consistent or '-'} (every current table merged at least this far)",
+            f"loaded through:   {self.loaded or '-'}"
+            + (f", committed {self.loaded_as_of}" if self.loaded_as_of else ""),
+            f"consistent at:    {self.consistent or '-'} (every current table merged at least this far){lag}",
             f"rejects:          {self.rejects}",
             "",
-            f"{'table':<32} {'key':<16} {'history rows':>12} {'current rows':>12}  {'merged through':<22} note",
+            f"{'table':<32} {'key':<16} {'history rows':>12} {'current rows':>12}  {'merged through':<22} {'lag s':>8} note",
         ]
         for t in self.tables:
             cur = "-" if t.current_rows is None else str(t.current_rows)
+            lag_s = "-" if t.lag_seconds is None else f"{t.lag_seconds:.1f}"
             lines.append(
-                f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {t.history_rows:>12} {cur:>12}  {t.merged or '-':<22} {t.note}"
+                f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {t.history_rows:>12} {cur:>12}  "
+                f"{t.merged or '-':<22} {lag_s:>8} {t.note}"
             )
         parked = [t for t in self.tables if t.parked]
         if parked:
@@ -65,22 +104,21 @@ class Status:
         return "\n".join(lines)
 
 
-def collect_status(settings: LoaderSettings) -> Status:
+def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Status:
+    now = now or datetime.now(UTC)
     catalog = open_catalog(settings)
     c = settings.catalog
-    store = open_landing(settings)
-    files = store.files()
-    landed = str(files[-1].last) if files else None
-    loaded_token = None
+    files = open_landing(settings).files()
+    loaded_token: str | None = None
+    loaded_ts: str | None = None
     rejects = 0
     try:
         ledger = catalog.load_table((c.loader_namespace, "landing_files"))
-        loaded_token = latest_summary(ledger, SUMMARY_LOADED_THROUGH)
+        loaded_token = watermark(ledger, SUMMARY_LOADED_THROUGH)
+        loaded_ts = ledger.properties.get(PROP_LOADED_THROUGH_TS)
         rejects = row_count(catalog.load_table((c.loader_namespace, "rejects")))
     except Exception:  # nothing loaded yet
         pass
-    tables: list[TableStatus] = []
-    merged_positions: list[ChangePosition] = []
     try:
         idents = sorted(catalog.list_tables(c.history_namespace))
     except Exception:
@@ -90,17 +128,20 @@ def collect_status(settings: LoaderSettings) -> Status:
         current_names = {i[-1] for i in catalog.list_tables(c.current_namespace)}
     except Exception:
         pass
+    tables: list[TableStatus] = []
+    merged_positions: list[str] = []
     for ident in idents:
         name = ident[-1]
         hist: Any = catalog.load_table(ident)
         pk = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
-        src = SourceTable.from_iceberg_name(name)
         ts = TableStatus(
-            table=src.qualified,
+            table=SourceTable.from_iceberg_name(name).qualified,
             primary_key=pk,
             history_rows=row_count(hist),
             current_rows=None,
-            loaded=_pos(latest_summary(hist, SUMMARY_LOADED_THROUGH)),
+            loaded=_pos(
+                newest_position(hist.properties.get(PROP_LAST_POSITION), latest_summary(hist, SUMMARY_LOADED_THROUGH))
+            ),
             merged=None,
         )
         if PROP_PARKED in hist.properties:
@@ -112,23 +153,31 @@ def collect_status(settings: LoaderSettings) -> Status:
             if PROP_PARKED in cur.properties and ts.parked is None:
                 ts.parked = json.loads(cur.properties[PROP_PARKED]).get("reason")
             ts.current_rows = row_count(cur)
-            token = latest_summary(cur, SUMMARY_MERGED_THROUGH)
+            token = watermark(cur, SUMMARY_MERGED_THROUGH)
+            fresh = cur.properties.get(PROP_MERGED_THROUGH_TS)
+            last = hist.properties.get(PROP_LAST_POSITION)
+            if token and loaded_token and last and last <= token and not ts.parked:
+                # Nothing appended since its merge: it equals the source as of loaded-through.
+                token, fresh = max(token, loaded_token), loaded_ts or fresh
             ts.merged = _pos(token)
             if token:
-                merged_positions.append(ChangePosition.from_token(token))
+                merged_positions.append(token)
+            ts.fresh_as_of = fresh
+            when = commit_time(fresh)
+            ts.lag_seconds = (now - when).total_seconds() if when else None
         else:
             ts.note = "not merged yet"
         tables.append(ts)
-    consistent = (
-        str(min(merged_positions))
-        if merged_positions and len(merged_positions) == sum(1 for t in tables if t.primary_key)
-        else None
-    )
+    keyed = [t for t in tables if t.primary_key]
+    consistent = min(merged_positions) if merged_positions and len(merged_positions) == len(keyed) else None
+    lags = [t.lag_seconds for t in keyed if t.lag_seconds is not None]
     return Status(
-        landed=landed,
+        landed=str(files[-1].last) if files else None,
         landing_files=len(files),
         loaded=_pos(loaded_token),
-        consistent=consistent,
+        consistent=_pos(consistent),
         rejects=rejects,
         tables=tables,
+        loaded_as_of=loaded_ts,
+        lag_seconds=max(lags) if lags and len(lags) == len(keyed) else None,
     )

@@ -52,6 +52,23 @@ PROP_PARKED = "loader.parked"
 PROP_RETIRED_COLUMNS = "loader.retired-columns"
 # The history snapshot a MERGE read its increment from.
 SUMMARY_HISTORY_SNAPSHOT = "loader.history-snapshot-id"
+# Commit time (PostgreSQL text) of the newest transaction at loaded-through / merged-through:
+# what freshness is measured from.
+PROP_LOADED_THROUGH_TS = "loader.loaded-through-ts"
+PROP_MERGED_THROUGH_TS = "loader.merged-through-ts"
+# History tables: the newest position appended (set before each append, so never behind it); a
+# table whose last position is at or before its current table's merged-through has nothing to merge.
+PROP_LAST_POSITION = "loader.last-position"
+# History tables: how many appends added changes at or below the current table's merged-through
+# (late files); current tables: how many of those a rebuild has covered.
+PROP_LATE_APPENDS = "loader.late-appends"
+PROP_LATE_APPENDS_SEEN = "loader.late-appends-seen"
+
+
+def newest_position(*tokens: str | None) -> str | None:
+    """The latest of some position tokens (fixed width, so they sort like positions)."""
+    present = [t for t in tokens if t]
+    return max(present) if present else None
 
 
 @dataclass(frozen=True, order=True)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,3 +103,64 @@ class Env:
         bad = [r for r in results if not r.ok]
         assert not bad, "\n".join(r.line() + "\n  " + "\n  ".join(r.examples) for r in bad)
         return results
+
+
+# --- the loader as a real process (crash, overlap and follow-mode tests) -----------------------
+
+
+def cli_env(env: Env, **extra: str) -> dict[str, str]:
+    """The environment that makes a ``loader`` process use ``env``'s settings."""
+    s = env.settings
+    out = dict(os.environ)
+    out.update(
+        {
+            "LOADER_SOURCE__DSN": s.source.dsn,
+            "LOADER_SOURCE__SLOT": s.source.slot,
+            "LOADER_SOURCE__MAX_CHANGES_PER_FILE": str(s.source.max_changes_per_file),
+            "LOADER_LANDING__URL": s.landing.url,
+            "LOADER_CATALOG__URI": s.catalog.uri,
+            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,
+            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,
+            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
+            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
+            "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
+            "LOADER_SPARK__DRIVER_MEMORY": "1g",
+            "LOADER_MERGE__KEY_BUCKETS": str(s.merge.key_buckets),
+        }
+    )
+    out.pop("LOADER_FAULT", None)
+    out.pop("LOADER_PAUSE", None)
+    out.update(extra)
+    return out
+
+
+def loader_process(env: Env, *args: str, **extra: str) -> subprocess.Popen[str]:
+    """``loader <args>`` as a child process (``python -m loader.cli``), output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "loader.cli", *args],
+        env=cli_env(env, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 600) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def wait_for_holder(env: Env, stage: str, timeout: float = 120) -> None:
+    """Until a 'loader <stage>' process holds its lock (its session shows in the catalog database)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(env.settings.catalog.uri, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                " WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE %s",
+                (f"lakehouse-loader {stage} %",),
+            ).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"no 'loader {stage}' took its lock within {timeout}s")

@@ -121,7 +121,7 @@ def write_case(env: Env, case: Case, base: ChangePosition, index: int) -> str:
             body.append(json.dumps(doc).encode())
         else:
             body.append(line)
-    last = ChangePosition(lsn, first_seq + 98)
+    last = ChangePosition(lsn, first_seq + 99)  # the next file starts right after: contiguous
     body.append(json.dumps({"v": 1, "op": "C", "lsn": lsn, "seq": last.seq, "xid": 7, "ts": TS}).encode())
     header = case.header or {"public.victim": len(case.lines)}
     data = gzip.compress(FileHeader(header).to_json().encode() + b"\n") + gzip.compress(b"\n".join(body) + b"\n")

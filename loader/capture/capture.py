@@ -34,7 +34,8 @@ from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
 from loader.config import LoaderSettings
 from loader.errors import DecodeError, LandingError, SlotLostError, TransientError
 from loader.faults import checkpoint
-from loader.lsn import ChangePosition, format_lsn
+from loader.lsn import ChangePosition, format_lsn, parse_lsn
+from loader.progress import bar
 
 log = logging.getLogger("loader.capture")
 
@@ -192,10 +193,16 @@ class Capture:
             landed = landing_files[-1].last if landing_files else None
             self.controls = _Controls(landed, not landing_files or landing_files[-1].complete)
             plan = self._watch(conn, result) if self.watch else None
-            while True:
-                rows, landed = self._round(conn, upto, landed, result)
-                if rows == 0:
-                    break
+            start = slots.slot_info(conn, src.slot)
+            begin = start.confirmed_flush_lsn if start is not None and start.confirmed_flush_lsn else None
+            with bar(parse_lsn(upto) - begin if begin is not None else None, "capture", "B") as progress:
+                while True:
+                    rows, landed = self._round(conn, upto, landed, result)
+                    if begin is not None and self._last_confirm is not None:
+                        progress.n = max(0, self._last_confirm - begin)
+                        progress.refresh()
+                    if rows == 0:
+                        break
             self._flush_controls(result)
             if plan is not None:
                 self._save_catalog_state(plan)

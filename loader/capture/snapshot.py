@@ -42,6 +42,7 @@ from loader.capture.source_tables import column_types, list_tables, table_info
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, LandingError
 from loader.lsn import ChangePosition, format_lsn
+from loader.progress import bar
 
 
 @dataclass
@@ -273,10 +274,18 @@ class Snapshot:
                             reason=self.reason_for(qualified, state),
                         )
                     )
-                with reader.cursor(name=f"loader_snapshot_{i}") as cur:
+                estimate = reader.execute(
+                    "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+                    (f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(name).as_string(reader)}",),
+                ).fetchone()
+                with (
+                    reader.cursor(name=f"loader_snapshot_{i}") as cur,
+                    bar(estimate[0] if estimate else None, f"snapshot {qualified}", "rows") as progress,
+                ):
                     cur.itersize = self.settings.source.fetch_size
                     cur.execute(query, params or None)
                     for values in cur:
+                        progress.update()
                         seq += 1
                         writer.write(
                             ChangeRecord(

@@ -20,6 +20,7 @@ resync of the table; every other table keeps advancing.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -27,29 +28,44 @@ from typing import TYPE_CHECKING, Any
 from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.faults import checkpoint
-from loader.iceberg import ensure_loader_tables, iceberg_table, table_exists, table_properties, update_properties
+from loader.iceberg import (
+    ensure_loader_tables,
+    iceberg_table,
+    table_exists,
+    table_properties,
+    update_properties,
+    watermark,
+)
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
 from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition
 from loader.names import lake_column
+from loader.progress import bar
 from loader.tables import (
     HISTORY_METADATA,
     PROP_DROPPED_COLUMNS,
+    PROP_LAST_POSITION,
+    PROP_LATE_APPENDS,
+    PROP_LOADED_THROUGH_TS,
     PROP_PARKED,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
     PROP_RETIRED_COLUMNS,
     PROP_SOURCE_TABLE,
     SUMMARY_LOADED_THROUGH,
+    SUMMARY_MERGED_THROUGH,
     SUMMARY_MIN_POSITION,
     SourceTable,
     TableNames,
+    newest_position,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("loader.load")
 
 
 @dataclass
@@ -63,12 +79,17 @@ class LoadResult:
     # Tables parked by this load (or still parked): qualified name -> reason.
     parked: dict[str, str] = field(default_factory=dict)
     retired_columns: list[str] = field(default_factory=list)
+    gap: str | None = None  # the batch stopped before a file whose transaction's beginning is missing
 
     def summary(self) -> str:
+        gap = f"\n  waiting: {self.gap}" if self.gap else ""
         if not self.files:
-            return "load: no new landing files" + (
-                f" ({self.waiting_files} waiting for the rest of their transaction)" if self.waiting_files else ""
+            waiting = (
+                f" ({self.waiting_files} waiting: the rest of their transaction, or the next batch)"
+                if self.waiting_files
+                else ""
             )
+            return "load: no new landing files" + waiting + gap
         per = ", ".join(f"{t}={n}" for t, n in sorted(self.rows_per_table.items()))
         text = (
             f"load: {len(self.files)} files, {sum(self.rows_per_table.values())} changes appended ({per}); "
@@ -78,7 +99,7 @@ class LoadResult:
             text += f"\n  note: {col}"
         for table, reason in sorted(self.parked.items()):
             text += f"\n  parked: {table}: {reason}"
-        return text
+        return text + gap
 
 
 # History tables take many small appends and are read by LSN range and by commit day.
@@ -112,15 +133,48 @@ class HistoryLoad:
         self.settings = settings
         self.store = store or open_landing(settings)
         self.names = TableNames(settings)
+        self._newest_ts: str | None = None
+        self.gap: str | None = None  # why the batch stopped before a file (a missing earlier part)
 
-    def pending_files(self) -> tuple[list[LandingFile], int]:
-        """Files not in the ledger, in commit order, cut after the last complete one."""
-        loaded = {r[0] for r in self.spark.table(self.names.ledger).select("file").collect()}
-        pending = [f for f in self.store.files() if f.name not in loaded]
-        last_complete = max((i for i, f in enumerate(pending) if f.complete), default=-1)
-        return pending[: last_complete + 1], len(pending) - (last_complete + 1)
+    def loaded_files(self) -> set[str]:
+        """Every landing file the ledger says is loaded (one scan of the ledger)."""
+        return {r[0] for r in self.spark.table(self.names.ledger).select("file").collect()}
 
-    def run(self) -> LoadResult:
+    def pending_files(
+        self, known_loaded: set[str] | None = None, max_files: int | None = None
+    ) -> tuple[list[LandingFile], int]:
+        """Files not loaded yet, in commit order, cut after the last complete one.
+
+        ``known_loaded``: the loaded files as the caller already knows them (follow mode keeps them,
+        so an idle cycle lists the landing area and touches nothing else). ``max_files`` bounds a
+        batch, still cut at a file that ends a transaction.
+        """
+        loaded = self.loaded_files() if known_loaded is None else known_loaded
+        files = self.store.files()
+        pending = [f for f in files if f.name not in loaded]
+        # A file that starts inside a transaction (seq > 1) continues the file ending just before it.
+        # If that file is missing (not loaded, not pending before it), loading this one would make half
+        # a transaction visible: stop the batch there until the earlier part arrives.
+        # Ends of loaded files come from the ledger's names: loaded files may have left the landing area.
+        ends = {parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None}
+        for i, f in enumerate(pending):
+            if f.first.seq > 1 and f.first.just_before() not in ends:
+                self.gap = (
+                    f"landing file {f.name} continues a transaction whose earlier part is missing; waiting for it"
+                )
+                log.warning(self.gap)
+                pending = pending[:i]
+                break
+            ends.add(f.last)
+        complete = [i for i, f in enumerate(pending) if f.complete]
+        if max_files is not None and complete:
+            within = [i for i in complete if i < max_files]
+            last = within[-1] if within else complete[0]  # a transaction longer than the bound goes whole
+        else:
+            last = complete[-1] if complete else -1
+        return pending[: last + 1], len(pending) - (last + 1)
+
+    def run(self, known_loaded: set[str] | None = None, max_files: int | None = None) -> LoadResult:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -129,8 +183,8 @@ class HistoryLoad:
         with stage_lock(self.settings, "load"):
             checkpoint("load-locked")
             ensure_loader_tables(self.spark, self.names)
-            batch, waiting = self.pending_files()
-            result = LoadResult(waiting_files=waiting)
+            batch, waiting = self.pending_files(known_loaded, max_files)
+            result = LoadResult(waiting_files=waiting, gap=self.gap)
             if not batch:
                 return result
             from loader.config import executor_settings_json
@@ -159,7 +213,7 @@ class HistoryLoad:
                     )
                     for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
                         tables.setdefault(t, ([], []))
-                    for table in sorted(tables):
+                    for table in bar(len(tables), "load", "tables", iterable=sorted(tables)):
                         columns, pk = tables[table]
                         extra = list(reject_parks.get(table, []))
                         extra += [
@@ -178,6 +232,12 @@ class HistoryLoad:
                     .append()
                 )
                 checkpoint("load-after-ledger")
+                # The watermark again, as a property: snapshot expiry or compaction can take the
+                # summary away, never this (see loader.iceberg).
+                props = {SUMMARY_LOADED_THROUGH: loaded_through}
+                if self._newest_ts is not None:
+                    props[PROP_LOADED_THROUGH_TS] = self._newest_ts
+                update_properties(self.spark, self.names.ledger, props)
             finally:
                 decoded.unpersist()
             result.files = [f.name for f in batch]
@@ -186,13 +246,8 @@ class HistoryLoad:
 
     def _loaded_through(self, batch: list[LandingFile]) -> str:
         """The watermark never moves back: a late file below it leaves it where it was."""
-        from loader.commit import latest_summary_value
-
-        newest = max(f.last for f in batch)
-        previous = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
-        if previous is not None and ChangePosition.from_token(previous) > newest:
-            return previous
-        return newest.token()
+        newest = max(f.last for f in batch).token()
+        return newest_position(watermark(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH), newest) or newest
 
     def _known_tables(self) -> list[SourceTable]:
         rows = self.spark.sql(
@@ -388,9 +443,12 @@ class HistoryLoad:
             )
             new = new.persist()
             try:
-                stats = new.agg(F.count(F.lit(1)), F.min(F.struct("pg_lsn", "pg_seq"))).collect()[0]
+                stats = new.agg(
+                    F.count(F.lit(1)), F.min(F.struct("pg_lsn", "pg_seq")), F.max(F.struct("pg_lsn", "pg_seq"))
+                ).collect()[0]
                 n = stats[0]
                 if n:
+                    self._before_append(table, ident, ChangePosition(*stats[1]), ChangePosition(*stats[2]))
                     (
                         new.sortWithinPartitions("pg_lsn", "pg_seq")
                         .writeTo(ident)
@@ -404,6 +462,23 @@ class HistoryLoad:
             result.duplicates_skipped += bounds[2] - n
         finally:
             ok.unpersist()
+
+    def _before_append(self, table: SourceTable, ident: str, first: ChangePosition, last: ChangePosition) -> None:
+        """Bookkeeping the merge relies on, committed before the append so a crash never loses it.
+
+        The last position appended (a table whose last position is at or before its merged-through
+        has nothing to merge: idle tables cost no Spark job), and a count of late appends: changes
+        at or below what the current table already merged, which the merge must rebuild to place.
+        """
+        props = table_properties(self.spark, ident)
+        update = {PROP_LAST_POSITION: newest_position(props.get(PROP_LAST_POSITION), last.token()) or last.token()}
+        cur = self.names.current(table)
+        if table_exists(self.spark, cur):
+            merged = watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
+            if merged is not None and first <= ChangePosition.from_token(merged):
+                update[PROP_LATE_APPENDS] = str(int(props.get(PROP_LATE_APPENDS, "0")) + 1)
+        if any(props.get(k) != v for k, v in update.items()):
+            update_properties(self.spark, ident, update)
 
     def _note_parks(self, ident: str, table: SourceTable, ok: DataFrame, result: LoadResult) -> None:
         """Keep the history table's ``loader.parked`` property in step with its park/resync rows.
@@ -533,15 +608,26 @@ class HistoryLoad:
 
         from pyspark.sql import functions as F
 
-        counts = {
-            r.landing_file: (r.changes, r.rejects)
-            for r in decoded.groupBy("landing_file")
+        per_file = (
+            decoded.groupBy("landing_file")
             .agg(
                 F.count(F.when(F.col("reject_reason").isNull(), 1)).alias("changes"),
                 F.count(F.when(F.col("reject_reason").isNotNull(), 1)).alias("rejects"),
+                # Only accepted changes say how far the source is reflected (rejects may lack a position).
+                F.max(F.when(F.col("reject_reason").isNull(), F.struct("commit_lsn", "seq", "ts"))).alias("newest"),
             )
             .collect()
-        }
+        )
+        counts = {r.landing_file: (r.changes, r.rejects) for r in per_file}
+        newest = max(
+            (
+                r.newest
+                for r in per_file
+                if r.newest is not None and r.newest["commit_lsn"] is not None and r.newest["ts"]
+            ),
+            default=None,
+        )
+        self._newest_ts = str(newest["ts"]) if newest is not None else None
         now = datetime.now(UTC)
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
 

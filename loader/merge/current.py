@@ -18,19 +18,34 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loader.commit import current_snapshot_id, latest_summary_value, snapshots_since, with_commit_properties
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError
 from loader.faults import checkpoint
-from loader.iceberg import ensure_loader_tables, iceberg_table, table_exists, table_properties, update_properties
+from loader.iceberg import (
+    current_snapshot_id,
+    ensure_loader_tables,
+    iceberg_table,
+    latest_summary_value,
+    table_exists,
+    table_properties,
+    update_properties,
+    watermark,
+    with_commit_properties,
+)
 from loader.load.evolution import can_widen
 from loader.load.typemap import quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition, position_after_sql, position_before_sql
 from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
 from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql
 from loader.names import lake_column
+from loader.progress import bar
 from loader.tables import (
     CURRENT_METADATA,
+    PROP_LAST_POSITION,
+    PROP_LATE_APPENDS,
+    PROP_LATE_APPENDS_SEEN,
+    PROP_LOADED_THROUGH_TS,
+    PROP_MERGED_THROUGH_TS,
     PROP_PARKED,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
@@ -38,7 +53,6 @@ from loader.tables import (
     SUMMARY_HISTORY_SNAPSHOT,
     SUMMARY_LOADED_THROUGH,
     SUMMARY_MERGED_THROUGH,
-    SUMMARY_MIN_POSITION,
     SourceTable,
     TableNames,
 )
@@ -174,6 +188,8 @@ class CurrentMerge:
         self.spark = spark
         self.settings = settings
         self.names = TableNames(settings)
+        self._loaded_ts: str | None = None
+        self._loaded_token: str | None = None
 
     def run(self, tables: list[str] | None = None) -> MergeResult:
         from loader.locks import stage_lock
@@ -181,11 +197,10 @@ class CurrentMerge:
         with stage_lock(self.settings, "merge"):
             checkpoint("merge-locked")
             ensure_loader_tables(self.spark, self.names)
-            loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+            loaded = self._loaded_through()
             result = MergeResult()
-            for table in history_tables(self.spark, self.names):
-                if tables and table.qualified not in tables:
-                    continue
+            selected = [t for t in history_tables(self.spark, self.names) if not tables or t.qualified in tables]
+            for table in bar(len(selected), "merge", "tables", iterable=selected):
                 result.tables.append(self.merge_table(table, loaded))
             return result
 
@@ -200,8 +215,14 @@ class CurrentMerge:
                 raise ConfigError(
                     f"no history table for {qualified}", hint="give --table as schema.table of a loaded source table"
                 )
-            loaded = latest_summary_value(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+            loaded = self._loaded_through()
             return self.merge_table(table, loaded, upto=upto, rebuild=True)
+
+    def _loaded_through(self) -> str | None:
+        """The load's watermark, and the commit time of the transaction there (for freshness)."""
+        self._loaded_ts = table_properties(self.spark, self.names.ledger).get(PROP_LOADED_THROUGH_TS)
+        self._loaded_token = watermark(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+        return self._loaded_token
 
     def merge_table(
         self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None = None, rebuild: bool = False
@@ -227,19 +248,27 @@ class CurrentMerge:
         key_changed = self._key_changed(cur, pk)
         if key_changed is None:
             self._ensure_current(table, cur, pk, source_types)
-        merged = None if key_changed else latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH)
+        merged = None if key_changed else watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
         since = ChangePosition.from_token(merged) if merged else None
-        hist_snapshot = current_snapshot_id(self.spark, hist)
-        if not rebuild and since is not None and self._late_changes(hist, cur, since):
+        cur_props = table_properties(self.spark, cur) if key_changed is None else {}
+        late_appends = props.get(PROP_LATE_APPENDS, "0")
+        if not rebuild and since is not None and late_appends != cur_props.get(PROP_LATE_APPENDS_SEEN, "0"):
             # A landing file arrived after later changes were merged: the LSN guard alone cannot
             # place its changes (TOAST carry-over, deletes), so recompute this table from history.
             rebuild = True
             out.note = "late changes below the merged position: rebuilt from history"
+        last = props.get(PROP_LAST_POSITION)
+        if not rebuild and not key_changed and since is not None and last is not None and last <= since.token():
+            # Nothing appended since the last merge: no Spark job, no commit.
+            out.merged_through = merged
+            out.parked = self._parked_note(cur_props)
+            return out
+        hist_snapshot = current_snapshot_id(self.spark, hist)
         if rebuild or key_changed:
             since = None
         elif since is not None and since >= cut:
             out.merged_through = merged
-            out.parked = self._parked_note(cur)
+            out.parked = self._parked_note(cur_props)
             return out
         if hist_snapshot is None:
             inc = self.spark.table(hist)
@@ -278,7 +307,7 @@ class CurrentMerge:
                 out.parked = plan.parked.note or "parked"
             if since is not None and plan.cut <= since:
                 out.merged_through = since.token()
-                self._set_parked(cur, plan)
+                self._after_commit(cur, plan, None, late_appends if rebuild else None)
                 return out
             if plan.cut < cut:
                 inc = inc.where(position_before_sql("pg_lsn", "pg_seq", plan.cut))
@@ -294,7 +323,7 @@ class CurrentMerge:
             self._apply(
                 _Apply(table, cur, events, lake_pk, lake_types, props_out, rebuild, plan, stats[2] > 0, since), out
             )
-            self._set_parked(cur, plan)
+            self._after_commit(cur, plan, plan.cut.token(), late_appends if rebuild else None)
         finally:
             inc.unpersist()
         out.merged_through = plan.cut.token()
@@ -359,19 +388,30 @@ class CurrentMerge:
         have = json.loads(table_properties(self.spark, cur).get(PROP_PRIMARY_KEY, "[]"))
         return have if have and have != pk else None
 
-    def _parked_note(self, cur: str) -> str | None:
-        raw = table_properties(self.spark, cur).get(PROP_PARKED)
+    @staticmethod
+    def _parked_note(cur_props: dict[str, str]) -> str | None:
+        raw = cur_props.get(PROP_PARKED)
         return json.loads(raw).get("reason") if raw else None
 
-    def _set_parked(self, cur: str, plan: MergePlan) -> None:
-        """Show the park on the current table (status reads it); clear it once resynced."""
+    def _after_commit(self, cur: str, plan: MergePlan, merged_through: str | None, late_seen: str | None) -> None:
+        """One property commit after the data commit: the watermark again (see loader.iceberg), the
+        commit time it stands for, the late appends a rebuild covered, and the park (status reads it)."""
         props = table_properties(self.spark, cur)
+        update: dict[str, str] = {}
+        remove: list[str] = []
+        if merged_through is not None:
+            update[SUMMARY_MERGED_THROUGH] = merged_through
+            if self._loaded_ts and plan.parked is None and merged_through >= (self._loaded_token or "~"):
+                update[PROP_MERGED_THROUGH_TS] = self._loaded_ts
+        if late_seen is not None:
+            update[PROP_LATE_APPENDS_SEEN] = late_seen
         if plan.parked is not None:
-            value = json.dumps({"since": plan.parked.position.token(), "reason": plan.parked.note})
-            if props.get(PROP_PARKED) != value:
-                update_properties(self.spark, cur, {PROP_PARKED: value})
+            update[PROP_PARKED] = json.dumps({"since": plan.parked.position.token(), "reason": plan.parked.note})
         elif PROP_PARKED in props:
-            update_properties(self.spark, cur, remove=[PROP_PARKED])
+            remove.append(PROP_PARKED)
+        update = {k: v for k, v in update.items() if props.get(k) != v}
+        if update or remove:
+            update_properties(self.spark, cur, update, remove)
 
     def _bucket_filter(self, cur: str, pk: list[str], reduced_view: str) -> str | None:
         """``bucket(N, key) IN (...)`` over the buckets the increment touches, or None if it is all.
@@ -393,16 +433,6 @@ class CurrentMerge:
         if not hit or len(hit) >= int(m.group(1)) or any(b is None for b in hit):
             return None
         return f"{fn.format(col='t.' + col(pk[0]))} IN ({', '.join(str(int(b)) for b in sorted(hit))})"
-
-    def _late_changes(self, hist: str, cur: str, since: ChangePosition) -> bool:
-        """Did a history append after the last merge add changes at or below its position?"""
-        last = latest_summary_value(self.spark, cur, SUMMARY_HISTORY_SNAPSHOT)
-        if last is None:
-            return False
-        newer = snapshots_since(self.spark, hist, int(last))
-        if newer is None:
-            return False  # the snapshot expired: nothing to compare with
-        return any(s.get(SUMMARY_MIN_POSITION, "~") <= since.token() for s in newer)
 
     def _record_progress(self, cur: str, commit_props: dict[str, str]) -> None:
         """Commit the watermark without data: an empty append carries it in its snapshot summary."""

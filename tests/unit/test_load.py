@@ -204,3 +204,27 @@ def test_a_header_says_which_table_an_unreadable_line_belonged_to(tmp_path: Path
     rows = list(decode_file(name, gzip.compress(b"\n".join(text)), 500))
     parks = [r for r in rows if r["op"] == "park"]
     assert [(p["src_table"], p["seq"]) for p in parks] == [(lost_table, 0)]
+
+
+def test_a_file_continuing_a_transaction_waits_for_the_earlier_part(tmp_path: Path) -> None:
+    from loader.config import LoaderSettings
+    from loader.load.history import HistoryLoad
+
+    store = LocalLandingStore(tmp_path / "land")
+    w = LandingWriter(store, max_changes=4)
+    for s in range(1, 7):  # one transaction split over two files, then a second transaction
+        w.write(ChangeRecord("I", 100, s, 9, "2026-01-01 00:00:00+00", "public", "t", columns=[Column("id", "int", str(s))]))
+    w.write(ChangeRecord("C", 100, 7, 9, "2026-01-01 00:00:00+00"))
+    w.close_file()
+    w.write(ChangeRecord("I", 200, 1, 9, "2026-01-01 00:00:00+00", "public", "t", columns=[Column("id", "int", "9")]))
+    w.write(ChangeRecord("C", 200, 2, 9, "2026-01-01 00:00:00+00"))
+    w.close_file()
+    first, second, third = store.files()
+    load = HistoryLoad(None, LoaderSettings(), store)  # type: ignore[arg-type]  # no Spark: the ledger is given
+    batch, _ = load.pending_files(known_loaded=set())
+    assert [f.name for f in batch] == [first.name, second.name, third.name] and load.gap is None
+    (tmp_path / "land" / first.name).rename(tmp_path / first.name)  # the earlier part goes missing
+    batch, waiting = load.pending_files(known_loaded=set())
+    assert batch == [] and waiting == 0 and load.gap is not None and second.name in load.gap
+    batch, _ = HistoryLoad(None, LoaderSettings(), store).pending_files(known_loaded={first.name})  # type: ignore[arg-type]
+    assert [f.name for f in batch] == [second.name, third.name]

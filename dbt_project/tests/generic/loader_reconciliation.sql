@@ -1,19 +1,28 @@
 {#-
   Reconciliation: the current table equals the newest row per key recomputed from history, as of
-  the position the current table was merged through (snapshot summary loader.merged-through), so
-  changes loaded but not merged yet are not counted as differences. Every column and the
-  position of the change that produced each row are compared; failing rows say on which side
-  a row is missing.
+  the position the current table was merged through, so changes loaded but not merged yet are not
+  counted as differences. That position is the newer of the table property
+  loader.merged-through (which snapshot expiry and compaction never remove) and the same key in
+  the snapshot summaries still present. Every column and the position of the change that produced
+  each row are compared; failing rows say on which side a row is missing.
 -#}
 {% test loader_reconciliation(model, scd2, columns) %}
+{%- set prop = namespace(token='') -%}
+{%- if execute -%}
+  {%- for row in run_query("SHOW TBLPROPERTIES " ~ model) if row[0] == 'loader.merged-through' -%}
+    {%- set prop.token = row[1] -%}
+  {%- endfor -%}
+{%- endif %}
 with tok as (
-  select max_by(s.summary['loader.merged-through'], s.committed_at) as t
+  select greatest(coalesce(max_by(s.summary['loader.merged-through'], s.committed_at), ''), {{ loader_str(prop.token) }}) as t
   from {{ model }}.snapshots s
   join {{ model }}.history h on s.snapshot_id = h.snapshot_id
   where h.is_current_ancestor and s.summary['loader.merged-through'] is not null
 ),
 cut as (
-  select cast(conv(substr(t, 1, 16), 16, 10) as bigint) as lsn, cast(substr(t, 18) as bigint) as seq from tok
+  select cast(conv(substr(t, 1, 16), 16, 10) as bigint) as lsn, cast(substr(t, 18) as bigint) as seq from tok where t <> ''
+  union all
+  select null, null from tok where t = ''
 ),
 recomputed as (
   select

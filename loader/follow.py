@@ -1,0 +1,207 @@
+"""Follow mode (``loader run --follow``): one long-lived process and Spark session, seconds of freshness.
+
+Two loops:
+- a capture thread lands the slot's changes every ``follow.capture_interval_s`` (it keeps
+  streaming while Spark loads: nothing waits for the merge);
+- the main thread cycles: list the landing area; if files are pending, load a bounded batch
+  (``follow.max_batch_files``), then merge the tables that received changes; otherwise sleep.
+  An idle cycle lists the landing area and nothing else: no Spark job, no Iceberg commit. A table
+  without changes in a cycle costs nothing. Maintenance runs every ``maintenance.every_minutes``.
+
+The follower holds the load and merge locks for its whole life: one follower per catalog (a second
+one exits 75 naming the first). SIGTERM or SIGINT lets the current step finish (a load or merge
+completes or is abandoned before its commit), stops the capture thread after its run, and exits 0.
+After a SIGKILL a restart repairs everything (every step is idempotent): nothing lost or doubled.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from loader.config import LoaderSettings
+from loader.errors import LoaderError, SlotLostError, TerminalError, TransientError
+from loader.locks import stage_lock
+from loader.metrics import Metrics
+from loader.status import commit_time
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("loader.follow")
+
+
+@dataclass
+class FollowStats:
+    cycles: int = 0
+    idle_cycles: int = 0
+    loaded_changes: int = 0
+    captured_changes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Follower:
+    def __init__(
+        self,
+        settings: LoaderSettings,
+        spark: SparkSession,
+        metrics: Metrics | None = None,
+        max_cycles: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.metrics = metrics or Metrics()
+        self.stop = threading.Event()
+        self.max_cycles = max_cycles
+        self.stats = FollowStats()
+        self._loaded: set[str] | None = None  # landing files known loaded (seeded from the ledger once)
+        self._dirty: set[str] | None = None  # tables with changes not merged yet (None: all, on start)
+        self._capture_error: BaseException | None = None
+        self._last_maintenance = time.monotonic()
+        self._parked: dict[str, bool] = {}  # every keyed table seen by a merge -> parked?
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def run(self) -> int:
+        """Follow until stopped; the exit status (0 after SIGTERM/SIGINT)."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            with stage_lock(self.settings, "load"), stage_lock(self.settings, "merge"):
+                capture = threading.Thread(target=self._capture_loop, name="capture", daemon=True)
+                capture.start()
+                try:
+                    self._main_loop()
+                finally:
+                    self.stop.set()
+                    capture.join(timeout=600)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if isinstance(self._capture_error, TerminalError):
+            raise self._capture_error
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
+        self.stop.set()
+
+    # --- capture thread --------------------------------------------------------------------
+    def _capture_loop(self) -> None:
+        from loader.capture.capture import Capture
+
+        interval = self.settings.follow.capture_interval_s
+        while not self.stop.is_set():
+            try:
+                res = Capture(self.settings).run()
+                self.stats.captured_changes += res.changes
+                self.metrics.changes.labels(stage="capture").inc(res.changes)
+                self.metrics.slot_lag.set(res.lag_bytes)
+                for table, why in res.parked.items():
+                    log.warning("capture parked %s: %s", table, why)
+            except SlotLostError as exc:
+                log.error("capture stopped: %s", exc.one_line())
+                self._capture_error = exc
+                self.stop.set()
+                return
+            except TransientError as exc:
+                log.warning("capture will retry: %s", exc.one_line())
+            except LoaderError as exc:
+                log.error("capture failed: %s", exc.one_line())
+                self._capture_error = exc
+                self.stop.set()
+                return
+            except Exception:
+                log.exception("capture failed; retrying after the interval")
+            self.stop.wait(interval)
+
+    # --- load + merge cycles ---------------------------------------------------------------
+    def _main_loop(self) -> None:
+        interval = self.settings.follow.interval_s
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                worked = self.cycle()
+                self.metrics.cycles.labels(result="work" if worked else "idle").inc()
+                self.metrics.last_success.set(time.time())
+                if worked:
+                    self.metrics.cycle_seconds.observe(time.monotonic() - started)
+            except TransientError as exc:
+                self.metrics.cycles.labels(result="error").inc()
+                self.stats.errors.append(exc.one_line())
+                log.warning("cycle will be retried: %s", exc.one_line())
+            self.stats.cycles += 1
+            if self.max_cycles is not None and self.stats.cycles >= self.max_cycles:
+                return
+            if (
+                not self.stop.is_set()
+                and time.monotonic() - self._last_maintenance >= self.settings.maintenance.every_minutes * 60
+            ):
+                self._maintain()
+            self.stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def cycle(self) -> bool:
+        """One load + merge; False when there was nothing to do (no Spark job, no commit)."""
+        from loader.load.history import HistoryLoad
+        from loader.merge.current import CurrentMerge
+
+        load = HistoryLoad(self.spark, self.settings)
+        if self._loaded is None:
+            from loader.iceberg import ensure_loader_tables
+
+            ensure_loader_tables(self.spark, load.names)
+            self._loaded = load.loaded_files()
+        batch, _ = load.pending_files(self._loaded, self.settings.follow.max_batch_files)
+        if not batch and self._dirty is not None and not self._dirty:
+            self.stats.idle_cycles += 1
+            return False
+        if batch:
+            res = load.run(known_loaded=self._loaded, max_files=self.settings.follow.max_batch_files)
+            self._loaded.update(res.files)
+            changed = sum(res.rows_per_table.values())
+            self.stats.loaded_changes += changed
+            self.metrics.changes.labels(stage="load").inc(changed)
+            self.metrics.rejects.inc(res.rejects)
+            if self._dirty is not None:
+                self._dirty.update(res.rows_per_table)
+                self._dirty.update(res.parked)
+        if self.stop.is_set() and self._dirty:
+            return True  # stopping: the merge runs on the next start
+        merge = CurrentMerge(self.spark, self.settings).run(sorted(self._dirty) if self._dirty is not None else None)
+        self._dirty = set()
+        self.metrics.changes.labels(stage="merge").inc(sum(t.increment_rows for t in merge.tables))
+        self.metrics.parked.set(len(merge.parked))
+        self._note_freshness(merge)
+        return True
+
+    def _note_freshness(self, merge: Any) -> None:
+        from loader.iceberg import table_properties
+        from loader.tables import PROP_LOADED_THROUGH_TS, TableNames
+
+        for t in merge.tables:
+            if not t.skipped_reason or t.parked:
+                self._parked[t.table] = bool(t.parked)
+        ts = commit_time(table_properties(self.spark, TableNames(self.settings).ledger).get(PROP_LOADED_THROUGH_TS))
+        if ts is None:
+            return
+        # Every table not parked is merged through loaded-through (the others had nothing to merge).
+        for table, parked in self._parked.items():
+            if not parked:
+                self.metrics.table_fresh_as_of(table, ts)
+
+    def _maintain(self) -> None:
+        from loader.maintain import Maintenance
+
+        self._last_maintenance = time.monotonic()
+        try:
+            report = Maintenance(self.spark, self.settings).run()
+            log.info("maintenance: %s", report.summary())
+        except TransientError as exc:
+            log.warning("maintenance will be retried: %s", exc.one_line())
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
