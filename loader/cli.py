@@ -461,6 +461,27 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
     click.echo(snap.run().summary())
 
 
+@main.command()
+@click.option("--subject", default=None, help="type=value, resolved through dbt.subject_columns (e.g. customer=123).")
+@click.option("--table", default=None, help="schema.table holding the subject (with --key).")
+@click.option("--key", default=None, help="column=value identifying the subject in --table.")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; change nothing.")
+@json_option
+@pass_ctx
+@catch_errors
+def erase(ctx: Context, subject: str | None, table: str | None, key: str | None, dry_run: bool, as_json: bool) -> None:
+    """Erase a data subject: every value of it from history (old keys included), current, rejects,
+    the dbt change log and SCD2, the landing files, and every Iceberg snapshot and file holding it.
+
+    An audit record without personal values goes to the erasures table, and the subject's salted
+    hash to erased_keys: later loads, replays, resyncs and rebuilds never bring it back. Takes the
+    load and merge locks (stop a follower first).
+    """
+    from loader.erase import Erasure
+
+    emit(Erasure(ctx.spark(), ctx.settings).run(subject, table, key, dry_run=dry_run), as_json)
+
+
 @main.group()
 def backfill() -> None:
     """Re-snapshot a table, replay an LSN range, rebuild current from history."""
@@ -471,18 +492,59 @@ def backfill() -> None:
 @click.option(
     "--chunk-rows", type=int, default=None, help="Rows per landing file (default: source.snapshot_chunk_rows)."
 )
+@click.option("--dry-run", is_flag=True, help="List the tables and their estimated rows; snapshot nothing.")
 @pass_ctx
 @catch_errors
-def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> None:
+def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None, dry_run: bool) -> None:
     """Land a consistent snapshot of existing rows as 'read' changes (creates the slot if missing).
 
     Resumes an interrupted snapshot. With the slot already streaming, it first lands the changes
     the slot holds, then reads the tables at a new consistent point (tables added later). Each
-    table's snapshot replaces its current state, like 'loader resync'.
+    table's snapshot replaces its current state, like 'loader resync'. Then 'loader load' and
+    'loader merge'.
     """
     from loader.capture.snapshot import Snapshot
 
-    click.echo(Snapshot(ctx.settings, tables=list(tables) or None, chunk_rows=chunk_rows).run().summary())
+    snap = Snapshot(ctx.settings, tables=list(tables) or None, chunk_rows=chunk_rows)
+    if dry_run:
+        for table, rows in snap.plan():
+            click.echo(f"{table}: about {rows} rows")
+        return
+    click.echo(snap.run().summary())
+
+
+def _lsn_option(value: str | None, name: str) -> int | None:
+    from loader.lsn import parse_lsn
+
+    if value is None:
+        return None
+    try:
+        return parse_lsn(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from exc
+
+
+@backfill.command("replay")
+@click.option("--from-lsn", "from_lsn", required=True, help="First commit LSN of the range (X/Y).")
+@click.option("--to-lsn", "to_lsn", required=True, help="Last commit LSN of the range (X/Y).")
+@click.option("--table", "tables", multiple=True, help="schema.table to replay (default: every table in the range).")
+@click.option("--dry-run", is_flag=True, help="Count the changes in the range per table; write nothing.")
+@json_option
+@pass_ctx
+@catch_errors
+def backfill_replay(
+    ctx: Context, from_lsn: str, to_lsn: str, tables: tuple[str, ...], dry_run: bool, as_json: bool
+) -> None:
+    """Re-apply the transactions committed in an LSN range from the landing area.
+
+    Exactly once: changes already in history add nothing; missing ones are appended and their
+    tables rebuilt from history. Erased subjects stay erased.
+    """
+    from loader.backfill import Backfill
+
+    start, end = _lsn_option(from_lsn, "--from-lsn"), _lsn_option(to_lsn, "--to-lsn")
+    assert start is not None and end is not None
+    emit(Backfill(ctx.spark(), ctx.settings).replay(start, end, list(tables) or None, dry_run), as_json)
 
 
 @backfill.command("rebuild-current")
@@ -490,22 +552,50 @@ def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | N
 @click.option(
     "--upto-lsn", "upto_lsn", default=None, help="Recompute as of this commit LSN (X/Y); default: all loaded."
 )
+@click.option("--as-of", "as_of", default=None, help="Recompute as of a source commit time ('2026-01-31 12:00:00+00').")
+@click.option("--dry-run", is_flag=True, help="Say which position it would rebuild to; write nothing.")
 @pass_ctx
 @catch_errors
-def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None) -> None:
-    """Recompute a current table from its history (as of an LSN), in one atomic commit."""
-    from loader.lsn import ChangePosition, parse_lsn
+def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None, as_of: str | None, dry_run: bool) -> None:
+    """Recompute a current table from its history (as of an LSN or a time), in one atomic commit."""
+    from loader.backfill import Backfill
+    from loader.lsn import ChangePosition
     from loader.merge.current import CurrentMerge
 
-    upto = None
-    if upto_lsn is not None:
-        try:
-            # Every change of every transaction that committed at or before the LSN.
-            upto = ChangePosition(parse_lsn(upto_lsn), 9_999_999_999)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--upto-lsn") from exc
+    if upto_lsn and as_of:
+        raise click.UsageError("give --upto-lsn or --as-of, not both")
+    lsn = _lsn_option(upto_lsn, "--upto-lsn")
+    # Every change of every transaction that committed at or before the LSN.
+    upto = ChangePosition.end_of(lsn) if lsn is not None else None
+    if as_of:
+        upto = Backfill(ctx.spark(), ctx.settings).position_at(table, as_of)
+    if dry_run:
+        click.echo(f"would rebuild {table} from history as of {upto or 'everything loaded'}")
+        return
     res = CurrentMerge(ctx.spark(), ctx.settings).rebuild(table, upto)
     click.echo(f"rebuilt {res.table}: {res.keys_changed} keys, merged through {res.merged_through or '-'}")
+
+
+@main.command("as-of")
+@click.option("--table", "table", required=True, help="schema.table.")
+@click.option("--at", "at", required=True, help="Source commit time, e.g. '2026-01-31 12:00:00+00'.")
+@click.option("--run", "run_it", is_flag=True, help="Run the 'current as of' query and print the rows.")
+@pass_ctx
+@catch_errors
+def as_of(ctx: Context, table: str, at: str, run_it: bool) -> None:
+    """Time travel in source time: SQL for a table's rows as of a commit time, and its history until then.
+
+    The SQL runs on any engine of the catalog (Spark, the Thrift Server, BI tools); the current
+    rows come from dbt's exact SCD2 table ('loader dbt build').
+    """
+    from loader.backfill import as_of_sql
+
+    sqls = as_of_sql(ctx.settings, table, at)
+    if run_it:
+        ctx.spark().sql(sqls["current"]).show(truncate=False)
+        return
+    click.echo(f"-- {table} as of {at}: current rows\n{sqls['current']};\n")
+    click.echo(f"-- {table}: history up to {at}\n{sqls['history']};")
 
 
 @main.command("import")

@@ -209,7 +209,7 @@ def _column_entries(
             meta["primary_key"] = True
         e["meta"] = meta
         if col in subjects:
-            args: dict[str, Any] = {"subject_type": subjects[col], "erased": "ref('erased_subjects')"}
+            args: dict[str, Any] = {"source_table": spec.table.qualified, "source_column": spec.source_of(col)}
             if history and col in spec.pk:
                 args["in_old_key"] = True
             e["data_tests"] = [{"loader_erased_subjects_absent": {"arguments": args}}]
@@ -403,6 +403,7 @@ def project_vars(settings: LoaderSettings) -> dict[str, Any]:
     return {
         "loader_history_namespace": c.history_namespace,
         "loader_current_namespace": c.current_namespace,
+        "loader_loader_namespace": c.loader_namespace,
         "loader_pii_retention_days": settings.dbt.pii_retention_days,
     }
 

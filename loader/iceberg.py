@@ -15,6 +15,7 @@ a watermark never moves back, and losing both only makes a re-run replay an idem
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from loader.tables import TableNames, newest_position
@@ -77,6 +78,21 @@ def update_properties(
     for k in remove or []:
         update = update.remove(k)
     update.commit()
+
+
+def delete_orphan_files(spark: SparkSession, ident: str, older_than: datetime) -> int:
+    """Delete files under the table's location that no snapshot references and that are older than
+    ``older_than``; the number deleted.
+
+    Iceberg's action API, because its procedure refuses intervals under 24 hours: callers that hold
+    every writer's lock (an erasure) may go down to "now".
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    table = iceberg_table(spark, ident)
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(table)
+    result = action.olderThan(int(older_than.timestamp() * 1000)).execute()
+    return sum(1 for _ in result.orphanFileLocations())
 
 
 def watermark(spark: SparkSession, ident: str, key: str) -> str | None:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from loader.config import LoaderSettings
-from loader.iceberg import iceberg_table
+from loader.iceberg import delete_orphan_files, iceberg_table
 from loader.locks import stage_lock
 from loader.tables import SourceTable, TableNames
 
@@ -130,10 +130,7 @@ class Maintenance:
                 rep.expired_snapshots = int(_field(row[0], "deleted_manifest_lists_count", 0) or 0)
         if orphans:
             older = datetime.now(UTC) - timedelta(hours=m.orphan_older_than_hours)
-            rows = self.spark.sql(
-                f"CALL {call}.remove_orphan_files(table => {target}, older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S}')"
-            ).collect()
-            rep.orphans_removed = len(rows)
+            rep.orphans_removed = delete_orphan_files(self.spark, ident, older)
         summary = iceberg_table(self.spark, ident).currentSnapshot()
         if summary is not None:
             s = summary.summary()

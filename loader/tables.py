@@ -120,6 +120,10 @@ class TableNames:
     def ledger(self) -> str:
         return self._q(self.loader_ns, "landing_files")
 
+    def loader_table(self, name: str) -> str:
+        """One of the loader's own tables (ledger, rejects, erasures, ...)."""
+        return self._q(self.loader_ns, name)
+
     @property
     def rejects(self) -> str:
         return self._q(self.loader_ns, "rejects")

@@ -172,9 +172,17 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(
         f"WHERE customer_id = (SELECT max(customer_id) FROM {cur(customers)})"
     )
     spark.sql(f"INSERT INTO {hist(accounts)} SELECT * FROM {hist(accounts)} LIMIT 1")
-    # a customer erased (by the seed's table) whose values are still there
-    erased_id = env.current("public.accounts").first().customer_id
-    spark.sql(f"INSERT INTO {a}.erased_subjects VALUES ('customer', '{erased_id}')")
+    # a customer erased (its salted hash in the loader's erased_keys) whose values are still there
+    from datetime import UTC, datetime
+
+    from loader.erase import ERASED_KEYS_DDL, Erasure, value_hash
+
+    erased_id = str(env.current("public.accounts").first().customer_id)
+    erasure = Erasure(spark, settings)
+    salt = erasure.ensure_tables()
+    now = datetime.now(UTC)
+    rows = [(t, "customer_id", value_hash(salt, erased_id), now) for t in ("public.accounts", "public.customers")]
+    spark.createDataFrame(rows, ERASED_KEYS_DDL).writeTo(erasure.erased_keys).append()
 
     # 'test', not 'build': build would skip the models below a failing source audit (and re-seed)
     res = invoke_dbt(settings, ["test"])

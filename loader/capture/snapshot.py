@@ -185,6 +185,19 @@ class Snapshot:
                 reader.execute("COMMIT")
         return result
 
+    def plan(self) -> list[tuple[str, int]]:
+        """The tables a run would snapshot, with the catalog's row estimate (a dry run)."""
+        with slots.connect(self.settings.source.conninfo()) as conn:
+            out = []
+            for t in self._select_tables(conn):
+                schema, _, name = t.partition(".")
+                qualified = f"{sql.Identifier(schema).as_string(conn)}.{sql.Identifier(name).as_string(conn)}"
+                row = conn.execute(
+                    "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (qualified,)
+                ).fetchone()
+                out.append((t, int(row[0]) if row else 0))
+            return out
+
     # --- pieces --------------------------------------------------------------------------
     def reason_for(self, qualified: str, state: dict[str, Any]) -> str:
         """Why this table is (re)snapshotted, as history's resync row will say."""

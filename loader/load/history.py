@@ -80,6 +80,7 @@ class LoadResult:
     parked: dict[str, str] = field(default_factory=dict)
     retired_columns: list[str] = field(default_factory=list)
     gap: str | None = None  # the batch stopped before a file whose transaction's beginning is missing
+    erased_dropped: int = 0  # changes of erased subjects not loaded (see loader.erase)
 
     def summary(self) -> str:
         gap = f"\n  waiting: {self.gap}" if self.gap else ""
@@ -135,6 +136,7 @@ class HistoryLoad:
         self.names = TableNames(settings)
         self._newest_ts: str | None = None
         self.gap: str | None = None  # why the batch stopped before a file (a missing earlier part)
+        self._erased: tuple[str, dict[str, list[tuple[str, str]]]] | None = None
 
     def loaded_files(self) -> set[str]:
         """Every landing file the ledger says is loaded (one scan of the ledger)."""
@@ -175,9 +177,6 @@ class HistoryLoad:
         return pending[: last + 1], len(pending) - (last + 1)
 
     def run(self, known_loaded: set[str] | None = None, max_files: int | None = None) -> LoadResult:
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
         from loader.locks import stage_lock
 
         with stage_lock(self.settings, "load"):
@@ -185,64 +184,106 @@ class HistoryLoad:
             ensure_loader_tables(self.spark, self.names)
             batch, waiting = self.pending_files(known_loaded, max_files)
             result = LoadResult(waiting_files=waiting, gap=self.gap)
-            if not batch:
-                return result
-            from loader.config import executor_settings_json
-            from loader.spark import executor_environment
+            if batch:
+                self._load_batch(batch, result)
+            return result
 
-            # Credentials reach executors as their environment, never in the pickled function.
-            self.spark.sparkContext.environment.update(executor_environment(self.settings))
-            files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
-            parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
-            decoded = (
-                files_df.repartition(parallelism)
-                .mapInArrow(make_decoder(executor_settings_json(self.settings)), CHANGE_ROW_DDL)
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-            try:
-                with _read_errors_explained():
-                    bad = decoded.where(F.col("reject_reason").isNotNull())
-                    self._write_rejects(bad, result)
-                    reject_parks = self._reject_parks(bad)
-                    good = decoded.where(F.col("reject_reason").isNull())
-                    tables = self._tables_in(good)
-                    unknown_damage = (
-                        good.where("op = 'park' AND src_table IS NULL")
-                        .select("landing_file", "commit_lsn", "ts", "note")
+    def replay(self, files: list[LandingFile], row_filter: str, dry_run: bool = False) -> LoadResult:
+        """Load ``files`` again (``loader backfill replay``), only the changes ``row_filter`` keeps.
+
+        Exactly-once by the same anti-join as every load: changes already in history add nothing.
+        The ledger is not touched (the files are in it, or a normal load takes them later), and the
+        loaded-through watermark does not move. Changes appended below a table's merged-through
+        count as late appends, so its next merge rebuilds it.
+        """
+        from loader.locks import stage_lock
+
+        with stage_lock(self.settings, "load"):
+            ensure_loader_tables(self.spark, self.names)
+            result = LoadResult()
+            if files:
+                self._load_batch(files, result, row_filter=row_filter, ledger=False, dry_run=dry_run)
+            return result
+
+    def _load_batch(
+        self,
+        batch: list[LandingFile],
+        result: LoadResult,
+        row_filter: str | None = None,
+        ledger: bool = True,
+        dry_run: bool = False,
+    ) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        from loader.config import executor_settings_json
+        from loader.spark import executor_environment
+
+        # Credentials reach executors as their environment, never in the pickled function.
+        self.spark.sparkContext.environment.update(executor_environment(self.settings))
+        files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
+        parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
+        decoded = files_df.repartition(parallelism).mapInArrow(
+            make_decoder(executor_settings_json(self.settings)), CHANGE_ROW_DDL
+        )
+        if row_filter is not None:
+            decoded = decoded.where(row_filter)
+        decoded = decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with _read_errors_explained():
+                if dry_run:
+                    counts = (
+                        decoded.where("reject_reason IS NULL AND src_table IS NOT NULL")
+                        .groupBy("src_schema", "src_table")
+                        .count()
                         .collect()
                     )
-                    for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
-                        tables.setdefault(t, ([], []))
-                    for table in bar(len(tables), "load", "tables", iterable=sorted(tables)):
-                        columns, pk = tables[table]
-                        extra = list(reject_parks.get(table, []))
-                        extra += [
-                            park_row(d.landing_file, table.schema, table.table, d.commit_lsn, d.ts, d.note)
-                            for d in unknown_damage
-                        ]
-                        self._load_table(good, table, columns, pk, extra, batch[-1], result)
-                        checkpoint("load-after-table")
-                    ledger_rows = self._ledger_rows(decoded, batch)
-                loaded_through = self._loaded_through(batch)
-                checkpoint("load-before-ledger")
-                (
-                    self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
-                    .writeTo(self.names.ledger)
-                    .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
-                    .append()
+                    result.rows_per_table = {f"{r[0]}.{r[1]}": int(r[2]) for r in counts}
+                    result.files = [f.name for f in batch]
+                    return
+                bad = decoded.where(F.col("reject_reason").isNotNull())
+                self._write_rejects(bad, result)
+                reject_parks = self._reject_parks(bad)
+                good = decoded.where(F.col("reject_reason").isNull())
+                tables = self._tables_in(good)
+                unknown_damage = (
+                    good.where("op = 'park' AND src_table IS NULL")
+                    .select("landing_file", "commit_lsn", "ts", "note")
+                    .collect()
                 )
-                checkpoint("load-after-ledger")
-                # The watermark again, as a property: snapshot expiry or compaction can take the
-                # summary away, never this (see loader.iceberg).
-                props = {SUMMARY_LOADED_THROUGH: loaded_through}
-                if self._newest_ts is not None:
-                    props[PROP_LOADED_THROUGH_TS] = self._newest_ts
-                update_properties(self.spark, self.names.ledger, props)
-            finally:
-                decoded.unpersist()
+                for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
+                    tables.setdefault(t, ([], []))
+                for table in bar(len(tables), "load", "tables", iterable=sorted(tables)):
+                    columns, pk = tables[table]
+                    extra = list(reject_parks.get(table, []))
+                    extra += [
+                        park_row(d.landing_file, table.schema, table.table, d.commit_lsn, d.ts, d.note)
+                        for d in unknown_damage
+                    ]
+                    self._load_table(good, table, columns, pk, extra, batch[-1], result)
+                    checkpoint("load-after-table")
+                ledger_rows = self._ledger_rows(decoded, batch)
             result.files = [f.name for f in batch]
+            if not ledger:
+                return
+            loaded_through = self._loaded_through(batch)
+            checkpoint("load-before-ledger")
+            (
+                self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
+                .writeTo(self.names.ledger)
+                .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
+                .append()
+            )
+            checkpoint("load-after-ledger")
+            # The watermark again, as a property: snapshot expiry or compaction can take the
+            # summary away, never this (see loader.iceberg).
+            props = {SUMMARY_LOADED_THROUGH: loaded_through}
+            if self._newest_ts is not None:
+                props[PROP_LOADED_THROUGH_TS] = self._newest_ts
+            update_properties(self.spark, self.names.ledger, props)
             result.loaded_through = loaded_through
-            return result
+        finally:
+            decoded.unpersist()
 
     def _loaded_through(self, batch: list[LandingFile]) -> str:
         """The watermark never moves back: a late file below it leaves it where it was."""
@@ -407,6 +448,7 @@ class HistoryLoad:
         from pyspark.sql import functions as F
 
         rows = good.where((F.col("src_schema") == table.schema) & (F.col("src_table") == table.table))
+        rows = self._without_erased(table, rows, result)
         ident = self.names.history(table)
         hist_columns, retype_parks = self._ensure_history_table(table, columns, pk, rows, result)
         parks = extra_parks + retype_parks
@@ -462,6 +504,44 @@ class HistoryLoad:
             result.duplicates_skipped += bounds[2] - n
         finally:
             ok.unpersist()
+
+    def _erased_keys(self) -> tuple[str, dict[str, list[tuple[str, str]]]] | None:
+        """(salt, table -> [(column, value hash)]) of erased subjects (see loader.erase), once per load."""
+        if self._erased is None:
+            from loader.erase import PROP_SALT
+
+            ident = self.names.loader_table("erased_keys")
+            found: dict[str, list[tuple[str, str]]] = {}
+            salt = ""
+            if table_exists(self.spark, ident):
+                salt = table_properties(self.spark, ident).get(PROP_SALT, "")
+                for r in self.spark.table(ident).select("source_table", "source_column", "value_hash").collect():
+                    found.setdefault(r[0], []).append((r[1], r[2]))
+            self._erased = (salt, found)
+        return self._erased if self._erased[1] else None
+
+    def _without_erased(self, table: SourceTable, rows: DataFrame, result: LoadResult) -> DataFrame:
+        """Changes carrying an erased subject's value (new row or old key) never reach history again:
+        a replay, a resync or a late landing file cannot bring the subject back."""
+        from pyspark.sql import functions as F
+
+        from loader.erase import erased_hashes_sql
+
+        erased = self._erased_keys()
+        keys = erased[1].get(table.qualified) if erased else None
+        if not erased or not keys:
+            return rows
+        salt = sql_string(erased[0])
+        conds = []
+        for column, digest in keys:
+            for source in ("map_from_arrays(col_names, col_values)", "map_from_arrays(key_names, key_values)"):
+                conds.append(f"{erased_hashes_sql(salt, f'{source}[{sql_string(column)}]')} = {sql_string(digest)}")
+        carries = f"coalesce({' OR '.join(conds)}, false)"
+        dropped = rows.where(carries).count()
+        if dropped:
+            result.erased_dropped += int(dropped)
+            log.info("dropped %d changes of erased subjects from %s", dropped, table.qualified)
+        return rows.where(F.expr(f"NOT {carries}"))
 
     def _before_append(self, table: SourceTable, ident: str, first: ChangePosition, last: ChangePosition) -> None:
         """Bookkeeping the merge relies on, committed before the append so a crash never loses it.

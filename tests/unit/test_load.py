@@ -213,7 +213,9 @@ def test_a_file_continuing_a_transaction_waits_for_the_earlier_part(tmp_path: Pa
     store = LocalLandingStore(tmp_path / "land")
     w = LandingWriter(store, max_changes=4)
     for s in range(1, 7):  # one transaction split over two files, then a second transaction
-        w.write(ChangeRecord("I", 100, s, 9, "2026-01-01 00:00:00+00", "public", "t", columns=[Column("id", "int", str(s))]))
+        w.write(
+            ChangeRecord("I", 100, s, 9, "2026-01-01 00:00:00+00", "public", "t", columns=[Column("id", "int", str(s))])
+        )
     w.write(ChangeRecord("C", 100, 7, 9, "2026-01-01 00:00:00+00"))
     w.close_file()
     w.write(ChangeRecord("I", 200, 1, 9, "2026-01-01 00:00:00+00", "public", "t", columns=[Column("id", "int", "9")]))

@@ -1,0 +1,345 @@
+"""Erasure of a data subject (``loader erase``): every value of it, everywhere the lake keeps bytes.
+
+A subject is a value of one or more key columns: ``--subject customer=123`` resolves through
+``dbt.subject_columns`` (``{"customer": ["public.customers.customer_id", "public.orders.customer_id"]}``),
+``--table public.customers --key customer_id=123`` names one column directly. For each column:
+
+1. history: every change whose row carries the value, or whose old key does (updates and deletes,
+   and REPLICA IDENTITY FULL old rows), is deleted;
+2. current: the rows carrying it are deleted;
+3. rejects: quarantined changes of the table whose raw text holds the value as a JSON string;
+4. dbt's change log and SCD2 tables (``analytics.<model>__changes`` / ``__scd2``), if built;
+5. landing files: rewritten without the records that carry it (header counts adjusted);
+6. Iceberg keeps old bytes in data files of older snapshots: every touched table's files holding
+   the value are rewritten, snapshots are expired down to the current one, manifests rewritten,
+   and files no snapshot references are removed (so the bytes are gone from storage).
+
+An audit record goes to ``loader.erasures`` (when, which subject type, a salted hash, tables, rows
+removed, the loaded-through position): no personal value. The salted hash of each erased value
+goes to ``loader.erased_keys``; every later load drops changes that carry one (so a replay, a
+resync or a late file cannot bring the subject back), and the dbt audit checks against it.
+
+``--dry-run`` counts what would go and changes nothing. Erasure takes the load and merge locks;
+stop a follower first (it holds them). Concurrent writers to the warehouse other than the loader
+(dbt) should not run during an erasure: orphan removal deletes every unreferenced file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from loader.capture.landing import LandingStore, open_landing
+from loader.capture.records import FileHeader, parse_header
+from loader.config import LoaderSettings
+from loader.errors import ConfigError
+from loader.iceberg import (
+    delete_orphan_files,
+    ensure_loader_tables,
+    table_exists,
+    table_properties,
+    update_properties,
+    watermark,
+)
+from loader.load.typemap import quote_ident, sql_string
+from loader.locks import stage_lock
+from loader.names import lake_column
+from loader.tables import SUMMARY_LOADED_THROUGH, SourceTable, TableNames
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("loader.erase")
+
+ERASED_KEYS_DDL = "source_table STRING, source_column STRING, value_hash STRING, erased_at TIMESTAMP"
+ERASURES_DDL = (
+    "erased_at TIMESTAMP, subject_type STRING, subject_hash STRING, tables ARRAY<STRING>,"
+    " rows_removed MAP<STRING, BIGINT>, landing_records_removed BIGINT, loaded_through STRING"
+)
+PROP_SALT = "loader.erasure-salt"
+
+
+@dataclass(frozen=True)
+class Target:
+    table: SourceTable
+    column: str  # source column name
+    value: str  # PostgreSQL text form of the value
+
+    @property
+    def lake(self) -> str:
+        return lake_column(self.column)
+
+
+@dataclass(frozen=True)
+class _Place:
+    kind: str  # history, current, rejects, dbt change log, dbt scd2
+    ident: str
+    rows: str  # predicate of the rows holding the value
+    files: str  # predicate selecting the data files that can hold it (typed, prunable)
+
+
+@dataclass
+class ErasureReport:
+    subject: str
+    dry_run: bool
+    rows: dict[str, int] = field(default_factory=dict)  # "<kind> <table>" -> rows (to be) removed
+    landing_records: int = 0
+    landing_files: int = 0
+
+    def summary(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        parts = ", ".join(f"{k}: {n}" for k, n in sorted(self.rows.items()) if n) or "no rows"
+        return (
+            f"erase {self.subject}: {verb} {parts}; {self.landing_records} landing records in "
+            f"{self.landing_files} files" + ("" if self.dry_run else "; old snapshots expired and orphan files removed")
+        )
+
+
+def resolve(
+    settings: LoaderSettings, subject: str | None, table: str | None, key: str | None
+) -> tuple[str, list[Target]]:
+    """(subject type, targets) of a ``--subject type=value`` or a ``--table s.t --key col=value``."""
+    if subject:
+        kind, sep, value = subject.partition("=")
+        refs = settings.dbt.subject_columns.get(kind)
+        if not sep or not value:
+            raise ConfigError(f"--subject {subject!r} is not type=value", hint="e.g. --subject customer=123")
+        if not refs:
+            raise ConfigError(
+                f"no columns are configured for subject type {kind!r}",
+                hint='set dbt.subject_columns, e.g. {"customer": ["public.customers.customer_id"]}',
+            )
+        out = []
+        for ref in refs:
+            qualified, _, column = ref.rpartition(".")
+            out.append(Target(SourceTable.parse(qualified), column, value))
+        return kind, out
+    if table and key:
+        column, sep, value = key.partition("=")
+        if not sep:
+            raise ConfigError(f"--key {key!r} is not column=value", hint="e.g. --key customer_id=123")
+        return f"{table}.{column}", [Target(SourceTable.parse(table), column, value)]
+    raise ConfigError("name a subject", hint="use --subject type=value, or --table schema.table --key column=value")
+
+
+def value_hash(salt: str, value: str) -> str:
+    """What the lake keeps of an erased value: sha256 of a per-catalog secret salt and the value."""
+    return hashlib.sha256((salt + value).encode("utf-8")).hexdigest()
+
+
+def erased_hashes_sql(salt_literal: str, value_sql: str) -> str:
+    """Spark SQL computing :func:`value_hash` of a string expression."""
+    return f"sha2(concat({salt_literal}, {value_sql}), 256)"
+
+
+class Erasure:
+    def __init__(self, spark: SparkSession, settings: LoaderSettings, store: LandingStore | None = None) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.names = TableNames(settings)
+        self.store = store or open_landing(settings)
+
+    # --- the erased-keys table and its salt ------------------------------------------------
+    @property
+    def erased_keys(self) -> str:
+        return self.names.loader_table("erased_keys")
+
+    @property
+    def erasures(self) -> str:
+        return self.names.loader_table("erasures")
+
+    def ensure_tables(self) -> str:
+        """Create the erasure tables if needed; the salt (created once, per catalog)."""
+        ensure_loader_tables(self.spark, self.names)
+        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.erased_keys} ({ERASED_KEYS_DDL}) USING iceberg")
+        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.erasures} ({ERASURES_DDL}) USING iceberg")
+        salt = table_properties(self.spark, self.erased_keys).get(PROP_SALT)
+        if salt is None:
+            salt = secrets.token_hex(32)
+            update_properties(self.spark, self.erased_keys, {PROP_SALT: salt})
+        return salt
+
+    # --- the erasure -----------------------------------------------------------------------
+    def run(self, subject: str | None, table: str | None, key: str | None, dry_run: bool = False) -> ErasureReport:
+        kind, targets = resolve(self.settings, subject, table, key)
+        label = subject or f"{table} {key}"
+        report = ErasureReport(label.split("=", 1)[0] + "=<value>", dry_run)
+        with stage_lock(self.settings, "load"), stage_lock(self.settings, "merge"):
+            salt = self.ensure_tables()
+            touched: dict[str, set[str]] = {}
+            for t in targets:
+                for place in self._places(t):
+                    n = self.spark.sql(f"SELECT count(*) FROM {place.ident} WHERE {place.rows}").collect()[0][0]
+                    label = f"{place.kind} {t.table.qualified}"
+                    report.rows[label] = report.rows.get(label, 0) + int(n)
+                    if n and not dry_run:
+                        self.spark.sql(f"DELETE FROM {place.ident} WHERE {place.rows}")
+                    # Purged even without live matches: a merge-on-read delete (the source deleted
+                    # the subject, the merge applied it) hides rows whose bytes are still in data files.
+                    touched.setdefault(place.ident, set()).add(place.files)
+            report.landing_records, report.landing_files = self._scrub_landing(targets, dry_run)
+            if dry_run:
+                return report
+            self._remember(kind, salt, targets, report)
+            for ident, selections in sorted(touched.items()):
+                self._purge_old_bytes(ident, " OR ".join(f"({s})" for s in sorted(selections)))
+            for ident in (self.erased_keys, self.erasures):
+                self._purge_old_bytes(ident, None)
+        return report
+
+    def _places(self, t: Target) -> list[_Place]:
+        """Every table that may hold the value: which rows to delete, which data files to rewrite.
+
+        The file selection compares the column with a typed literal, so Iceberg prunes on column
+        statistics and rewrites only the files that can hold the value.
+        """
+        v = sql_string(t.value)
+        col = quote_ident(t.lake)
+        typed = self._typed_literal(t)
+        places = []
+        hist = self.names.history(t.table)
+        if table_exists(self.spark, hist):
+            old = f"from_json(pg_old_key, 'map<string,string>')[{sql_string(t.lake)}]"
+            # The copy-on-write delete rewrites the files of old-key matches itself.
+            places.append(_Place("history", hist, f"CAST({col} AS STRING) = {v} OR {old} = {v}", f"{col} = {typed}"))
+        cur = self.names.current(t.table)
+        if table_exists(self.spark, cur):
+            places.append(_Place("current", cur, f"CAST({col} AS STRING) = {v}", f"{col} = {typed}"))
+        raw = sql_string(f'%"{json.dumps(t.value)[1:-1]}"%')
+        same_table = f"source_table = {sql_string(t.table.qualified)}"
+        places.append(_Place("rejects", self.names.rejects, f"{same_table} AND raw LIKE {raw}", same_table))
+        from loader.dbtgen import model_name
+
+        model = model_name(t.table.iceberg_name)
+        ns = f"{quote_ident(self.names.catalog)}.{quote_ident(self.settings.dbt.analytics_namespace)}"
+        changes, scd2 = f"{ns}.{quote_ident(model + '__changes')}", f"{ns}.{quote_ident(model + '__scd2')}"
+        if table_exists(self.spark, changes):
+            before, after = quote_ident(t.lake + "__before"), quote_ident(t.lake + "__after")
+            rows = f"CAST({before} AS STRING) = {v} OR CAST({after} AS STRING) = {v}"
+            places.append(_Place("dbt change log", changes, rows, f"{before} = {typed} OR {after} = {typed}"))
+        if table_exists(self.spark, scd2):
+            places.append(_Place("dbt scd2", scd2, f"CAST({col} AS STRING) = {v}", f"{col} = {typed}"))
+        return places
+
+    def _typed_literal(self, t: Target) -> str:
+        """The value as a literal of the column's type in the lake (Spark folds the cast)."""
+        from loader.load.typemap import spark_type
+        from loader.tables import PROP_PG_TYPES
+
+        hist = self.names.history(t.table)
+        pg_type = "text"
+        if table_exists(self.spark, hist):
+            pg_type = json.loads(table_properties(self.spark, hist).get(PROP_PG_TYPES, "{}")).get(t.column, "text")
+        return f"CAST({sql_string(t.value)} AS {spark_type(pg_type).sql})"
+
+    def _scrub_landing(self, targets: list[Target], dry_run: bool) -> tuple[int, int]:
+        """Rewrite every landing file holding a record that carries the value (new or old key)."""
+        by_table: dict[str, list[Target]] = {}
+        for t in targets:
+            by_table.setdefault(t.table.qualified, []).append(t)
+        removed = files = 0
+        for f in self.store.files():
+            data = self.store.open_bytes(f.name)
+            try:
+                lines = gzip.decompress(data).split(b"\n")
+            except (OSError, EOFError):
+                log.warning("landing file %s is damaged; erasure cannot read it: remove it by hand", f.name)
+                continue
+            kept: list[bytes] = []
+            dropped: dict[str, int] = {}
+            for line in lines:
+                if _carries(line, by_table):
+                    doc = json.loads(line)
+                    table = f"{doc['schema']}.{doc['table']}"
+                    dropped[table] = dropped.get(table, 0) + 1
+                else:
+                    kept.append(line)
+            if not dropped:
+                continue
+            removed += sum(dropped.values())
+            files += 1
+            if dry_run:
+                continue
+            header = parse_header(kept[0].decode("utf-8")) if kept and kept[0] else None
+            body = kept[1:] if header is not None else kept
+            tables = dict(header.tables) if header is not None else {}
+            for table, n in dropped.items():
+                tables[table] = max(0, tables.get(table, 0) - n)
+            out = gzip.compress(FileHeader(tables).to_json().encode() + b"\n", mtime=0) + gzip.compress(
+                b"\n".join(body), mtime=0
+            )
+            spool = self._spool(out)
+            try:
+                self.store.publish(spool, f.name)
+            finally:
+                spool.unlink(missing_ok=True)
+        return removed, files
+
+    def _spool(self, data: bytes) -> Any:
+        import tempfile
+        from pathlib import Path
+
+        fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz")
+        with open(fd, "wb") as out:
+            out.write(data)
+        return Path(tmp)
+
+    def _remember(self, kind: str, salt: str, targets: list[Target], report: ErasureReport) -> None:
+        now = datetime.now(UTC)
+        keys = [(t.table.qualified, t.column, value_hash(salt, t.value), now) for t in targets]
+        self.spark.createDataFrame(keys, ERASED_KEYS_DDL).writeTo(self.erased_keys).append()
+        loaded = watermark(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+        record = [
+            (
+                now,
+                kind,
+                value_hash(salt, targets[0].value),
+                sorted({t.table.qualified for t in targets}),
+                {k: int(n) for k, n in report.rows.items()},
+                report.landing_records,
+                loaded,
+            )
+        ]
+        self.spark.createDataFrame(record, ERASURES_DDL).writeTo(self.erasures).append()
+
+    def _purge_old_bytes(self, ident: str, files: str | None) -> None:
+        """Rewrite the data files that can hold the value (``files``: a predicate on the table), expire
+        every older snapshot, drop orphan files: afterwards no file under the table holds the bytes."""
+        call = f"{quote_ident(self.names.catalog)}.system"
+        prefix = quote_ident(self.names.catalog) + "."
+        target = sql_string(ident[len(prefix) :] if ident.startswith(prefix) else ident)
+        if files is not None:
+            # rewrite-all: compaction thresholds (group sizes) must not leave a file holding the value.
+            self.spark.sql(
+                f"CALL {call}.rewrite_data_files(table => {target}, where => {sql_string(files)},"
+                " options => map('rewrite-all', 'true', 'remove-dangling-deletes', 'true'))"
+            ).collect()
+        self.spark.sql(f"CALL {call}.rewrite_manifests(table => {target})").collect()
+        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        self.spark.sql(
+            f"CALL {call}.expire_snapshots(table => {target}, older_than => TIMESTAMP '{now}', retain_last => 1)"
+        ).collect()
+        delete_orphan_files(self.spark, ident, datetime.now(UTC))
+
+
+def _carries(line: bytes, by_table: dict[str, list[Target]]) -> bool:
+    if not line.strip():
+        return False
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(doc, dict) or doc.get("op") in ("H", "C"):
+        return False
+    targets = by_table.get(f"{doc.get('schema')}.{doc.get('table')}")
+    if not targets:
+        return False
+    values = {c[0]: c[2] for c in doc.get("columns") or [] if isinstance(c, list) and len(c) == 3}
+    old = {c[0]: c[2] for c in doc.get("identity") or [] if isinstance(c, list) and len(c) == 3}
+    return any(values.get(t.column) == t.value or old.get(t.column) == t.value for t in targets)
