@@ -11,7 +11,7 @@ TEST_PGPORT ?= 55433
 TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=$(TEST_PGPORT)
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv demo test test-unit bench pg-start pg-stop clean lint s3a-jars
+.PHONY: help deps venv demo test test-unit bench soak pg-start pg-stop clean lint s3a-jars dist
 
 help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
@@ -78,6 +78,12 @@ $(S3A_JARS) &: | venv
 	tar -xzf $$tmp/sagemaker_pyspark-1.4.5.tar.gz -C $$tmp --wildcards '*/deps/jars/hadoop-aws-3.3.1.jar' '*/deps/jars/aws-java-sdk-bundle-1.11.901.jar'; \
 	find $$tmp -name '*.jar' -exec mv {} $(S3A_JARS_DIR)/ \;; \
 	ls $(S3A_JARS)
+
+# The wheel a cluster image or a packed environment ships (carries dbt_project/ and schemas/).
+dist: venv
+	rm -rf dist
+	$(BIN)/pip wheel --no-deps -q -w dist .
+	@ls dist
 
 clean:
 	-infra/postgres.sh stop

@@ -54,10 +54,11 @@ def shipped_project_dir() -> Path:
     import importlib.resources
 
     try:
-        packaged = Path(str(importlib.resources.files("loader._data.dbt_project")))
-        if (packaged / "dbt_project.yml").is_file():
-            return packaged
-    except ModuleNotFoundError:
+        # files() of a data-only (namespace) package is a MultiplexedPath: go through a file in it.
+        marker = importlib.resources.files("loader._data.dbt_project").joinpath("dbt_project.yml")
+        if marker.is_file():
+            return Path(str(marker)).parent
+    except (ModuleNotFoundError, FileNotFoundError):
         pass
     return Path(__file__).resolve().parent.parent / "dbt_project"
 
