@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_wheel_carries_dbt_project_and_schemas(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     wheel = next(tmp_path.glob("lakehouse_loader-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -31,7 +33,11 @@ def test_wheel_carries_dbt_project_and_schemas(tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(target)
     probe = "from loader.dbt import shipped_project_dir as f; print(f())"
     out = subprocess.run(
-        [sys.executable, "-c", probe], env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
-        check=True, capture_output=True, text=True, cwd=tmp_path,
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     ).stdout.strip()
     assert out.startswith(str(target)) and (Path(out) / "dbt_project.yml").is_file()
