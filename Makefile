@@ -16,7 +16,8 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
 	@echo "make test   - install, start a private PostgreSQL, run the suite, stop it"
-	@echo "make bench  - benchmarks (figures and ratios from one run)"
+	@echo "make bench  - benchmarks P1-P6: one table of figures, ceilings, ratios, goals (bench/out/)"
+	@echo "make soak   - 300 follow-mode cycles with maintenance, bounds and oracles (tests/test_soak.py)"
 	@echo "make lint   - ruff check, ruff format --check, mypy on loader/"
 	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:55432)"
 
@@ -61,9 +62,16 @@ lint: venv
 	$(BIN)/mypy loader
 
 bench: deps venv
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,lint,bench]'
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/python -m bench
+
+# Soak: hundreds of follow-mode cycles with maintenance (tests/test_soak.py); not part of make test.
+soak: deps venv
+	@set -e; $(TEST_PG) infra/postgres.sh start; \
+	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
+	LOADER_SOAK=1 LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/test_soak.py
 
 # S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package; see PLATFORM.md):
 # taken from the PyPI sdist sagemaker-pyspark==1.4.5. Point LOADER_SPARK__EXTRA_JARS at them.

@@ -1,33 +1,49 @@
-"""Run every benchmark module's ``run()`` in turn (``BENCH_ONLY=merge_`` selects by name prefix)."""
+"""``make bench``: every benchmark in its own process (one Spark session each), then one table.
+
+Each module's figures go to ``bench/out/<module>.json``; at the end they are printed as one table
+(figure, ceiling or rival from the same run, ratio, goal), gathered in ``bench/out/results.json``
+and drawn as ``bench/out/*.png``. ``BENCH_ONLY=p1,p3`` selects modules by name prefix; sizes and
+repeats are set by the environment variables each module documents.
+"""
 
 from __future__ import annotations
 
-import importlib
 import os
+import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
+
+# Cheapest first, so a broken environment shows early; P1 (20M history) last.
+MODULES = ["p3_capture", "p2_load", "p6_tables", "p4_freshness", "p1_merge", "capture_format"]
 
 
 def modules() -> list[str]:
-    here = Path(__file__).resolve().parent
-    names = sorted(p.stem for p in here.glob("*.py") if p.stem.startswith(("capture_", "merge_")))
     only = os.environ.get("BENCH_ONLY")
-    return [n for n in names if not only or n.startswith(tuple(only.split(",")))]
+    return [n for n in MODULES if not only or n.startswith(tuple(only.split(",")))]
 
 
 def main() -> int:
+    from bench import report
+    from bench.common import OUT, gather
+
+    root = Path(__file__).resolve().parents[1]
     failed = []
-    for name in modules():
+    chosen = modules()
+    for name in chosen:
+        (OUT / f"{name}.json").unlink(missing_ok=True)
         print(f"== bench.{name}", flush=True)
         started = time.monotonic()
-        try:
-            importlib.import_module(f"bench.{name}").run()
-        except Exception:  # one broken benchmark must not hide the others' figures
-            traceback.print_exc()
+        code = (
+            f"import bench.{name} as m; from bench.common import save_module_results;"
+            f" m.run(); save_module_results({name!r})"
+        )
+        rc = subprocess.run([sys.executable, "-c", code], cwd=root).returncode
+        if rc:  # one broken benchmark must not hide the others' figures
             failed.append(name)
-        print(f"== bench.{name}: {time.monotonic() - started:.0f}s\n", flush=True)
+        print(f"== bench.{name}: {time.monotonic() - started:.0f}s{'  FAILED' if rc else ''}\n", flush=True)
+    gather(chosen)
+    report.finish()
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -164,3 +165,26 @@ def wait_for_holder(env: Env, stage: str, timeout: float = 120) -> None:
                 return
             time.sleep(0.2)
     raise AssertionError(f"no 'loader {stage}' took its lock within {timeout}s")
+
+
+def hold_back_landing_files(env: Env) -> list[Any]:
+    """Move the last run of whole-transaction landing files away, as a lagging copy or listing
+    would hold them back: it starts a transaction (after a file that ends one) and ends on a
+    commit; later files start transactions of their own. Returns them (see return_landing_files)."""
+    from loader.capture.landing import open_landing
+
+    files = open_landing(env.settings).files()
+    start = next(i for i in range(len(files) - 2, 0, -1) if files[i].first.seq == 1 and files[i - 1].complete)
+    end = next(j for j in range(start, len(files)) if files[j].complete)
+    held = files[start : end + 1]
+    slot_dir = env.tmp / "landing" / env.settings.source.slot
+    for f in held:
+        shutil.move(slot_dir / f.name, env.tmp / f.name)
+    return held
+
+
+def return_landing_files(env: Env, held: list[Any]) -> None:
+    """The held-back files arrive late."""
+    slot_dir = env.tmp / "landing" / env.settings.source.slot
+    for f in held:
+        shutil.move(env.tmp / f.name, slot_dir / f.name)

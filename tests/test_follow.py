@@ -4,16 +4,14 @@ break watermarks or late-file detection. Every test ends with the oracles."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import time
 import urllib.request
 
-from loader.capture.landing import open_landing
 from loader.maintain import Maintenance
 from loader.workload import BankWorkload
-from tests.harness import Env, finish, loader_process
+from tests.harness import Env, finish, hold_back_landing_files, loader_process, return_landing_files
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions
 
 KEYS = {
@@ -127,16 +125,7 @@ def test_maintenance_and_snapshot_expiry_keep_watermarks_and_late_files(env: Env
     # Hold one landing file back, as a lagging copy or listing would.
     wl.run(30)
     env.capture()
-    store = open_landing(env.settings)
-    files = store.files()
-    # A run of files holding whole transactions: it starts a transaction (after a file that ends
-    # one) and ends on a commit; later files start transactions of their own.
-    start = next(i for i in range(len(files) - 2, 0, -1) if files[i].first.seq == 1 and files[i - 1].complete)
-    end = next(j for j in range(start, len(files)) if files[j].complete)
-    held = files[start : end + 1]
-    slot_dir = env.tmp / "landing" / env.settings.source.slot
-    for f in held:
-        shutil.move(slot_dir / f.name, env.tmp / f.name)
+    held = hold_back_landing_files(env)
     wl.run(20)
     env.run_all()
     assert not all(r.ok for r in env.reconcile()), "the held-back file's changes are missing"
@@ -152,8 +141,7 @@ def test_maintenance_and_snapshot_expiry_keep_watermarks_and_late_files(env: Env
     status = env.status()
     assert status.loaded is not None and all(t.merged for t in status.tables if t.primary_key)
     # The late files arrive: the merge still sees them (a counter property, not a snapshot walk).
-    for f in held:
-        shutil.move(env.tmp / f.name, slot_dir / f.name)
+    return_landing_files(env, held)
     _, load, merge = env.run_all()
     assert {f.name for f in held} <= set(load.files)
     assert any("late changes" in t.note for t in merge.tables)

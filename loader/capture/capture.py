@@ -98,11 +98,17 @@ class TableFilter:
     def __init__(self, include: list[str], exclude: list[str]) -> None:
         self.include = include or ["*.*"]
         self.exclude = exclude
+        self._verdicts: dict[str, bool] = {}  # asked once per change: remember per table
 
     def __call__(self, qualified: str) -> bool:
-        if any(fnmatch.fnmatchcase(qualified, p) for p in self.exclude):
-            return False
-        return any(fnmatch.fnmatchcase(qualified, p) for p in self.include)
+        verdict = self._verdicts.get(qualified)
+        if verdict is None:
+            verdict = not any(fnmatch.fnmatchcase(qualified, p) for p in self.exclude) and any(
+                fnmatch.fnmatchcase(qualified, p) for p in self.include
+            )
+            if len(self._verdicts) < 100_000:
+                self._verdicts[qualified] = verdict
+        return verdict
 
 
 class _Controls:
@@ -157,6 +163,7 @@ class Capture:
         self.options: tuple[str, ...] = WAL2JSON_OPTIONS  # extended in run() by what the plugin supports
         self.keys: KeyLookup | None = None
         self.facts: dict[str, TableFacts] = {}
+        self._keys_of: dict[int, tuple[Any, list[str]]] = {}  # id(table info) -> (info, its key)
         self.roots: dict[str, str] = {}  # leaf partition -> partitioned table (source.partitions = root)
         self._not_partitions: set[str] = set()
         # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
@@ -545,8 +552,11 @@ class Capture:
         info = facts.info if facts is not None else (self.keys.info(rec.schema, rec.table) if self.keys else None)
         if info is None:
             return  # dropped since: the stream's own key is all we have
-        rec.pk = list(info.key)
-        if not info.key:
+        cached = self._keys_of.get(id(info))
+        if cached is None or cached[0] is not info:
+            cached = self._keys_of[id(info)] = (info, list(info.key))  # info is immutable: compute once
+        rec.pk = cached[1]
+        if not cached[1]:
             table_info = SourceTableInfo(
                 rec.schema, rec.table, info.replica_identity, info.primary_key, info.identity_index_columns
             )

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.errors import DecodeError
 from loader.lsn import parse_lsn
@@ -76,6 +78,56 @@ def _columns(items: Iterable[dict[str, Any]] | None, with_values: bool = True) -
     return out
 
 
+class _FastColumn(msgspec.Struct):
+    name: str
+    type: str = ""
+    value: Any = None
+
+
+class _FastKey(msgspec.Struct):
+    name: str
+
+
+class _FastRow(msgspec.Struct):
+    """The shape of the wal2json rows that make up nearly all of a stream (B, C and I/U/D)."""
+
+    action: str
+    xid: int | None = None
+    lsn: str | None = None
+    nextlsn: str | None = None
+    timestamp: str | None = None
+    schema: str | None = None
+    table: str | None = None
+    columns: list[_FastColumn] | None = None
+    identity: list[_FastColumn] | None = None
+    pk: list[_FastKey] | None = None
+
+
+# Typed decoding in C (msgspec) with floats kept as their source text. Integers arrive as exact
+# Python ints, so their text is str(n), except "-0" (a double's negative zero), which the
+# fast path cannot tell from "0": rows with an integer 0 in a floating column take the exact path.
+_FAST = msgspec.json.Decoder(_FastRow, float_hook=str)
+_FLOAT_TYPES = frozenset(("double precision", "real", "float8", "float4"))
+
+
+def _fast_columns(items: list[_FastColumn] | None) -> list[Column] | None:
+    """Columns of a fast-decoded row, or None when a value needs the exact path."""
+    out = []
+    for c in items or ():
+        value = c.value
+        if value is not None and value.__class__ is not str:
+            if value is True or value is False:
+                value = "true" if value else "false"
+            elif value.__class__ is int and (value or c.type not in _FLOAT_TYPES):
+                value = str(value)
+            else:
+                return None  # JSON objects/arrays, a possible -0: decode the row exactly
+        elif value is not None and c.type == "bytea" and not value.startswith("\\x"):
+            value = "\\x" + value
+        out.append(Column(c.name, c.type, value))
+    return out
+
+
 @dataclass
 class TransactionState:
     """What the decoder knows about the transaction in progress."""
@@ -110,6 +162,61 @@ class Wal2JsonDecoder:
         return self.confirm_lsn
 
     def feed(self, data: str | bytes) -> Iterator[ChangeRecord]:
+        try:
+            row = _FAST.decode(data)
+        except (msgspec.MsgspecError, UnicodeError):
+            row = None  # not UTF-8, not JSON, or an unexpected shape: the exact path says what
+        if row is not None:
+            rec = self._fast(row)
+            if isinstance(rec, ChangeRecord):
+                yield rec
+                return
+            if rec is None:
+                return
+        yield from self._feed_exact(data)
+
+    def _fast(self, row: _FastRow) -> ChangeRecord | bool | None:
+        """Decode the common rows without building dicts: a record, None (consumed, nothing to
+        yield), or False (take the exact path, which handles everything else)."""
+        action, txn = row.action, self.txn
+        if txn is not None and action in ("I", "U", "D") and row.schema is not None and row.table is not None:
+            columns = _fast_columns(row.columns)
+            identity = _fast_columns(row.identity)
+            if columns is None or identity is None:
+                return False
+            try:
+                change_lsn = parse_lsn(row.lsn) if row.lsn is not None else 0
+            except ValueError:
+                return False
+            txn.seq += 1
+            return ChangeRecord(
+                action,
+                txn.commit_lsn,
+                txn.seq,
+                txn.xid,
+                txn.ts,
+                row.schema,
+                row.table,
+                change_lsn,
+                columns,
+                identity,
+                [p.name for p in row.pk] if row.pk else [],
+            )
+        if action == "C" and txn is not None:
+            self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
+            self.txn = None
+            return ChangeRecord(COMMIT, txn.commit_lsn, txn.seq + 1, txn.xid, txn.ts)
+        if action == "B" and txn is None and row.lsn and row.nextlsn and row.timestamp:
+            try:
+                self.txn = TransactionState(
+                    xid=row.xid or 0, commit_lsn=parse_lsn(row.lsn), end_lsn=parse_lsn(row.nextlsn), ts=row.timestamp
+                )
+            except ValueError:
+                return False
+            return None
+        return False
+
+    def _feed_exact(self, data: str | bytes) -> Iterator[ChangeRecord]:
         raw = data if isinstance(data, str) else None
         try:
             text = data if isinstance(data, str) else data.decode("utf-8")

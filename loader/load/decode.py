@@ -320,8 +320,11 @@ def _invalid(rec: ChangeRecord) -> str | None:
         return None
     if not rec.schema or not rec.table:
         return f"{OPERATIONS[rec.op]} record without schema and table"
+    # (A name of at most 15 characters fits in 63 bytes of UTF-8: most skip the encode.)
     too_long = [
-        n for n in (rec.schema, rec.table, *(c.name for c in rec.columns)) if len(n.encode("utf-8")) > _MAX_NAME_BYTES
+        n
+        for n in (rec.schema, rec.table, *(c.name for c in rec.columns))
+        if len(n) > 15 and len(n.encode("utf-8")) > _MAX_NAME_BYTES
     ]
     if too_long:
         return f"name longer than PostgreSQL allows ({_MAX_NAME_BYTES} bytes): {too_long[0][:80]!r}"
@@ -344,7 +347,6 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
     """The mapInArrow function: batches of landing_file names in, change rows out."""
 
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
 
         from loader.capture.landing import LandingFile, open_landing
         from loader.config import LoaderSettings
@@ -362,12 +364,20 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
                 for row in decode_file(name, store.open_bytes(name), first_lsn, span):
                     buf.append(row)
                     if len(buf) >= batch_rows:
-                        yield pa.RecordBatch.from_pylist(buf, schema=schema)
+                        yield rows_to_batch(buf, schema)
                         buf = []
         if buf:
-            yield pa.RecordBatch.from_pylist(buf, schema=schema)
+            yield rows_to_batch(buf, schema)
 
     return decode
+
+
+def rows_to_batch(rows: list[dict[str, Any]], schema: Any) -> Any:
+    """Change rows -> one Arrow RecordBatch, column by column (several times faster than
+    ``RecordBatch.from_pylist``, which converts row by row)."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([pa.array([r[f.name] for r in rows], type=f.type) for f in schema], schema=schema)
 
 
 def _arrow_schema() -> Any:

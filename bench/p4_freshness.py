@@ -1,0 +1,149 @@
+"""P4 freshness in follow mode: commit -> visible in current, under a steady ``pgbench -R`` load.
+
+A source database initialised by ``pgbench -i`` plus a ``probe`` table; ``loader capture
+--snapshot``; then ``loader run --follow --interval BENCH_FOLLOW_INTERVAL`` as its own process
+(its own JVM, like production). While ``pgbench -R BENCH_PGBENCH_RATE`` (TPC-B transactions per
+second, 2 clients) runs for ``BENCH_FRESHNESS_SECONDS``, a probe row is inserted every second; each
+probe's latency is from its commit until a reader of the current table (pyiceberg, as a BI tool
+would) sees it. Prints the median and p95 (goal: p95 <= 10 s).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import psycopg
+
+from bench.common import Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+
+
+def _pgbench() -> str:
+    found = shutil.which("pgbench") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"))), None)
+    if not found:
+        raise RuntimeError("pgbench not found (Debian: postgresql-15)")
+    return found
+
+
+def _env(settings: object, interval: float) -> dict[str, str]:
+    s = settings  # LoaderSettings
+    env = dict(os.environ)
+    env.update(
+        {
+            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
+            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
+            "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
+            "LOADER_FOLLOW__INTERVAL_S": str(interval),
+            "LOADER_FOLLOW__CAPTURE_INTERVAL_S": str(min(interval, 1.0)),
+        }
+    )
+    return env
+
+
+def run() -> None:
+    from loader.catalog import open_catalog
+    from loader.tables import SourceTable
+
+    rate = env_int("BENCH_PGBENCH_RATE", 100)
+    seconds = env_int("BENCH_FRESHNESS_SECONDS", 90)
+    interval = float(os.environ.get("BENCH_FOLLOW_INTERVAL", "1"))
+    with (
+        scratch_database("bench_fresh_src") as src,
+        scratch_database("bench_fresh_cat") as cat,
+        scratch_dir("bench-fresh-") as root,
+    ):
+        settings = lake_settings(root, cat, source_dsn=src)
+        subprocess.run([_pgbench(), "-i", "-q", "-s", "1", src], check=True, capture_output=True)
+        with psycopg.connect(src, autocommit=True) as conn:
+            conn.execute("CREATE TABLE probe (id int PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        env = _env(settings, interval)
+        cli = [sys.executable, "-m", "loader.cli"]
+        subprocess.run([*cli, "capture", "--snapshot"], env=env, check=True, capture_output=True)
+        log = open(root / "follow.log", "w")  # noqa: SIM115 - closed below
+        follower = subprocess.Popen([*cli, "run", "--follow"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        catalog = open_catalog(settings)
+        ident = (settings.catalog.current_namespace, SourceTable("public", "probe").iceberg_name)
+
+        def seen_ids(low: int) -> set[int]:
+            try:
+                t = catalog.load_table(ident)
+            except Exception:  # not created yet
+                return set()
+            got = t.scan(row_filter=f"id >= {low}", selected_fields=("id",)).to_arrow()
+            return set(got["id"].to_pylist())
+
+        try:
+            with psycopg.connect(src, autocommit=True) as conn:
+                conn.execute("INSERT INTO probe (id) VALUES (0)")
+                deadline = time.monotonic() + 600
+                while 0 not in seen_ids(0):
+                    if follower.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"follow mode did not start: see {root / 'follow.log'}")
+                    time.sleep(0.5)
+                bench = subprocess.Popen(
+                    [_pgbench(), "-n", "-c", "2", "-j", "2", "-R", str(rate), "-T", str(seconds), src],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                committed: dict[int, float] = {}
+                latency: dict[int, float] = {}
+                probe, next_probe = 0, time.monotonic()
+                started = time.monotonic()
+                while time.monotonic() - started < seconds or (committed.keys() - latency.keys()):
+                    now = time.monotonic()
+                    if now >= next_probe and now - started < seconds:
+                        probe += 1
+                        conn.execute("INSERT INTO probe (id) VALUES (%s)", (probe,))
+                        committed[probe] = time.monotonic()
+                        next_probe += 1.0
+                    waiting = sorted(committed.keys() - latency.keys())
+                    if waiting:
+                        seen = seen_ids(waiting[0])
+                        at = time.monotonic()
+                        for p in waiting:
+                            if p in seen:
+                                latency[p] = at - committed[p]
+                    if time.monotonic() - started > seconds + 300:
+                        raise RuntimeError("probes not visible 300 s after the load ended")
+                    time.sleep(0.2)
+                out, _ = bench.communicate(timeout=120)
+        finally:
+            follower.send_signal(signal.SIGTERM)
+            try:
+                follower.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                follower.kill()
+            log.close()
+        tps = next((line for line in out.splitlines() if line.startswith("tps")), "tps ?")
+        values = sorted(latency.values())
+        p95 = statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
+        p50 = statistics.median(values)
+        print(f"  pgbench -R {rate}: {tps.strip()}; {len(values)} probes; latency median {p50:.1f}s p95 {p95:.1f}s")
+        record(
+            Figure(
+                "P4",
+                f"follow freshness p95, pgbench -R {rate}, interval {interval:g}s",
+                p95,
+                "s",
+                goal="<= 10 s",
+                met=p95 <= 10,
+                extra={"median_s": p50, "probes": len(values), "pgbench": tps.strip()},
+            )
+        )
+
+
+if __name__ == "__main__":
+    run()
