@@ -168,6 +168,10 @@ class SparkSettings(BaseModel):
 
     master: str = "local[2]"
     shuffle_partitions: int = 4
+    # Tables loaded and merged at once (driver threads, each with its own Spark jobs and commit).
+    # A small table's load or merge is mostly job scheduling and commit latency, so a cycle over
+    # several changed tables overlaps them; 1 processes tables one after another.
+    table_threads: int = Field(default=4, ge=1, le=64)
     driver_memory: str = "2g"
     # Extra jars (comma-separated paths or URLs, or a JSON list): S3A / AWS SDK jars for a warehouse
     # on s3:// where the platform does not provide them ('make s3a-jars' fetches them into .state/jars).

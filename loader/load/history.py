@@ -42,7 +42,7 @@ from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, reject
 from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition
 from loader.names import lake_column
-from loader.progress import bar
+from loader.progress import each_table
 from loader.tables import (
     HISTORY_METADATA,
     PROP_DROPPED_COLUMNS,
@@ -81,6 +81,15 @@ class LoadResult:
     retired_columns: list[str] = field(default_factory=list)
     gap: str | None = None  # the batch stopped before a file whose transaction's beginning is missing
     erased_dropped: int = 0  # changes of erased subjects not loaded (see loader.erase)
+
+    def absorb(self, part: LoadResult) -> None:
+        """Add one table's results (see each_table)."""
+        self.rows_per_table.update(part.rows_per_table)
+        self.duplicates_skipped += part.duplicates_skipped
+        self.rejects += part.rejects
+        self.parked.update(part.parked)
+        self.retired_columns.extend(part.retired_columns)
+        self.erased_dropped += part.erased_dropped
 
     def summary(self) -> str:
         gap = f"\n  waiting: {self.gap}" if self.gap else ""
@@ -253,15 +262,21 @@ class HistoryLoad:
                 )
                 for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
                     tables.setdefault(t, ([], []))
-                for table in bar(len(tables), "load", "tables", iterable=sorted(tables)):
+
+                def load_one(table: SourceTable) -> LoadResult:
                     columns, pk = tables[table]
                     extra = list(reject_parks.get(table, []))
                     extra += [
                         park_row(d.landing_file, table.schema, table.table, d.commit_lsn, d.ts, d.note)
                         for d in unknown_damage
                     ]
-                    self._load_table(good, table, columns, pk, extra, batch[-1], result)
+                    part = LoadResult()  # per table: tables load in parallel threads
+                    self._load_table(good, table, columns, pk, extra, batch[-1], part)
                     checkpoint("load-after-table")
+                    return part
+
+                for part in each_table(sorted(tables), load_one, self.settings.spark.table_threads, "load"):
+                    result.absorb(part)
                 ledger_rows = self._ledger_rows(decoded, batch)
             result.files = [f.name for f in batch]
             if not ledger:

@@ -38,7 +38,7 @@ from loader.lsn import ChangePosition, position_after_sql, position_before_sql
 from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
 from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql
 from loader.names import lake_column
-from loader.progress import bar
+from loader.progress import each_table
 from loader.tables import (
     CURRENT_METADATA,
     PROP_LAST_POSITION,
@@ -200,8 +200,9 @@ class CurrentMerge:
             loaded = self._loaded_through()
             result = MergeResult()
             selected = [t for t in history_tables(self.spark, self.names) if not tables or t.qualified in tables]
-            for table in bar(len(selected), "merge", "tables", iterable=selected):
-                result.tables.append(self.merge_table(table, loaded))
+            result.tables.extend(
+                each_table(selected, lambda t: self.merge_table(t, loaded), self.settings.spark.table_threads, "merge")
+            )
             return result
 
     def rebuild(self, qualified: str, upto: ChangePosition | None = None) -> TableMerge:
