@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from loader.capture.landing import LandingFile, open_landing
@@ -38,7 +39,7 @@ def _two_tables(settings: LoaderSettings) -> list[Txn]:
     other = Txn(commit_lsn=0x100000)
     for k in range(3):
         change(other, "I", {"id": k, "a": "x", "b": k})
-    other.changes = [c.__class__(**{**c.__dict__, "table": "other"}) for c in other.changes]
+    other.changes = [msgspec.structs.replace(c, table="other") for c in other.changes]
     return [*txns, other]
 
 
