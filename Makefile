@@ -73,7 +73,7 @@ soak: deps venv
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_SOAK=1 LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/test_soak.py
 
-# S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package; see PLATFORM.md):
+# S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package, and not on PyPI as jars):
 # taken from the PyPI sdist sagemaker-pyspark==1.4.5. Point LOADER_SPARK__EXTRA_JARS at them.
 S3A_JARS_DIR := .state/jars
 S3A_JARS := $(S3A_JARS_DIR)/hadoop-aws-3.3.1.jar $(S3A_JARS_DIR)/aws-java-sdk-bundle-1.11.901.jar

@@ -2,7 +2,7 @@
 
 Measures encode and decode time and file size for the same ChangeRecords, in-process, no database.
 Decoding is what Spark executors do per landing file (mapInArrow), so decode speed matters most;
-Spark here has no Avro reader (PLATFORM.md), so Avro would be decoded by fastavro in executors too.
+pyspark's package has no Avro reader (spark-avro is a separate jar), so Avro would be decoded by fastavro in executors too.
 
     python -m bench.capture_format           # 200,000 changes
 """

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -756,11 +755,6 @@ def sql_server(ctx: Context, port: int | None, host: str | None, background: boo
         click.echo(f"log: {server.log_path}; stop with 'loader sql-server --stop --port {settings.sql_server.port}'")
         return
     sys.exit(sqlserver.run_foreground(settings, echo=click.echo))
-
-
-def _timed(label: str) -> Callable[[], None]:
-    t = time.monotonic()
-    return lambda: click.echo(f"{label}: {time.monotonic() - t:.1f}s")
 
 
 if __name__ == "__main__":

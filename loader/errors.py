@@ -63,21 +63,9 @@ class SlotLostError(SlotMissingError):
     """The replication slot was dropped, invalidated or consumed by someone else: changes were not captured."""
 
 
-class TablesParked(LoaderError):
-    """The run finished, but some tables are parked: their current tables wait for a resync."""
-
-
 class DecodeError(TerminalError):
     """A change record could not be decoded."""
 
 
-class SchemaEvolutionError(TerminalError):
-    """A source schema change cannot be applied to the Iceberg table automatically."""
-
-
 class CatalogError(TerminalError):
     """The Iceberg catalog could not be reached or holds something unexpected."""
-
-
-class RejectsWritten(LoaderError):
-    """The run finished but quarantined some changes in the rejects table."""

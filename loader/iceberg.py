@@ -14,7 +14,7 @@ a watermark never moves back, and losing both only makes a re-run replay an idem
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -169,3 +169,32 @@ def with_commit_properties(spark: SparkSession, properties: dict[str, str], fn: 
         raise
     if callable_.error is not None:
         raise callable_.error
+
+
+def create_source_table(
+    spark: SparkSession,
+    ident: str,
+    pg_types: dict[str, str],
+    metadata: Sequence[tuple[str, str]],
+    properties: dict[str, str],
+    partition: str,
+    order: str,
+) -> None:
+    """Create a history or current table of one source table: its columns (lake names, lossless
+    types), the loader's metadata columns, its properties (source name, key, PostgreSQL types),
+    partitioning and write order."""
+    import json
+
+    from loader.load.typemap import quote_ident, spark_type, sql_string
+    from loader.names import lake_column
+    from loader.tables import PROP_PG_TYPES
+
+    columns = [f"{quote_ident(lake_column(n))} {spark_type(t).sql}" for n, t in pg_types.items()]
+    columns += [f"{n} {t}" for n, t in metadata]
+    props = {**properties, PROP_PG_TYPES: json.dumps(pg_types)}
+    prop_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {ident} ({', '.join(columns)}) USING iceberg "
+        f"PARTITIONED BY ({partition}) TBLPROPERTIES ({prop_sql})"
+    )
+    spark.sql(f"ALTER TABLE {ident} WRITE LOCALLY ORDERED BY {order}")

@@ -8,7 +8,6 @@ settings with ``loader spark-conf`` (it prints the ``--jars``/``--conf`` for spa
 
 from __future__ import annotations
 
-import glob
 import importlib.resources
 import os
 from pathlib import Path
@@ -262,7 +261,3 @@ def _python() -> str:
     import sys
 
     return sys.executable
-
-
-def find_jars(pattern: str) -> list[str]:
-    return sorted(glob.glob(pattern))

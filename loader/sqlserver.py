@@ -1,7 +1,7 @@
 """``loader sql-server``: the Spark Thrift Server (HiveServer2 protocol: JDBC/ODBC) on the loader's catalog.
 
-The server ships in the pyspark package and is started with its ``spark-submit``. Two traps (see
-PLATFORM notes): the Iceberg runtime and the catalog's JDBC driver go on the driver's system
+The server ships in the pyspark package and is started with its ``spark-submit``. Two traps, both
+verified with pyspark 3.5 and Iceberg 1.10: the Iceberg runtime and the catalog's JDBC driver go on the driver's system
 classpath (``--driver-class-path``), not ``--jars``, or Hive client sessions cannot load Iceberg's
 JDBC catalog classes; and clients run ``USE default`` on connect, so the ``default`` namespace must
 exist in the Iceberg catalog, which is the default catalog. Port and bind host are Hive settings

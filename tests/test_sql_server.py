@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,21 @@ def test_thrift_server_query_and_dbt_build(env: Env, tmp_path: Path, monkeypatch
         cur.execute(f"SELECT count(*) FROM t_{env.uid}.public__accounts__from_history")
         assert cur.fetchone()[0] == count
         conn.close()
+        # The README's beeline command, as written (SPARK_HOME set first: beeline's launcher would
+        # otherwise look for Spark with whatever python3 is on the PATH).
+        command = (
+            "export SPARK_HOME=$(.venv/bin/python -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')"
+            f' && "$SPARK_HOME/bin/beeline" -u jdbc:hive2://127.0.0.1:{port}/default -n loader'
+            f" -e 'SELECT count(*) FROM {c.current_namespace}.public__accounts'"
+        )
+        out = subprocess.run(
+            ["bash", "-c", command.replace(".venv/bin/python", sys.executable)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        )
+        assert out.returncode == 0 and f"| {count} " in out.stdout, out.stdout + out.stderr
     finally:
         server.stop()
     assert server.process.poll() is not None

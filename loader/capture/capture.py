@@ -163,7 +163,7 @@ class Capture:
         self.options: tuple[str, ...] = WAL2JSON_OPTIONS  # extended in run() by what the plugin supports
         self.keys: KeyLookup | None = None
         self.facts: dict[str, TableFacts] = {}
-        self._keys_of: dict[int, tuple[Any, list[str]]] = {}  # id(table info) -> (info, its key)
+        self._keys_of: dict[str, tuple[Any, Any, list[str]]] = {}  # table -> (facts or info, info, key)
         self.roots: dict[str, str] = {}  # leaf partition -> partitioned table (source.partitions = root)
         self._not_partitions: set[str] = set()
         # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
@@ -536,27 +536,25 @@ class Capture:
         self._drain(writer, result)
 
     def _drain(self, writer: LandingWriter, result: CaptureResult) -> None:
-        while writer.published:
-            name = writer.published.pop(0)
-            result.files.append(name)
-            checkpoint("capture-after-publish")
-            if self.on_published is not None:
-                self.on_published(name)
+        writer.drain(result.files, "capture-after-publish", self.on_published)
 
     def _complete_key(self, rec: ChangeRecord, result: CaptureResult) -> None:
         """The downstream key of the record's table: its replica identity, when it carries
         updates and deletes (else none: the table gets history only)."""
         if rec.op in ("T", "X"):
             return
-        facts = self.facts.get(rec.qualified_table)
-        info = facts.info if facts is not None else (self.keys.info(rec.schema, rec.table) if self.keys else None)
-        if info is None:
+        qualified = rec.qualified_table
+        facts = self.facts.get(qualified)
+        origin: Any = facts if facts is not None else (self.keys.info(rec.schema, rec.table) if self.keys else None)
+        if origin is None:
             return  # dropped since: the stream's own key is all we have
-        cached = self._keys_of.get(id(info))
-        if cached is None or cached[0] is not info:
-            cached = self._keys_of[id(info)] = (info, list(info.key))  # info is immutable: compute once
-        rec.pk = cached[1]
-        if not cached[1]:
+        cached = self._keys_of.get(qualified)
+        if cached is None or cached[0] is not origin:
+            # Once per table (and again when its catalog facts are re-read): both are immutable.
+            info = facts.info if facts is not None else origin
+            cached = self._keys_of[qualified] = (origin, info, list(info.key))
+        _, info, rec.pk = cached
+        if not rec.pk:
             table_info = SourceTableInfo(
                 rec.schema, rec.table, info.replica_identity, info.primary_key, info.identity_index_columns
             )

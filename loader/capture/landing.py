@@ -22,7 +22,7 @@ import os
 import re
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 from loader.capture.records import COMMIT, ChangeRecord, FileHeader
 from loader.config import LoaderSettings, secret_text
 from loader.errors import LandingError
+from loader.faults import checkpoint
 from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
 
@@ -367,9 +368,15 @@ class LandingWriter:
         ):
             self.close_file()
 
-    @property
-    def open_changes(self) -> int:
-        return self._count if self._gz is not None else 0
+    def drain(self, into: list[str], point: str, on_published: Callable[[str], None] | None) -> None:
+        """Hand the files published so far to ``into`` (and ``on_published``), each after the
+        fault-injection checkpoint ``point``."""
+        while self.published:
+            name = self.published.pop(0)
+            into.append(name)
+            checkpoint(point)
+            if on_published is not None:
+                on_published(name)
 
     def close_file(self) -> str | None:
         """Publish the open file, if any; returns its name."""

@@ -188,19 +188,14 @@ class _CommitLine(msgspec.Struct):
     ts: str
 
 
-class _LandingLine(msgspec.Struct):
-    """A change or control record's landing line (schemas/landing-change.v1.json), in field order.
+class _LandingLine(_CommitLine):
+    """A change or control record's landing line (schemas/landing-change.v1.json), in field order:
+    the commit marker's fields, then these.
 
     Decoding is strict about types (an integer field given as text, a value that is a number) and
     lenient about what may be absent, like the field-by-field decoder it fronts.
     """
 
-    v: int
-    op: str
-    lsn: int
-    seq: int
-    xid: int
-    ts: str
     change_lsn: int = 0
     schema: str = ""
     table: str = ""

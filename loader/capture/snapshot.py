@@ -418,11 +418,4 @@ class Snapshot:
         return keep_seq
 
     def _drain(self, writer: LandingWriter, result: SnapshotResult) -> None:
-        from loader.faults import checkpoint
-
-        while writer.published:
-            name = writer.published.pop(0)
-            result.files.append(name)
-            checkpoint("snapshot-after-publish")
-            if self.on_published is not None:
-                self.on_published(name)
+        writer.drain(result.files, "snapshot-after-publish", self.on_published)

@@ -18,7 +18,8 @@ from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.errors import DecodeError
 from loader.lsn import parse_lsn
 
-# Options passed to pg_logical_slot_peek_changes; see PLATFORM.md and wal2json's README.
+# Options passed to pg_logical_slot_peek_changes (wal2json's README): format 2 with positions, xids,
+# commit timestamps, types and keys.
 WAL2JSON_OPTIONS: tuple[str, ...] = (
     "format-version",
     "2",

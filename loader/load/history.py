@@ -29,6 +29,7 @@ from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.faults import checkpoint
 from loader.iceberg import (
+    create_source_table,
     ensure_loader_tables,
     iceberg_table,
     table_exists,
@@ -358,20 +359,10 @@ class HistoryLoad:
         ident = self.names.history(table)
         if not table_exists(self.spark, ident):
             pg_types = dict(columns)
-            col_ddl = ", ".join(f"{quote_ident(lake_column(n))} {spark_type(t).sql}" for n, t in columns)
-            meta_ddl = ", ".join(f"{n} {t}" for n, t in HISTORY_METADATA)
-            props = {
-                **HISTORY_TABLE_PROPERTIES,
-                PROP_SOURCE_TABLE: table.qualified,
-                PROP_PRIMARY_KEY: json.dumps(pk),
-                PROP_PG_TYPES: json.dumps(pg_types),
-            }
-            prop_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
-            self.spark.sql(
-                f"CREATE TABLE IF NOT EXISTS {ident} ({col_ddl}{', ' if col_ddl else ''}{meta_ddl}) USING iceberg "
-                f"PARTITIONED BY (days(pg_txn_timestamp)) TBLPROPERTIES ({prop_sql})"
+            props = {**HISTORY_TABLE_PROPERTIES, PROP_SOURCE_TABLE: table.qualified, PROP_PRIMARY_KEY: json.dumps(pk)}
+            create_source_table(
+                self.spark, ident, pg_types, HISTORY_METADATA, props, "days(pg_txn_timestamp)", "pg_lsn, pg_seq"
             )
-            self.spark.sql(f"ALTER TABLE {ident} WRITE LOCALLY ORDERED BY pg_lsn, pg_seq")
             return [HistoryColumn(n, t) for n, t in pg_types.items()], []
         props = table_properties(self.spark, ident)
         existing: dict[str, str] = json.loads(props.get(PROP_PG_TYPES, "{}"))

@@ -22,6 +22,7 @@ from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError
 from loader.faults import checkpoint
 from loader.iceberg import (
+    create_source_table,
     current_snapshot_id,
     ensure_loader_tables,
     iceberg_table,
@@ -450,21 +451,16 @@ class CurrentMerge:
     def _ensure_current(self, table: SourceTable, cur: str, pk: list[str], pg_types: dict[str, str]) -> None:
         """Create or evolve the current table; ``pk`` and ``pg_types`` by source names, as history keeps them."""
         if not table_exists(self.spark, cur):
-            cols = ", ".join(f"{col(lake_column(n))} {spark_type(t).sql}" for n, t in pg_types.items())
-            meta = ", ".join(f"{n} {t}" for n, t in CURRENT_METADATA)
-            props = {
-                **CURRENT_TABLE_PROPERTIES,
-                PROP_SOURCE_TABLE: table.qualified,
-                PROP_PRIMARY_KEY: json.dumps(pk),
-                PROP_PG_TYPES: json.dumps(pg_types),
-            }
-            prop_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
-            buckets = self.settings.merge.key_buckets
-            self.spark.sql(
-                f"CREATE TABLE IF NOT EXISTS {cur} ({cols}, {meta}) USING iceberg "
-                f"PARTITIONED BY (bucket({buckets}, {col(lake_column(pk[0]))})) TBLPROPERTIES ({prop_sql})"
+            props = {**CURRENT_TABLE_PROPERTIES, PROP_SOURCE_TABLE: table.qualified, PROP_PRIMARY_KEY: json.dumps(pk)}
+            create_source_table(
+                self.spark,
+                cur,
+                pg_types,
+                CURRENT_METADATA,
+                props,
+                f"bucket({self.settings.merge.key_buckets}, {col(lake_column(pk[0]))})",
+                ", ".join(col(lake_column(k)) for k in pk),
             )
-            self.spark.sql(f"ALTER TABLE {cur} WRITE LOCALLY ORDERED BY {', '.join(col(lake_column(k)) for k in pk)}")
             return
         have: dict[str, str] = json.loads(table_properties(self.spark, cur).get(PROP_PG_TYPES, "{}"))
         if have == pg_types:
