@@ -39,6 +39,7 @@ def _env(settings: object, interval: float) -> dict[str, str]:
             "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
             "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
             "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
             "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
             "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
             "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
