@@ -3,7 +3,8 @@
 Each module's figures go to ``bench/out/<module>.json``; at the end they are printed as one table
 (figure, ceiling or rival from the same run, ratio, goal), gathered in ``bench/out/results.json``
 and drawn as ``bench/out/*.png``. ``BENCH_ONLY=p1,p3`` selects modules by name prefix; sizes and
-repeats are set by the environment variables each module documents.
+repeats are set by the environment variables each module documents. ``python -m bench --report``
+prints the table and redraws the plots from the figures saved by earlier runs (all modules).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def main() -> int:
     from bench import report
     from bench.common import OUT, gather
 
+    if "--report" in sys.argv[1:]:  # the table again from the saved figures of every module
+        gather(MODULES)
+        report.finish()
+        return 0
     root = Path(__file__).resolve().parents[1]
     failed = []
     chosen = modules()

@@ -52,7 +52,8 @@ def _rows_sql(first: int, count: int, keys: int, new_keys_from: int, seed: int, 
                1000 + i AS pg_lsn, CAST(1 AS BIGINT) AS pg_seq, i AS pg_txn_id, op AS pg_operation,
                timestamp_seconds({TS0} + i DIV 200) AS pg_txn_timestamp, 1000 + i AS pg_change_lsn,
                IF(op = 'insert', NULL, to_json(map('id', CAST(k AS STRING)))) AS pg_old_key,
-               CAST(array() AS ARRAY<STRING>) AS pg_absent_columns, 'bench' AS pg_landing_file
+               CAST(array() AS ARRAY<STRING>) AS pg_absent_columns, 'bench' AS pg_landing_file,
+               CAST(NULL AS STRING) AS pg_note
         FROM (SELECT i, r, op, {key} AS k FROM (
             SELECT id AS i, r, {op} AS op FROM (SELECT id, rand({seed}) AS r FROM range({first}, {first + count}))))"""
 
@@ -63,7 +64,7 @@ def _append(spark: Any, ident: str, sql: str) -> None:
 
 def run() -> None:
     from loader.iceberg import ensure_loader_tables
-    from loader.load.history import HistoryLoad
+    from loader.load.history import HistoryLoad, LoadResult
     from loader.merge.current import CurrentMerge
     from loader.merge.sql import full_recompute_sql
     from loader.spark import get_spark
@@ -81,7 +82,8 @@ def run() -> None:
             names = TableNames(settings)
             ensure_loader_tables(spark, names)
             table = SourceTable("public", "bench")
-            HistoryLoad(spark, settings)._ensure_history_table(table, COLUMNS, ["id"])
+            # A new table: creation reads neither the rows nor the result.
+            HistoryLoad(spark, settings)._ensure_history_table(table, COLUMNS, ["id"], None, LoadResult())  # type: ignore[arg-type]
             hist = names.history(table)
             keys = max(1, n // 10)
             appends = 8  # the base history in several appends, like successive loads
