@@ -123,7 +123,7 @@ def _fast_columns(items: list[_FastColumn] | None) -> list[Column] | None:
                 value = str(value)
             else:
                 return None  # JSON objects/arrays, a possible -0: decode the row exactly
-        elif value is not None and c.type == "bytea" and not value.startswith("\\x"):
+        if value is not None and c.type == "bytea" and not value.startswith("\\x"):
             value = "\\x" + value
         out.append(Column(c.name, c.type, value))
     return out
