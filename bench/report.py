@@ -12,7 +12,7 @@ def table() -> str:
     lines = [head, "-" * len(head)]
     for f in FIGURES:
         rival = f"{f.rival:,.2f}" if f.rival is not None else "-"
-        ratio = f"{f.ratio:.2f}" if f.ratio is not None else "-"
+        ratio = f"{f.ratio:.3g}" if f.ratio is not None else "-"
         met = "-" if f.met is None else ("yes" if f.met else "NO")
         lines.append(
             f"{f.id:4} {f.what[:46]:<46} {f'{f.value:,.2f} {f.unit}':>18} {rival:>18} {ratio:>7}  {f.goal[:22]:<22} {met}"
