@@ -119,10 +119,13 @@ class Maintenance:
             rep.removed_delete_files = int(_field(row[0], "removed_delete_files_count", 0))
         self.spark.sql(f"CALL {call}.rewrite_manifests(table => {target})").collect()
         if expire:
-            # Measured at the call: this run's own rewrite commits count as they should.
+            # Measured at the call: this run's own rewrite commits count as they should. Microseconds
+            # matter: cut to the second, a retention of 0 kept every snapshot of the last second
+            # (this run's rewrite commits), found by the soak test.
             older = datetime.now(UTC) - timedelta(hours=m.snapshot_retention_hours)
             row = self.spark.sql(
-                f"CALL {call}.expire_snapshots(table => {target}, older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S}', "
+                f"CALL {call}.expire_snapshots(table => {target}, "
+                f"older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S.%f}', "
                 f"retain_last => {int(m.retain_last)})"
             ).collect()
             if row:
