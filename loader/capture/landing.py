@@ -314,8 +314,8 @@ def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingSto
     return store
 
 
-# gzip level of landing files: level 1 compresses several times faster than 6 and the files are
-# about a quarter bigger (bench.capture_format measures both); capture's CPU is the bottleneck.
+# gzip level of landing files: level 1 compresses about twice as fast as 6 and the files are about a
+# third bigger (bench.capture_format measures both); capture's CPU is its bottleneck.
 GZIP_LEVEL = 1
 
 
