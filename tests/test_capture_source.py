@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,6 +141,26 @@ def test_slot_held_by_another_process_is_refused(src: Src) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_capture_waits_out_a_lock_its_previous_run_leaves_behind(src: Src) -> None:
+    # A run that just ended (or was killed) holds its session lock until its server backend exits,
+    # which happens after the client is gone: the next scheduled run must wait that out, not fail.
+    src.sql("CREATE TABLE t (id int primary key)")
+    src.capture()
+    src.sql("INSERT INTO t VALUES (1)")
+    other = slots.connect(src.settings.source.dsn)
+    slots.capture_lock(other, src.settings.source.slot)
+    timer = threading.Timer(1.0, other.close)
+    timer.start()
+    try:
+        assert src.capture().changes == 1
+    finally:
+        timer.cancel()
+        other.close()
+    # A run that ends normally gives the lock back before it returns: an immediate take succeeds.
+    with slots.connect(src.settings.source.dsn) as conn:
+        slots.capture_lock(conn, src.settings.source.slot, grace=0)
 
 
 def test_slot_info_reports_retained_wal_and_lag(src: Src) -> None:

@@ -180,10 +180,9 @@ class Capture:
         """
         src = self.settings.source
         result = CaptureResult()
-        with slots.connect(src.conninfo()) as conn:
+        with slots.connect(src.conninfo()) as conn, slots.owning(conn, src.slot, held=locked):
             slots.check_wal_level(conn)
             if not locked:
-                slots.capture_lock(conn, src.slot)
                 checkpoint("capture-locked")
                 self._finish_unfinished_snapshot()
             landing_files = self.store.files()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,16 +227,29 @@ class ExportedSnapshot:
         self.close()
 
 
-def capture_lock(conn: psycopg.Connection, slot: str) -> None:
+#: How long a capture or snapshot waits for the slot's capture lock. A loader process that has
+#: just ended (or was killed) releases its session lock only when its server backend exits, which
+#: PostgreSQL does asynchronously after the client is gone; the next scheduled run must not fail
+#: on that window. A live holder keeps the lock past the grace and is reported.
+CAPTURE_LOCK_GRACE_S = 5.0
+
+
+def capture_lock(conn: psycopg.Connection, slot: str, grace: float = CAPTURE_LOCK_GRACE_S) -> None:
     """Take the session-level advisory lock that makes one loader process own ``slot``.
 
     SQL-level decoding marks the slot active only during each call, so two capture or snapshot
-    processes could interleave; this lock serialises them for the connection's lifetime.
+    processes could interleave; this lock serialises them for the connection's lifetime (or until
+    :func:`release_capture_lock`).
     """
     key = _lock_key(conn, slot)
-    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-    if row and row[0]:
-        return
+    deadline = time.monotonic() + grace
+    while True:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        if row and row[0]:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     holder = conn.execute(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
         " AND classid = ((%s::bigint >> 32) & 4294967295)::oid AND objid = (%s::bigint & 4294967295)::oid",
@@ -243,6 +259,29 @@ def capture_lock(conn: psycopg.Connection, slot: str) -> None:
         f"replication slot {slot!r} is held by another loader process (pid {holder[0] if holder else '?'})",
         hint="another capture or snapshot is running; wait for it or stop that process",
     )
+
+
+@contextmanager
+def owning(conn: psycopg.Connection, slot: str, *, held: bool = False) -> Iterator[None]:
+    """Hold the slot's capture lock on ``conn`` for the block (``held``: the caller already does)."""
+    if held:
+        yield
+        return
+    capture_lock(conn, slot)
+    try:
+        yield
+    finally:
+        release_capture_lock(conn, slot)
+
+
+def release_capture_lock(conn: psycopg.Connection, slot: str) -> None:
+    """Give the capture lock back at once, not when the backend exits after ``conn`` closes."""
+    if conn.closed or conn.broken:
+        return  # the session is gone, and its lock with it
+    try:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(conn, slot),))
+    except psycopg.Error:
+        pass  # same: a failed session holds nothing once its backend ends
 
 
 def _lock_key(conn: psycopg.Connection, slot: str) -> int:

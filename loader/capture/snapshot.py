@@ -104,10 +104,8 @@ class Snapshot:
         """``locked``: the caller (a capture run) already holds the slot's capture lock."""
         src = self.settings.source
         result = SnapshotResult()
-        with slots.connect(src.conninfo()) as conn:
+        with slots.connect(src.conninfo()) as conn, slots.owning(conn, src.slot, held=locked):
             slots.check_wal_level(conn)
-            if not locked:
-                slots.capture_lock(conn, src.slot)
             state = self.store.read_state(SNAPSHOT_STATE)
             if state is not None and not state.get("done"):
                 return self._resume(state, result)
