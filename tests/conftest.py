@@ -16,9 +16,7 @@ import psycopg
 import pytest
 
 from loader.config import LoaderSettings
-from tests.harness import Env
-
-TEST_PG = os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:55433")
+from tests.harness import ROOT, TEST_PG, Env, create_db
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,26 +38,20 @@ def pg_admin() -> str:
     return dsn
 
 
-def _create_db(admin: str, name: str) -> None:
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-
-
 def s3a_jars() -> list[str]:
     """S3A jars for the one Spark session (jars cannot be added later): LOADER_SPARK__EXTRA_JARS,
     else what 'make s3a-jars' put in .state/jars. Without them the S3 warehouse test skips."""
     configured = os.environ.get("LOADER_SPARK__EXTRA_JARS")
     if configured:
         return [p.strip() for p in configured.strip("[]").replace('"', "").split(",") if p.strip()]
-    jars = Path(__file__).resolve().parent.parent / ".state" / "jars"
+    jars = ROOT / ".state" / "jars"
     return sorted(str(p) for p in jars.glob("*.jar")) if jars.is_dir() else []
 
 
 @pytest.fixture(scope="session")
 def base_settings(pg_admin: str, tmp_path_factory: pytest.TempPathFactory) -> LoaderSettings:
     catalog_db = f"iceberg_test_{os.getpid()}"
-    _create_db(pg_admin, catalog_db)
+    create_db(pg_admin, catalog_db)
     root = tmp_path_factory.mktemp("lake")
     return LoaderSettings(
         source={"dsn": f"{TEST_PG}/postgres", "slot": "unused", "max_changes_per_file": 500},
@@ -84,7 +76,7 @@ def env(pg_admin: str, base_settings: LoaderSettings, spark: Any, tmp_path: Path
     """A fresh source database + slot + landing dir + catalog namespaces for one test."""
     uid = uuid.uuid4().hex[:8]
     db = f"src_{uid}"
-    _create_db(pg_admin, db)
+    create_db(pg_admin, db)
     settings = base_settings.model_copy(
         update={
             "source": base_settings.source.model_copy(update={"dsn": f"{TEST_PG}/{db}", "slot": f"slot_{uid}"}),

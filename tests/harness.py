@@ -1,12 +1,18 @@
-"""Test harness around one isolated pipeline: source SQL, every stage, and the oracles."""
+"""The tests' shared helpers: the test server, ``Env`` (one isolated pipeline: source SQL, every
+stage, the oracles), loader processes to kill, and generated change streams for a lake without a source.
+
+Test modules import helpers from here only (fixtures come from ``conftest.py``), never from each other.
+"""
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,11 +20,40 @@ from typing import Any
 import psycopg
 
 from loader.capture.capture import Capture, CaptureResult
+from loader.capture.landing import LandingWriter, open_landing
+from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.config import LoaderSettings
 from loader.load.history import HistoryLoad, LoadResult
 from loader.merge.current import CurrentMerge, MergeResult
 from loader.tables import SourceTable, TableNames
 from loader.verify import Reconciliation, reconcile
+
+#: The project's root (``schemas/``, ``infra/``, ``dbt_project/``).
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The test PostgreSQL server (with wal2json); ``make test`` starts it and sets this.
+TEST_PG = os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:55433")
+
+
+def create_db(admin: str, name: str) -> None:
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+
+
+def assert_frames_equal(actual: Any, expected: Any) -> None:
+    """``pyspark.testing.assertDataFrameEqual``: same schema and rows, in any order, with a row diff.
+
+    ``expected`` is a DataFrame or a list of Rows (a state collected earlier).
+    """
+    import numpy as np
+
+    if not hasattr(np, "NaN"):
+        # pyspark.testing imports PySpark 3.5's pandas API, which still spells numpy 1's np.NaN.
+        np.NaN = np.nan  # type: ignore[attr-defined]
+    from pyspark.testing import assertDataFrameEqual
+
+    assertDataFrameEqual(actual, expected)
 
 
 @dataclass
@@ -188,3 +223,127 @@ def return_landing_files(env: Env, held: list[Any]) -> None:
     slot_dir = env.tmp / "landing" / env.settings.source.slot
     for f in held:
         shutil.move(env.tmp / f.name, slot_dir / f.name)
+
+
+# --- a lake without a source: generated change streams (property and exactly-once tests) ---------
+
+TABLE = SourceTable("public", "acct")
+TS = "2024-05-01 10:00:00+00"
+
+
+def lake_settings(base: LoaderSettings, root: Path) -> LoaderSettings:
+    """Fresh landing dir and catalog namespaces on the shared test catalog (no source database)."""
+    uid = uuid.uuid4().hex[:8]
+    return base.model_copy(
+        update={
+            "source": base.source.model_copy(update={"slot": f"prop_{uid}"}),
+            "landing": base.landing.model_copy(update={"url": (root / uid).as_uri()}),
+            "catalog": base.catalog.model_copy(
+                update={
+                    "history_namespace": f"h_{uid}",
+                    "current_namespace": f"c_{uid}",
+                    "loader_namespace": f"l_{uid}",
+                }
+            ),
+        }
+    )
+
+
+@dataclass
+class Txn:
+    commit_lsn: int
+    changes: list[ChangeRecord] = field(default_factory=list)
+
+    def records(self) -> list[ChangeRecord]:
+        commit = ChangeRecord(
+            op=COMMIT, commit_lsn=self.commit_lsn, seq=len(self.changes) + 1, xid=self.commit_lsn, ts=TS
+        )
+        return [*self.changes, commit]
+
+
+def change(txn: Txn, op: str, cols: dict[str, Any] | None, old_id: int | None = None) -> None:
+    """Append one change; ``cols`` maps name -> value, a missing 'a' on an update = unchanged TOAST."""
+    types = {"id": "integer", "a": "text", "b": "bigint"}
+    columns = [Column(n, types[n], None if v is None else str(v)) for n, v in (cols or {}).items()]
+    identity = [Column("id", "integer", str(old_id))] if old_id is not None else []
+    seq = len(txn.changes) + 1
+    txn.changes.append(
+        ChangeRecord(
+            op=op,
+            commit_lsn=txn.commit_lsn,
+            seq=seq,
+            xid=txn.commit_lsn,
+            ts=TS,
+            schema=TABLE.schema,
+            table=TABLE.table,
+            change_lsn=txn.commit_lsn - 100 + seq,
+            columns=columns,
+            identity=identity,
+            pk=["id"],
+        )
+    )
+
+
+def generate(
+    rnd: random.Random, n_txns: int, keys: int = 4
+) -> tuple[list[Txn], dict[int, tuple[str | None, int | None]]]:
+    """Random transactions over a few keys, and the model state after applying them in order."""
+    model: dict[int, tuple[str | None, int | None]] = {}
+    txns = []
+    for t in range(n_txns):
+        txn = Txn(commit_lsn=0x1000 * (t + 1))
+        for _ in range(rnd.randint(1, 3)):
+            live = sorted(model)
+            free = [k for k in range(1, keys + 1) if k not in model]
+            kind = rnd.choice(["insert", "update", "update", "delete", "keychange"])
+            if kind == "insert" or not live:
+                if not free:
+                    continue
+                k = rnd.choice(free)
+                a = rnd.choice([None, f"text-{rnd.randint(0, 99)}"])
+                b = rnd.choice([None, rnd.randint(-5, 5)])
+                change(txn, "I", {"id": k, "a": a, "b": b})
+                model[k] = (a, b)
+            elif kind == "delete":
+                k = rnd.choice(live)
+                change(txn, "D", None, old_id=k)
+                del model[k]
+            else:
+                k = rnd.choice(live)
+                new_k = rnd.choice(free) if kind == "keychange" and free else k
+                a_old, _ = model.pop(k)
+                b = rnd.choice([None, rnd.randint(-5, 5)])
+                cols: dict[str, Any] = {"id": new_k, "b": b}
+                if rnd.random() < 0.5:  # TOASTed value left unchanged: not sent
+                    a = a_old
+                else:
+                    a = rnd.choice([None, f"upd-{rnd.randint(0, 99)}"])
+                    cols["a"] = a
+                change(txn, "U", cols, old_id=k)
+                model[new_k] = (a, b)
+        if txn.changes:
+            txns.append(txn)
+    return txns, model
+
+
+def write_files(settings: LoaderSettings, txns: list[Txn], max_changes: int) -> list[str]:
+    writer = LandingWriter(open_landing(settings), max_changes=max_changes)
+    for txn in txns:
+        for rec in txn.records():
+            writer.write(rec)
+    writer.close_file()
+    return writer.published
+
+
+def current_rows(spark: Any, settings: LoaderSettings) -> dict[int, tuple[str | None, int | None]]:
+    rows = spark.table(TableNames(settings).current(TABLE)).collect()
+    return {r["id"]: (r["a"], r["b"]) for r in rows}
+
+
+def history_positions(spark: Any, settings: LoaderSettings) -> list[tuple[int, int]]:
+    return [(r[0], r[1]) for r in spark.table(TableNames(settings).history(TABLE)).select("pg_lsn", "pg_seq").collect()]
+
+
+def load_and_merge(spark: Any, settings: LoaderSettings) -> None:
+    HistoryLoad(spark, settings).run()
+    CurrentMerge(spark, settings).run()

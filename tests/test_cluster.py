@@ -19,10 +19,9 @@ import pytest
 
 from loader.sqlserver import spark_home
 from loader.workload import BankWorkload
-from tests.harness import Env, cli_env
+from tests.harness import ROOT, Env, cli_env
 from tests.oracle import assert_history_matches
 
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = {
     "public.customers": ["customer_id"],
     "public.accounts": ["account_id"],

@@ -8,7 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.harness import ROOT
 
 
 def test_wheel_carries_dbt_project_and_schemas(tmp_path: Path) -> None:

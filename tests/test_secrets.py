@@ -17,7 +17,7 @@ from loader.errors import ConfigError, SourceError
 from loader.load.decode import make_decoder
 from loader.spark import executor_environment, spark_conf
 from loader.sqlserver import server_command
-from tests.conftest import TEST_PG, _create_db
+from tests.harness import TEST_PG, create_db
 
 SECRET = "S3cr3t-" + uuid.uuid4().hex[:8]
 
@@ -103,7 +103,7 @@ def test_executor_closures_carry_no_secret() -> None:
 def restricted(pg_admin: str, tmp_path: Path) -> Any:
     uid = uuid.uuid4().hex[:8]
     db, role = f"lp_{uid}", f"cdc_{uid}"
-    _create_db(pg_admin, db)
+    create_db(pg_admin, db)
     with psycopg.connect(f"{TEST_PG}/{db}", autocommit=True) as admin:
         admin.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
         admin.execute("INSERT INTO public.t VALUES (1, 'a')")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
 from loader.tables import SUMMARY_MERGED_THROUGH, SourceTable
-from tests.harness import Env
+from tests.harness import Env, assert_frames_equal
 
 # Random md5 text does not compress: 300 * 32 bytes is stored out of line (TOASTed).
 BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
@@ -109,7 +109,7 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     env.run_all()
     second = _merged(env, "public.t")
     assert second > first
-    state = sorted(env.current("public.t").collect())
+    state = env.current("public.t").collect()
     # Replay the older increment's MERGE (as a late or repeated merge would): the LSN guard
     # keeps every row where it is.
     from loader.merge.sql import key_events_sql, merge_sql, reduce_sql
@@ -122,10 +122,10 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     env.spark.sql(
         merge_sql(env.names.current(SourceTable("public", "t")), "replay_reduced", ["id"], cols, insert_after=watermark)
     )
-    assert sorted(env.current("public.t").collect()) == state
+    assert_frames_equal(env.current("public.t"), state)
     merge = CurrentMerge(env.spark, env.settings)
     merge.merge_table(SourceTable("public", "t"), first.token())
-    assert sorted(env.current("public.t").collect()) == state
+    assert_frames_equal(env.current("public.t"), state)
     assert _merged(env, "public.t") == second, "the watermark moved backwards"
     # Merging twice commits nothing the second time.
     snaps = env.spark.sql(f"SELECT count(*) FROM {env.names.current(SourceTable('public', 't'))}.snapshots").first()[0]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from loader.cli import main
+from tests.harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[2] / "infra" / "scheduling"
+SCHEDULING = ROOT / "infra" / "scheduling"
 
 
 def loader_commands() -> list[tuple[str, list[str]]]:
@@ -25,14 +25,14 @@ def loader_commands() -> list[tuple[str, list[str]]]:
             if words and words[0] == "loader":
                 found.append((origin, words[1:]))
 
-    for line in (ROOT / "crontab.example").read_text().splitlines():
+    for line in (SCHEDULING / "crontab.example").read_text().splitlines():
         if line.strip() and not line.startswith("#") and "=" not in line.split()[0]:
             add("crontab", " ".join(line.split()[5:]))
-    tree = ast.parse((ROOT / "airflow_dag.py").read_text())
+    tree = ast.parse((SCHEDULING / "airflow_dag.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "bash_command" and isinstance(node.value, ast.Constant):
             add("airflow", str(node.value.value))
-    for path in sorted((ROOT / "k8s").glob("*.yaml")):
+    for path in sorted((SCHEDULING / "k8s").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             for container in _containers(doc):
                 cmd, args = container.get("command") or [], container.get("args") or []
@@ -66,6 +66,6 @@ def test_example_commands_parse(origin: str, args: list[str]) -> None:
 
 
 def test_follow_deployment_never_runs_two_followers() -> None:
-    doc = yaml.safe_load((ROOT / "k8s" / "follow-deployment.yaml").read_text())
+    doc = yaml.safe_load((SCHEDULING / "k8s" / "follow-deployment.yaml").read_text())
     assert doc["spec"]["replicas"] == 1 and doc["spec"]["strategy"]["type"] == "Recreate"
     assert doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 120

@@ -26,9 +26,9 @@ from loader.capture.source_tables import list_tables
 from loader.config import LoaderSettings
 from loader.errors import LandingError, SlotBusyError, SlotMissingError
 from loader.lsn import ChangePosition
-from tests.conftest import TEST_PG, _create_db
+from tests.harness import ROOT, TEST_PG, create_db
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "landing-change.v1.json"
+SCHEMA_PATH = ROOT / "schemas" / "landing-change.v1.json"
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Src:
 def src(pg_admin: str, tmp_path: Path) -> Iterator[Src]:
     uid = uuid.uuid4().hex[:8]
     db = f"cap_{uid}"
-    _create_db(pg_admin, db)
+    create_db(pg_admin, db)
     settings = LoaderSettings(
         source={"dsn": f"{TEST_PG}/{db}", "slot": f"cap_{uid}", "max_changes_per_file": 50},
         landing={"url": (tmp_path / "landing").as_uri()},

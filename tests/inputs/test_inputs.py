@@ -31,7 +31,7 @@ from loader.inputs.common import QUARANTINE_STATE, ImportResult
 from loader.inputs.debezium import UNAVAILABLE_VALUE_PLACEHOLDER
 from loader.inputs.importer import import_files
 from loader.load.decode import decode_file
-from tests.harness import Env
+from tests.harness import ROOT, Env
 
 V1_OPTIONS = (
     "format-version",
@@ -259,9 +259,7 @@ def test_every_input_format_lands_the_same_changes_as_capture(env: Env) -> None:
     ref_store = LocalLandingStore(Path(env.settings.landing.url.removeprefix("file://")) / env.settings.source.slot)
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(
-        json.loads((Path(__file__).resolve().parents[1] / "schemas" / "landing-change.v1.json").read_text())
-    )
+    validator = jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "landing-change.v1.json").read_text()))
     reference = [
         (r.op, r.table, [(c.name, c.value) for c in r.columns], [(c.name, c.value) for c in r.identity])
         for r in landed(ref_store)

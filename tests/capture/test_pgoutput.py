@@ -35,7 +35,7 @@ from loader.capture.slot import SESSION_OPTIONS
 from loader.capture.wal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.errors import SourceError
 from loader.lsn import parse_lsn
-from tests.conftest import TEST_PG, _create_db
+from tests.harness import TEST_PG, create_db
 
 # ---------------------------------------------------------------------------------------------------
 # Message builders (PostgreSQL 15 docs, "Logical Replication Message Formats", protocol version 1)
@@ -516,7 +516,7 @@ class Source:
 def source(pg_admin: str) -> Iterator[Source]:
     uid = uuid.uuid4().hex[:8]
     db = f"pgout_{uid}"
-    _create_db(pg_admin, db)
+    create_db(pg_admin, db)
     dsn = f"{TEST_PG}/{db}"
     conn = psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS)
     src = Source(dsn, conn, uid)

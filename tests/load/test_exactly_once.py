@@ -16,7 +16,7 @@ from loader.load.history import HistoryLoad
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
 from loader.tables import SourceTable, TableNames
-from tests.test_properties_merge import (
+from tests.harness import (
     TABLE,
     Txn,
     change,

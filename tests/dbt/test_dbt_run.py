@@ -16,7 +16,7 @@ from loader.config import LoaderSettings
 from loader.dbt import invoke_dbt
 from loader.dbtgen import declared_sources, read_catalog, source_drift
 from loader.workload import BankWorkload
-from tests.harness import Env
+from tests.harness import Env, assert_frames_equal
 from tests.oracle import assert_history_matches
 
 pytestmark = [pytest.mark.integration, pytest.mark.dbt]
@@ -126,7 +126,7 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(
     assert [(r.doc_id, r.is_current, r.ended_by) for r in v2] == [(2, False, "update"), (20, True, None)]
     cols = ["doc_id", "title", "body", "pg_lsn", "pg_seq", "pg_txn_timestamp"]
     recomputed = spark.table(f"{a}.public__docs__from_history").select(*cols)
-    assert sorted(recomputed.collect()) == sorted(env.current("public.docs").select(*cols).collect())
+    assert_frames_equal(recomputed, env.current("public.docs").select(*cols))
     notes = spark.table(f"{a}.public__notes__scd2").orderBy("valid_from_lsn", "valid_from_seq").collect()
     assert [(r.note_id, r.ended_by, r.is_current) for r in notes] == [
         (1, "truncate", False),
