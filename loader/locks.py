@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from loader.config import LoaderSettings
@@ -83,36 +84,69 @@ def _pg_lock(settings: LoaderSettings, stage: str, wait: float) -> Iterator[None
             hint="check LOADER_CATALOG__URI and that its database is reachable",
         ) from exc
     try:
-        row = conn.execute("SELECT hashtextextended(%s, 0)", (name,)).fetchone()
-        assert row is not None
-        key = int(row[0])
-        deadline = time.monotonic() + wait
-        while True:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-            if got and got[0]:
-                break
-            if time.monotonic() >= deadline:
-                holder = conn.execute(
-                    "SELECT a.application_name, a.backend_start FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-                    " AND l.classid = ((%s::bigint >> 32) & 4294967295)::oid AND l.objid = (%s::bigint & 4294967295)::oid",
-                    (key, key),
-                ).fetchone()
-                who = f"{holder[0]} since {holder[1]:%Y-%m-%d %H:%M:%S %Z}" if holder else "another process"
-                raise StageBusyError(
-                    f"another 'loader {stage}' is running on this catalog ({who})",
-                    hint="it finishes on its own; re-run later, or wait for it with LOADER_LOCKS__WAIT_SECONDS",
-                )
-            time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        key = advisory_key(conn, name)
+        if not try_advisory_lock(conn, key, wait):
+            holder = advisory_holder(conn, key)
+            who = (
+                f"{holder[1] or f'pid {holder[0]}'} since {holder[2]:%Y-%m-%d %H:%M:%S %Z}"
+                if holder and holder[2] is not None
+                else "another process"
+            )
+            raise StageBusyError(
+                f"another 'loader {stage}' is running on this catalog ({who})",
+                hint="it finishes on its own; re-run later, or wait for it with LOADER_LOCKS__WAIT_SECONDS",
+            )
         try:
             yield
         finally:
-            try:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-            except psycopg.Error:
-                pass  # the connection is gone, and with it the lock
+            release_advisory_lock(conn, key)
     finally:
         conn.close()
+
+
+# --- PostgreSQL session advisory locks (the stage locks here, the capture lock on the source) ----
+
+
+def advisory_key(conn: Any, name: str) -> int:
+    """The 64-bit advisory lock key of ``name`` (the same in every process and on every server)."""
+    row = conn.execute("SELECT hashtextextended(%s, 0)", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def try_advisory_lock(conn: Any, key: int, wait: float) -> bool:
+    """Take the session lock ``key`` on ``conn``, trying again until ``wait`` seconds have passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        if got and got[0]:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+
+
+def advisory_holder(conn: Any, key: int) -> tuple[int, str, Any] | None:
+    """(pid, application_name, backend_start) of the session holding lock ``key``, if any."""
+    row = conn.execute(
+        "SELECT l.pid, a.application_name, a.backend_start FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid)"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+        " AND l.classid = ((%s::bigint >> 32) & 4294967295)::oid AND l.objid = (%s::bigint & 4294967295)::oid",
+        (key, key),
+    ).fetchone()
+    return (int(row[0]), row[1] or "", row[2]) if row else None
+
+
+def release_advisory_lock(conn: Any, key: int) -> None:
+    """Give lock ``key`` back now, not when the backend exits after the client has gone."""
+    import psycopg
+
+    if conn.closed or conn.broken:
+        return  # the session is gone, and its lock with it
+    try:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    except psycopg.Error:
+        pass  # same: a failed session holds nothing once its backend ends
 
 
 @contextmanager

@@ -8,7 +8,7 @@ lifecycle and landing files stay in ``capture.py`` / ``slot.py`` / ``landing.py`
 The records have the shape :class:`loader.capture.wal2json.Wal2JsonDecoder` gives for the same change
 (positions, xids, commit timestamp text, column names/types/values, identity), so downstream treats
 both alike. Differences from the wal2json path, all verified against a PostgreSQL 15 server in
-``tests/test_capture_pgoutput.py``:
+``tests/capture/test_pgoutput.py``:
 
 - numeric and float ``NaN`` / ``Infinity`` / ``-Infinity`` are kept as text (wal2json 2.5 prints JSON
   null, indistinguishable from SQL NULL).
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from loader.capture.records import COMMIT, ChangeRecord, Column
+from loader.capture.records import ChangeRecord, Column, OpenTransaction
 from loader.errors import SourceError
 from loader.lsn import format_lsn
 
@@ -133,14 +133,6 @@ class Relation:
     table: str
     replica_identity: str
     columns: tuple[RelationColumn, ...]
-
-
-@dataclass
-class _Transaction:
-    xid: int
-    commit_lsn: int
-    ts: str
-    seq: int = 0
 
 
 class _Malformed(Exception):
@@ -235,7 +227,7 @@ class PgOutputDecoder:
         # pgoutput describes each relation once per decoding session (again after a schema change),
         # so descriptions outlive the transaction they arrived in.
         self._relations: dict[int, Relation] = {}
-        self._txn: _Transaction | None = None
+        self._txn: OpenTransaction | None = None
         self.confirm_lsn: int | None = None
         self.messages_skipped = 0
         self.quarantined_outside_transaction = 0
@@ -320,8 +312,8 @@ class PgOutputDecoder:
             old = self._txn
             old.seq += 1
             out.append(self._x_record(old, row_lsn, "transaction ended without a Commit message", r.data, None))
-            out.append(ChangeRecord(op=COMMIT, commit_lsn=old.commit_lsn, seq=old.seq + 1, xid=old.xid, ts=old.ts))
-        self._txn = _Transaction(xid=xid, commit_lsn=final_lsn, ts=format_timestamptz(commit_ts))
+            out.append(old.commit())
+        self._txn = OpenTransaction(xid=xid, commit_lsn=final_lsn, ts=format_timestamptz(commit_ts))
         return out
 
     def _commit(self, r: _Reader, row_lsn: int) -> list[ChangeRecord]:
@@ -350,7 +342,7 @@ class PgOutputDecoder:
                     f"{format_lsn(txn.commit_lsn)}"
                 )
                 out.append(self._x_record(txn, row_lsn, reason, r.data, None))
-        out.append(ChangeRecord(op=COMMIT, commit_lsn=txn.commit_lsn, seq=txn.seq + 1, xid=txn.xid, ts=txn.ts))
+        out.append(txn.commit())
         if end_lsn >= 0:
             self.confirm_lsn = end_lsn
         self._txn = None
@@ -432,20 +424,7 @@ class PgOutputDecoder:
         else:
             identity = _columns(old)
         txn.seq += 1
-        return [
-            ChangeRecord(
-                op=kind,
-                commit_lsn=txn.commit_lsn,
-                seq=txn.seq,
-                xid=txn.xid,
-                ts=txn.ts,
-                schema=rel.schema,
-                table=rel.table,
-                change_lsn=row_lsn,
-                columns=_columns(new),
-                identity=identity,
-            )
-        ]
+        return [txn.record(kind, rel.schema, rel.table, row_lsn, columns=_columns(new), identity=identity)]
 
     def _tuple(self, r: _Reader, rel: Relation, which: str) -> list[_TupleValue | None]:
         ncols = r.int16(f"{which} column count")
@@ -509,18 +488,7 @@ class PgOutputDecoder:
                     )
                 )
                 continue
-            out.append(
-                ChangeRecord(
-                    op="T",
-                    commit_lsn=txn.commit_lsn,
-                    seq=txn.seq,
-                    xid=txn.xid,
-                    ts=txn.ts,
-                    schema=rel.schema,
-                    table=rel.table,
-                    change_lsn=row_lsn,
-                )
-            )
+            out.append(txn.record("T", rel.schema, rel.table, row_lsn))
         return out
 
     # -- quarantine -------------------------------------------------------------------------------
@@ -535,18 +503,9 @@ class PgOutputDecoder:
         return [self._x_record(txn, row_lsn, reason, msg, rel)]
 
     @staticmethod
-    def _x_record(txn: _Transaction, row_lsn: int, reason: str, msg: bytes, rel: Relation | None) -> ChangeRecord:
-        return ChangeRecord(
-            op="X",
-            commit_lsn=txn.commit_lsn,
-            seq=txn.seq,
-            xid=txn.xid,
-            ts=txn.ts,
-            schema=rel.schema if rel else "",
-            table=rel.table if rel else "",
-            change_lsn=row_lsn,
-            reason=reason,
-            raw=msg.hex(),
+    def _x_record(txn: OpenTransaction, row_lsn: int, reason: str, msg: bytes, rel: Relation | None) -> ChangeRecord:
+        return txn.record(
+            "X", rel.schema if rel else "", rel.table if rel else "", row_lsn, reason=reason, raw=msg.hex()
         )
 
 

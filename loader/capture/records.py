@@ -177,6 +177,29 @@ class ChangeRecord(msgspec.Struct):
         )
 
 
+@dataclass
+class OpenTransaction:
+    """A transaction a decoder is reading: its records share the commit position, xid and time.
+
+    ``seq`` counts the records so far (the caller advances it); ``end_lsn`` is where the slot may
+    be confirmed to once the transaction is durable (wal2json's ``nextlsn``; 0 if unknown).
+    """
+
+    xid: int
+    commit_lsn: int
+    ts: str
+    end_lsn: int = 0
+    seq: int = 0
+
+    def record(self, op: str, schema: str = "", table: str = "", change_lsn: int = 0, **fields: Any) -> ChangeRecord:
+        """A record at the current ``seq``."""
+        return ChangeRecord(op, self.commit_lsn, self.seq, self.xid, self.ts, schema, table, change_lsn, **fields)
+
+    def commit(self) -> ChangeRecord:
+        """The commit marker, after every record."""
+        return ChangeRecord(COMMIT, self.commit_lsn, self.seq + 1, self.xid, self.ts)
+
+
 class _CommitLine(msgspec.Struct):
     """A commit marker's landing line (schemas/landing-change.v1.json)."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from loader import locks
 from loader.config import redact
 from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError
 from loader.lsn import format_lsn, parse_lsn
@@ -242,19 +242,9 @@ def capture_lock(conn: psycopg.Connection, slot: str, grace: float = CAPTURE_LOC
     :func:`release_capture_lock`).
     """
     key = _lock_key(conn, slot)
-    deadline = time.monotonic() + grace
-    while True:
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-        if row and row[0]:
-            return
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    holder = conn.execute(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-        " AND classid = ((%s::bigint >> 32) & 4294967295)::oid AND objid = (%s::bigint & 4294967295)::oid",
-        (key, key),
-    ).fetchone()
+    if locks.try_advisory_lock(conn, key, grace):
+        return
+    holder = locks.advisory_holder(conn, key)
     raise SlotBusyError(
         f"replication slot {slot!r} is held by another loader process (pid {holder[0] if holder else '?'})",
         hint="another capture or snapshot is running; wait for it or stop that process",
@@ -276,18 +266,12 @@ def owning(conn: psycopg.Connection, slot: str, *, held: bool = False) -> Iterat
 
 def release_capture_lock(conn: psycopg.Connection, slot: str) -> None:
     """Give the capture lock back at once, not when the backend exits after ``conn`` closes."""
-    if conn.closed or conn.broken:
-        return  # the session is gone, and its lock with it
-    try:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(conn, slot),))
-    except psycopg.Error:
-        pass  # same: a failed session holds nothing once its backend ends
+    if not (conn.closed or conn.broken):
+        locks.release_advisory_lock(conn, _lock_key(conn, slot))
 
 
 def _lock_key(conn: psycopg.Connection, slot: str) -> int:
-    row = conn.execute("SELECT hashtextextended(%s, 0)", (f"lakehouse-loader:{slot}",)).fetchone()
-    assert row is not None
-    return int(row[0])
+    return locks.advisory_key(conn, f"lakehouse-loader:{slot}")
 
 
 def plugin_supports(conn: psycopg.Connection, slot: str, option: str, value: str = "1") -> bool:

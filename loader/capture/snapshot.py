@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -242,6 +243,18 @@ class Snapshot:
                 cols = column_types(reader, schema, name)
                 key = info.key
                 types = dict(cols)
+                # Every record of this table in the snapshot's one transaction, just before the consistent point.
+                record = partial(
+                    ChangeRecord,
+                    commit_lsn=pos,
+                    xid=0,
+                    ts=state["ts"],
+                    schema=schema,
+                    table=name,
+                    change_lsn=cp,
+                    pk=list(key),
+                )
+
                 # wal2json prints each value with its type's output function (booleans as true/false).
                 # format('%s') calls that output function; ::text can differ (char(n) trims its padding,
                 # inet adds /32). Output columns are aliased so ORDER BY / WHERE see the typed columns.
@@ -271,20 +284,7 @@ class Snapshot:
                 if not (marker_written and i == 0):
                     # The table's state is replaced here: keys missing from the rows below are gone.
                     seq += 1
-                    writer.write(
-                        ChangeRecord(
-                            op="S",
-                            commit_lsn=pos,
-                            seq=seq,
-                            xid=0,
-                            ts=state["ts"],
-                            schema=schema,
-                            table=name,
-                            change_lsn=cp,
-                            pk=list(key),
-                            reason=self.reason_for(qualified, state),
-                        )
-                    )
+                    writer.write(record(op="S", seq=seq, reason=self.reason_for(qualified, state)))
                 estimate = reader.execute(
                     "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)",
                     (f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(name).as_string(reader)}",),
@@ -299,18 +299,7 @@ class Snapshot:
                         progress.update()
                         seq += 1
                         writer.write(
-                            ChangeRecord(
-                                op="R",
-                                commit_lsn=pos,
-                                seq=seq,
-                                xid=0,
-                                ts=state["ts"],
-                                schema=schema,
-                                table=name,
-                                change_lsn=cp,
-                                columns=[Column(c, t, v) for (c, t), v in zip(cols, values)],
-                                pk=list(key),
-                            )
+                            record(op="R", seq=seq, columns=[Column(c, t, v) for (c, t), v in zip(cols, values)])
                         )
                         result.rows += 1
                         self._drain(writer, result)

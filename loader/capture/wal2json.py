@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from loader.capture.records import COMMIT, ChangeRecord, Column
+from loader.capture.records import ChangeRecord, Column, OpenTransaction
 from loader.errors import DecodeError
 from loader.lsn import parse_lsn
 
@@ -129,17 +128,6 @@ def _fast_columns(items: list[_FastColumn] | None) -> list[Column] | None:
     return out
 
 
-@dataclass
-class TransactionState:
-    """What the decoder knows about the transaction in progress."""
-
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    ts: str
-    seq: int = 0
-
-
 class Wal2JsonDecoder:
     """Stateful over a stream of wal2json rows; yields ChangeRecords in order.
 
@@ -152,7 +140,7 @@ class Wal2JsonDecoder:
     """
 
     def __init__(self) -> None:
-        self.txn: TransactionState | None = None
+        self.txn: OpenTransaction | None = None
         self.confirm_lsn: int | None = None
         self.messages_skipped = 0
         self.quarantined = 0
@@ -206,10 +194,10 @@ class Wal2JsonDecoder:
         if action == "C" and txn is not None:
             self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
             self.txn = None
-            return ChangeRecord(COMMIT, txn.commit_lsn, txn.seq + 1, txn.xid, txn.ts)
+            return txn.commit()
         if action == "B" and txn is None and row.lsn and row.nextlsn and row.timestamp:
             try:
-                self.txn = TransactionState(
+                self.txn = OpenTransaction(
                     xid=row.xid or 0, commit_lsn=parse_lsn(row.lsn), end_lsn=parse_lsn(row.nextlsn), ts=row.timestamp
                 )
             except ValueError:
@@ -240,7 +228,7 @@ class Wal2JsonDecoder:
                     f"wal2json began a transaction inside another one: {raw[:200]!r}", hint="re-run capture"
                 )
             try:
-                self.txn = TransactionState(
+                self.txn = OpenTransaction(
                     xid=int(doc.get("xid", 0)),
                     commit_lsn=parse_lsn(doc["lsn"]),
                     end_lsn=parse_lsn(doc["nextlsn"]),
@@ -277,7 +265,7 @@ class Wal2JsonDecoder:
             yield from self._quarantine(raw, f"wal2json row outside a transaction (action {action!r})", doc)
             return
         if action == "C":
-            yield ChangeRecord(op=COMMIT, commit_lsn=txn.commit_lsn, seq=txn.seq + 1, xid=txn.xid, ts=txn.ts)
+            yield txn.commit()
             self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
             self.txn = None
             return
@@ -317,17 +305,7 @@ class Wal2JsonDecoder:
         fields = doc if isinstance(doc, dict) else {}
         schema = fields["schema"] if isinstance(fields.get("schema"), str) else ""
         table = fields["table"] if isinstance(fields.get("table"), str) else ""
-        yield ChangeRecord(
-            op="X",
-            commit_lsn=txn.commit_lsn,
-            seq=txn.seq,
-            xid=txn.xid,
-            ts=txn.ts,
-            schema=schema,
-            table=table,
-            reason=reason,
-            raw=raw,
-        )
+        yield txn.record("X", schema, table, reason=reason, raw=raw)
 
     @property
     def in_transaction(self) -> bool:
