@@ -284,7 +284,15 @@ class Snapshot:
                 if not (marker_written and i == 0):
                     # The table's state is replaced here: keys missing from the rows below are gone.
                     seq += 1
-                    writer.write(record(op="S", seq=seq, reason=self.reason_for(qualified, state)))
+                    # It carries the table's columns (values null): an empty table still gets its shape.
+                    writer.write(
+                        record(
+                            op="S",
+                            seq=seq,
+                            columns=[Column(c, t, None) for c, t in cols],
+                            reason=self.reason_for(qualified, state),
+                        )
+                    )
                 estimate = reader.execute(
                     "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)",
                     (f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(name).as_string(reader)}",),

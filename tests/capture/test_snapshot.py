@@ -203,3 +203,19 @@ def test_snapshot_killed_mid_way_resumes_without_duplicates(env: Env) -> None:
     )
     commits = [r for f in store.files() for r in store.read_records(f.name) if r.op == COMMIT and r.xid == 0]
     assert len(commits) == 1, "the snapshot is one unit with one commit marker"
+
+
+def test_table_empty_at_snapshot_gets_its_current_table(env: Env) -> None:
+    # An empty table's snapshot lands only its resync marker: no row names a column. History must
+    # still get the table's columns, and the merge its current table, before any row arrives.
+    env.sql("CREATE TABLE public.empty (id int PRIMARY KEY, v text, n numeric(10,2))")
+    env.sql("CREATE TABLE public.full (id int PRIMARY KEY)")
+    env.sql("INSERT INTO public.full VALUES (1)")
+    Snapshot(env.settings).run()
+    env.load()
+    env.merge()
+    env.assert_reconciled()
+    assert [f.name for f in env.current("public.empty").schema.fields][:3] == ["id", "v", "n"]
+    env.sql("INSERT INTO public.empty VALUES (1, 'a', 1.5)")
+    env.run_all()
+    env.assert_reconciled()
