@@ -468,28 +468,61 @@ class HistoryLoad:
             rows = rows.unionByName(self.spark.createDataFrame(parks, CHANGE_ROW_DDL))
         rows = rows.withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
         dropped = self._dropped_columns(ident, rows, hist_columns)
-        typed = rows.selectExpr(*typed_select(hist_columns, dropped))
-        bad = typed.where(f"{REASON} <> ''")
-        misfits = self._write_rejects(bad.selectExpr(*rejects_select(table.qualified)), result, typed=True)
-        if misfits:
-            first = bad.agg(F.min(F.struct("pg_lsn", F.col("pg_txn_timestamp").cast("string"), REASON))).collect()[0][0]
-            reason = (
-                f"{misfits} changes quarantined in the rejects table (first at LSN {ChangePosition(first[0], 0)}: "
-                f"{first[2]}); {repair_hint(table.qualified)}"
-            )
-            park = self.spark.createDataFrame(
-                [park_row("", table.schema, table.table, first[0], first[1], reason)], CHANGE_ROW_DDL
-            ).withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
-            typed = typed.unionByName(park.selectExpr(*typed_select(hist_columns, dropped)))
+        typed = rows.selectExpr(*typed_select(hist_columns, dropped)).persist()
+        try:
+            self._append_typed(table, ident, typed, hist_columns, dropped, last_file, result)
+        finally:
+            typed.unpersist()
+
+    def _bounds(self, ok: DataFrame, misfit: Any = None) -> Any:
+        """One job: (rows, first position, last position, park/resync rows[, misfits]) of ``ok``."""
+        from pyspark.sql import functions as F
+
+        good = F.col(REASON) == "" if misfit is not None else F.lit(True)
+        aggs = [
+            F.count(F.when(good, 1)),
+            F.min(F.when(good, F.struct("pg_lsn", "pg_seq"))),
+            F.max(F.when(good, F.struct("pg_lsn", "pg_seq"))),
+            F.count(F.when(good & F.col("pg_operation").isin("park", "resync"), 1)),
+        ]
+        if misfit is not None:
+            aggs.append(F.count(F.when(misfit, 1)))
+        return ok.agg(*aggs).collect()[0]
+
+    def _append_typed(
+        self,
+        table: SourceTable,
+        ident: str,
+        typed: DataFrame,
+        hist_columns: list[HistoryColumn],
+        dropped: dict[str, ChangePosition],
+        last_file: LandingFile,
+        result: LoadResult,
+    ) -> None:
+        """Quarantine the values that do not fit, then append what history does not hold yet."""
+        from pyspark.sql import functions as F
+
+        # The common case in one job: no misfits, and the bounds of what is to be appended.
+        bounds = self._bounds(typed, misfit=F.col(REASON) != "")
+        if bounds[4]:
+            bad = typed.where(f"{REASON} <> ''")
+            misfits = self._write_rejects(bad.selectExpr(*rejects_select(table.qualified)), result, typed=True)
+            if misfits:
+                earliest = F.min(F.struct("pg_lsn", F.col("pg_txn_timestamp").cast("string"), REASON))
+                first = bad.agg(earliest).collect()[0][0]
+                reason = (
+                    f"{misfits} changes quarantined in the rejects table (first at LSN {ChangePosition(first[0], 0)}: "
+                    f"{first[2]}); {repair_hint(table.qualified)}"
+                )
+                park = self.spark.createDataFrame(
+                    [park_row("", table.schema, table.table, first[0], first[1], reason)], CHANGE_ROW_DDL
+                ).withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
+                typed = typed.unionByName(park.selectExpr(*typed_select(hist_columns, dropped)))
         ok = typed.where(f"{REASON} = ''").drop(LINE, REASON, RAW)
         ok = ok.persist()
         try:
-            bounds = ok.agg(
-                F.count(F.lit(1)),
-                F.min(F.struct("pg_lsn", "pg_seq")),
-                F.max(F.struct("pg_lsn", "pg_seq")),
-                F.count(F.when(F.col("pg_operation").isin("park", "resync"), 1)),
-            ).collect()[0]
+            if bounds[4]:
+                bounds = self._bounds(ok)  # with the park row
             if bounds[3]:
                 self._note_parks(ident, table, ok, result)
             if bounds[0] == 0:

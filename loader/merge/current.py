@@ -345,7 +345,21 @@ class CurrentMerge:
         reduced = self.spark.sql(reduce_sql(quote_ident(events_view), a.pk, columns)).persist()
         try:
             reduced.createOrReplaceTempView(quote_ident(reduced_view))
-            out.keys_changed = reduced.count()
+            buckets = None if a.rebuild or a.plan.boundary is not None else self._bucket_spec(a.cur, a.pk)
+            if buckets is None:
+                out.keys_changed = reduced.count()
+                hit: list[int | None] = []
+            else:
+                # One job: how many keys changed, and which buckets of the current table hold them.
+                fn, _ = buckets
+                key = col(a.pk[0])
+                row = self.spark.sql(
+                    f"SELECT count(1), collect_set({fn.format(col=key)}), count_if({key} IS NULL)"
+                    f" FROM {quote_ident(reduced_view)}"
+                ).collect()[0]
+                out.keys_changed = int(row[0])
+                # collect_set drops NULL: a NULL key (never at the source) would be in no bucket.
+                hit = [*row[1], *([None] if row[2] else [])]
             if a.rebuild:
                 rows = reduced.where(f"{KIND} = 'upsert'").select(
                     *[col(c) for c in columns], *[n for n, _ in CURRENT_METADATA]
@@ -367,7 +381,7 @@ class CurrentMerge:
                 a.pk,
                 columns,
                 (boundary.commit_lsn, boundary.seq) if boundary is not None else None,
-                None if boundary is not None else self._bucket_filter(a.cur, a.pk, quote_ident(reduced_view)),
+                None if buckets is None else self._bucket_filter(buckets, a.pk, hit),
                 (a.since.commit_lsn, a.since.seq) if a.since is not None else None,
             )
             checkpoint("merge-before-commit")
@@ -415,12 +429,9 @@ class CurrentMerge:
         if update or remove:
             update_properties(self.spark, cur, update, remove)
 
-    def _bucket_filter(self, cur: str, pk: list[str], reduced_view: str) -> str | None:
-        """``bucket(N, key) IN (...)`` over the buckets the increment touches, or None if it is all.
-
-        The current table is partitioned by bucket(N, first key column); with the predicate in
-        the MERGE condition, Iceberg plans only those partitions' data and delete files.
-        """
+    def _bucket_spec(self, cur: str, pk: list[str]) -> tuple[str, int] | None:
+        """(``catalog.system.bucket(N, {col})`` template, N) when the current table is partitioned
+        by bucket(N, first key column) only, else None."""
         table = iceberg_table(self.spark, cur)
         fields = list(table.spec().fields())
         if len(fields) != 1 or table.schema().findColumnName(fields[0].sourceId()) != pk[0]:
@@ -428,13 +439,19 @@ class CurrentMerge:
         m = re.fullmatch(r"bucket\[(\d+)\]", str(fields[0].transform().toString()))
         if not m:
             return None
-        fn = f"{quote_ident(self.names.catalog)}.system.bucket({int(m.group(1))}, {{col}})"
-        hit = [
-            r[0] for r in self.spark.sql(f"SELECT DISTINCT {fn.format(col=col(pk[0]))} FROM {reduced_view}").collect()
-        ]
-        if not hit or len(hit) >= int(m.group(1)) or any(b is None for b in hit):
+        return f"{quote_ident(self.names.catalog)}.system.bucket({int(m.group(1))}, {{col}})", int(m.group(1))
+
+    @staticmethod
+    def _bucket_filter(spec: tuple[str, int], pk: list[str], hit: list[int | None]) -> str | None:
+        """``bucket(N, key) IN (...)`` over the buckets the increment touches, or None if it is all.
+
+        The current table is partitioned by bucket(N, first key column); with the predicate in
+        the MERGE condition, Iceberg plans only those partitions' data and delete files.
+        """
+        fn, n = spec
+        if not hit or len(hit) >= n or any(b is None for b in hit):
             return None
-        return f"{fn.format(col='t.' + col(pk[0]))} IN ({', '.join(str(int(b)) for b in sorted(hit))})"
+        return f"{fn.format(col='t.' + col(pk[0]))} IN ({', '.join(str(b) for b in sorted(int(b) for b in hit if b is not None))})"
 
     def _record_progress(self, cur: str, commit_props: dict[str, str]) -> None:
         """Commit the watermark without data: an empty append carries it in its snapshot summary."""
