@@ -144,21 +144,30 @@ class Env:
 # --- the loader as a real process (crash, overlap and follow-mode tests) -----------------------
 
 
+def settings_env(s: LoaderSettings) -> dict[str, str]:
+    """The same settings as LOADER_* environment variables (how a scheduler would pass them)."""
+    c = s.catalog
+    return {
+        "LOADER_SOURCE__DSN": s.source.dsn,
+        "LOADER_SOURCE__SLOT": s.source.slot,
+        "LOADER_LANDING__URL": s.landing.url,
+        "LOADER_CATALOG__NAME": c.name,
+        "LOADER_CATALOG__URI": c.uri,
+        "LOADER_CATALOG__WAREHOUSE": c.warehouse,
+        "LOADER_CATALOG__HISTORY_NAMESPACE": c.history_namespace,
+        "LOADER_CATALOG__CURRENT_NAMESPACE": c.current_namespace,
+        "LOADER_CATALOG__LOADER_NAMESPACE": c.loader_namespace,
+    }
+
+
 def cli_env(env: Env, **extra: str) -> dict[str, str]:
     """The environment that makes a ``loader`` process use ``env``'s settings."""
     s = env.settings
     out = dict(os.environ)
+    out.update(settings_env(s))
     out.update(
         {
-            "LOADER_SOURCE__DSN": s.source.dsn,
-            "LOADER_SOURCE__SLOT": s.source.slot,
             "LOADER_SOURCE__MAX_CHANGES_PER_FILE": str(s.source.max_changes_per_file),
-            "LOADER_LANDING__URL": s.landing.url,
-            "LOADER_CATALOG__URI": s.catalog.uri,
-            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,
-            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,
-            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
-            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
             "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
             "LOADER_SPARK__DRIVER_MEMORY": "1g",
             "LOADER_MERGE__KEY_BUCKETS": str(s.merge.key_buckets),

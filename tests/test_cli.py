@@ -11,22 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from loader.cli import main
-from loader.config import LoaderSettings
-from tests.harness import Env
-
-
-def settings_env(s: LoaderSettings) -> dict[str, str]:
-    """The same settings as LOADER_* environment variables (how a scheduler would pass them)."""
-    return {
-        "LOADER_SOURCE__DSN": s.source.dsn,
-        "LOADER_SOURCE__SLOT": s.source.slot,
-        "LOADER_LANDING__URL": s.landing.url,
-        "LOADER_CATALOG__URI": s.catalog.uri,
-        "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,
-        "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,
-        "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
-        "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
-    }
+from tests.harness import Env, settings_env
 
 
 def test_help_for_every_command() -> None:

@@ -12,7 +12,7 @@ import pytest
 from loader.capture import slot as slots
 from loader.catalog import open_catalog
 from loader.errors import SlotLostError
-from tests.harness import Env
+from tests.harness import Env, settings_env
 
 
 def ops(env: Env, table: str) -> list[str]:
@@ -145,7 +145,7 @@ def test_replica_identity_nothing_never_builds_a_current_table(env: Env) -> None
     assert {t.table: t.skipped_reason for t in merge.tables}["public.k"] == "no primary key: history only"
     result = {r.table: r for r in env.reconcile()}["public.k"]
     assert result.ok and "history only" in result.note
-    out = CliRunner().invoke(main, ["slot", "tables"], env=_cli_env(env))
+    out = CliRunner().invoke(main, ["slot", "tables"], env=settings_env(env.settings))
     assert "public.k" in out.output and "REPLICA IDENTITY NOTHING" in out.output, out.output
     # Identity restored: capture resyncs it, and only now is a current table built, equal to the source.
     env.sql("ALTER TABLE public.k REPLICA IDENTITY DEFAULT")
@@ -361,20 +361,6 @@ def test_pgoutput_keeps_nan_and_infinity(env: Env) -> None:
     rows = {r["id"]: r for r in env.current("public.f").collect()}
     assert rows[1]["n"] == "NaN" and rows[2]["n"] == "Infinity" and rows[3]["n"] is None
     assert rows[1]["d"] == float("inf") and rows[4]["d"] != rows[4]["d"]  # NaN
-
-
-def _cli_env(env: Env) -> dict[str, str]:
-    s = env.settings
-    return {
-        "LOADER_SOURCE__DSN": s.source.dsn,
-        "LOADER_SOURCE__SLOT": s.source.slot,
-        "LOADER_LANDING__URL": s.landing.url,
-        "LOADER_CATALOG__URI": s.catalog.uri,
-        "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,
-        "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,
-        "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
-        "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
-    }
 
 
 def test_partitioned_table_lands_as_one_table(env: Env) -> None:

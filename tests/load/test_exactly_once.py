@@ -25,6 +25,7 @@ from tests.harness import (
     history_positions,
     lake_settings,
     load_and_merge,
+    settings_env,
     write_files,
 )
 
@@ -128,7 +129,7 @@ def test_bad_landing_lines_and_untypeable_values_are_rejected(
     spool.write_bytes(gzip.compress("\n".join(lines).encode()))
     store.publish(spool, name)
 
-    env = _cli_env(settings)
+    env = settings_env(settings)
     result = CliRunner().invoke(main, ["load"], env=env, catch_exceptions=False)
     # Rejects are quarantined, and the table is parked: a current table built past a lost change
     # would silently disagree with the source.
@@ -154,17 +155,3 @@ def test_bad_landing_lines_and_untypeable_values_are_rejected(
     result = CliRunner().invoke(main, ["load"], env=env, catch_exceptions=False)
     assert result.exit_code == 0 and spark.table(TableNames(settings).rejects).count() == 3
     assert "public.acct" in CurrentMerge(spark, settings).run().parked
-
-
-def _cli_env(settings: LoaderSettings) -> dict[str, str]:
-    c = settings.catalog
-    return {
-        "LOADER_LANDING__URL": settings.landing.url,
-        "LOADER_SOURCE__SLOT": settings.source.slot,
-        "LOADER_CATALOG__NAME": c.name,
-        "LOADER_CATALOG__URI": c.uri,
-        "LOADER_CATALOG__WAREHOUSE": c.warehouse,
-        "LOADER_CATALOG__HISTORY_NAMESPACE": c.history_namespace,
-        "LOADER_CATALOG__CURRENT_NAMESPACE": c.current_namespace,
-        "LOADER_CATALOG__LOADER_NAMESPACE": c.loader_namespace,
-    }

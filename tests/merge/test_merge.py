@@ -5,7 +5,7 @@ from __future__ import annotations
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
 from loader.tables import SUMMARY_MERGED_THROUGH, SourceTable
-from tests.harness import Env, assert_frames_equal
+from tests.harness import Env, assert_frames_equal, settings_env
 
 # Random md5 text does not compress: 300 * 32 bytes is stored out of line (TOASTed).
 BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
@@ -146,7 +146,7 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     result = CliRunner().invoke(
         main,
         ["backfill", "rebuild-current", "--table", "public.t", "--upto-lsn", format_lsn(first.commit_lsn)],
-        env=_cli_env(env),
+        env=settings_env(env.settings),
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
@@ -157,21 +157,6 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
     env.assert_reconciled()
     merge.rebuild("public.t")
     env.assert_reconciled()
-
-
-def _cli_env(env: Env) -> dict[str, str]:
-    c = env.settings.catalog
-    return {
-        "LOADER_SOURCE__DSN": env.settings.source.dsn,
-        "LOADER_SOURCE__SLOT": env.settings.source.slot,
-        "LOADER_LANDING__URL": env.settings.landing.url,
-        "LOADER_CATALOG__NAME": c.name,
-        "LOADER_CATALOG__URI": c.uri,
-        "LOADER_CATALOG__WAREHOUSE": c.warehouse,
-        "LOADER_CATALOG__HISTORY_NAMESPACE": c.history_namespace,
-        "LOADER_CATALOG__CURRENT_NAMESPACE": c.current_namespace,
-        "LOADER_CATALOG__LOADER_NAMESPACE": c.loader_namespace,
-    }
 
 
 def _merged(env: Env, table: str) -> ChangePosition:
