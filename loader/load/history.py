@@ -42,7 +42,8 @@ from loader.iceberg import (
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
-from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string
+from loader.load.survey import BatchSurvey, survey
+from loader.load.typemap import quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 from loader.progress import each_table
@@ -257,15 +258,22 @@ class HistoryLoad:
                     result.rows_per_table = {f"{r[0]}.{r[1]}": int(r[2]) for r in counts}
                     result.files = [f.name for f in batch]
                     return
-                bad = decoded.where(F.col("reject_reason").isNotNull())
-                self._write_rejects(bad, result)
-                reject_parks = self._reject_parks(bad)
+                # One job tells the tables, their columns, the ledger's counts, and whether the
+                # rarer paths below have anything to do.
+                batch_survey = survey(decoded)
+                reject_parks: dict[SourceTable, list[dict[str, Any]]] = {}
+                if batch_survey.rejects:
+                    bad = decoded.where(F.col("reject_reason").isNotNull())
+                    self._write_rejects(bad, result)
+                    reject_parks = self._reject_parks(bad)
                 good = decoded.where(F.col("reject_reason").isNull())
-                tables = self._tables_in(good)
+                tables = batch_survey.tables()
                 unknown_damage = (
                     good.where("op = 'park' AND src_table IS NULL")
                     .select("landing_file", "commit_lsn", "ts", "note")
                     .collect()
+                    if batch_survey.damaged_unknown
+                    else []
                 )
                 for t in set(reject_parks) | (set(self._known_tables()) if unknown_damage else set()):
                     tables.setdefault(t, ([], []))
@@ -278,13 +286,13 @@ class HistoryLoad:
                         for d in unknown_damage
                     ]
                     part = LoadResult()  # per table: tables load in parallel threads
-                    self._load_table(good, table, columns, pk, extra, batch[-1], part)
+                    self._load_table(good, table, columns, pk, extra, batch[-1], part, batch_survey)
                     checkpoint("load-after-table")
                     return part
 
                 for part in each_table(sorted(tables), load_one, self.settings.spark.table_threads, "load"):
                     result.absorb(part)
-                ledger_rows = self._ledger_rows(decoded, batch)
+                ledger_rows = self._ledger_rows(batch_survey, batch)
             result.files = [f.name for f in batch]
             if not ledger:
                 return
@@ -317,45 +325,6 @@ class HistoryLoad:
             f"SHOW TABLES IN {quote_ident(self.names.catalog)}.{quote_ident(self.names.history_ns)}"
         ).collect()
         return [SourceTable.from_iceberg_name(r.tableName) for r in rows]
-
-    def _tables_in(self, good: DataFrame) -> dict[SourceTable, tuple[list[tuple[str, str]], list[str]]]:
-        """table -> ([(column, pg type)] in source order, key) for every table in the batch."""
-        from pyspark.sql import functions as F
-
-        cols = (
-            good.where("src_table IS NOT NULL")
-            .select(
-                "src_schema", "src_table", "commit_lsn", "seq", F.posexplode(F.arrays_zip("col_names", "col_types"))
-            )
-            .select(
-                "src_schema",
-                "src_table",
-                "pos",
-                F.struct("commit_lsn", "seq").alias("at"),
-                F.col("col.col_names").alias("name"),
-                F.col("col.col_types").alias("type"),
-            )
-            # A column retyped inside the batch takes its newest type.
-            .groupBy("src_schema", "src_table", "name")
-            .agg(F.min("pos").alias("pos"), F.max_by("type", "at").alias("type"))
-            .collect()
-        )
-        pks = (
-            good.where(F.size("pk") > 0)
-            .groupBy("src_schema", "src_table")
-            .agg(F.max_by("pk", F.struct("commit_lsn", "seq")).alias("pk"))
-            .collect()
-        )
-        present = good.where("src_table IS NOT NULL").select("src_schema", "src_table").distinct().collect()
-        out: dict[SourceTable, tuple[list[tuple[str, str]], list[str]]] = {}
-        for r in present:
-            table = SourceTable(r.src_schema, r.src_table)
-            these = sorted(
-                (c.pos, c.name, c.type) for c in cols if (c.src_schema, c.src_table) == (r.src_schema, r.src_table)
-            )
-            pk = next((list(p.pk) for p in pks if (p.src_schema, p.src_table) == (r.src_schema, r.src_table)), [])
-            out[table] = ([(n, t) for _, n, t in these], pk)
-        return out
 
     # --- history tables ----------------------------------------------------------------------
     def _ensure_history_table(
@@ -456,6 +425,7 @@ class HistoryLoad:
         extra_parks: list[dict[str, Any]],
         last_file: LandingFile,
         result: LoadResult,
+        batch_survey: BatchSurvey,
     ) -> None:
         from pyspark.sql import functions as F
 
@@ -467,7 +437,7 @@ class HistoryLoad:
         if parks:
             rows = rows.unionByName(self.spark.createDataFrame(parks, CHANGE_ROW_DDL))
         rows = rows.withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
-        dropped = self._dropped_columns(ident, rows, hist_columns)
+        dropped = self._dropped_columns(ident, table, batch_survey, hist_columns)
         typed = rows.selectExpr(*typed_select(hist_columns, dropped)).persist()
         try:
             self._append_typed(table, ident, typed, hist_columns, dropped, last_file, result)
@@ -662,43 +632,18 @@ class HistoryLoad:
         elif PROP_PARKED in props:
             update_properties(self.spark, ident, remove=[PROP_PARKED])
 
-    def _dropped_columns(self, ident: str, rows: DataFrame, columns: list[HistoryColumn]) -> dict[str, ChangePosition]:
-        """Columns dropped at the source, with the position the drop was first seen.
-
-        wal2json sends every column of an insert, and every fixed-length column of an update;
-        only varlena values left unchanged in TOAST storage are omitted from updates. So a column
-        missing from an insert (or a fixed-length one missing from an update) no longer exists.
-        Updates after that position carry the dropped column as NULL instead of "unchanged", and
-        the merge writes NULL. Known drops are kept in the history table's properties; a column
-        seen again after its drop (re-added under the same name) is live again.
-        """
+    def _dropped_columns(
+        self, ident: str, table: SourceTable, batch_survey: BatchSurvey, columns: list[HistoryColumn]
+    ) -> dict[str, ChangePosition]:
+        """Columns dropped at the source, with the position the drop was first seen (see
+        :meth:`loader.load.survey.BatchSurvey.dropped_columns`). Updates after that position carry
+        the dropped column as NULL instead of "unchanged", and the merge writes NULL. Known drops
+        are kept in the history table's properties."""
         known = {
             c: ChangePosition.from_token(t)
             for c, t in json.loads(table_properties(self.spark, ident).get(PROP_DROPPED_COLUMNS, "{}")).items()
         }
-        aggs = []
-        for i, col in enumerate(columns):
-            lit = sql_string(col.source)
-            evidence = "op IN ('insert', 'read')" + (" OR op = 'update'" if never_toasted(col.pg_type) else "")
-            aggs.append(
-                f"min(IF(({evidence}) AND NOT array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS d{i}"
-            )
-            aggs.append(f"max(IF(array_contains(col_names, {lit}), struct(commit_lsn, seq), NULL)) AS p{i}")
-        if not aggs:
-            return known
-        row = rows.selectExpr(*aggs).collect()[0]
-        changed = False
-        for i, col in enumerate(columns):
-            name = col.source
-            gone, seen = row[f"d{i}"], row[f"p{i}"]
-            gone_at = ChangePosition(*gone) if gone is not None else None
-            seen_at = ChangePosition(*seen) if seen is not None else None
-            if name in known and seen_at is not None and seen_at > known[name]:
-                del known[name]
-                changed = True
-            if gone_at is not None and name not in known and (seen_at is None or seen_at < gone_at):
-                known[name] = gone_at
-                changed = True
+        known, changed = batch_survey.dropped_columns(table, known, [(c.source, c.pg_type) for c in columns])
         if changed:
             value = json.dumps({c: p.token() for c, p in sorted(known.items())})
             update_properties(self.spark, ident, {PROP_DROPPED_COLUMNS: value})
@@ -758,31 +703,12 @@ class HistoryLoad:
             out[table] = [park_row(f["landing_file"], table.schema, table.table, int(f["lsn"]), f["ts"], reason)]
         return out
 
-    def _ledger_rows(self, decoded: DataFrame, batch: list[LandingFile]) -> list[tuple[Any, ...]]:
+    def _ledger_rows(self, batch_survey: BatchSurvey, batch: list[LandingFile]) -> list[tuple[Any, ...]]:
         from datetime import datetime
 
-        from pyspark.sql import functions as F
-
-        per_file = (
-            decoded.groupBy("landing_file")
-            .agg(
-                F.count(F.when(F.col("reject_reason").isNull(), 1)).alias("changes"),
-                F.count(F.when(F.col("reject_reason").isNotNull(), 1)).alias("rejects"),
-                # Only accepted changes say how far the source is reflected (rejects may lack a position).
-                F.max(F.when(F.col("reject_reason").isNull(), F.struct("commit_lsn", "seq", "ts"))).alias("newest"),
-            )
-            .collect()
-        )
-        counts = {r.landing_file: (r.changes, r.rejects) for r in per_file}
-        newest = max(
-            (
-                r.newest
-                for r in per_file
-                if r.newest is not None and r.newest["commit_lsn"] is not None and r.newest["ts"]
-            ),
-            default=None,
-        )
-        self._newest_ts = str(newest["ts"]) if newest is not None else None
+        counts = batch_survey.file_counts()
+        # Only accepted changes say how far the source is reflected (rejects may lack a position).
+        self._newest_ts = batch_survey.newest_ts()
         now = datetime.now(UTC)
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
 
