@@ -37,7 +37,7 @@ from loader.load.evolution import can_widen
 from loader.load.typemap import quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition, position_after_sql, position_before_sql
 from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
-from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql
+from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql, touched_buckets_sql
 from loader.names import lake_column
 from loader.progress import each_table
 from loader.tables import (
@@ -76,7 +76,7 @@ CURRENT_TABLE_PROPERTIES: dict[str, str] = {
 class TableMerge:
     table: str
     increment_rows: int = 0
-    keys_changed: int = 0
+    keys_changed: int | None = None  # counted by rebuilds; an incremental MERGE does not count them
     merged_through: str | None = None
     skipped_reason: str | None = None
     note: str = ""
@@ -86,7 +86,8 @@ class TableMerge:
         if self.skipped_reason:
             return f"{self.table}: {self.skipped_reason}"
         note = f" ({self.note})" if self.note else ""
-        return f"{self.table}: {self.increment_rows} changes -> {self.keys_changed} keys{note}"
+        keys = f" -> {self.keys_changed} keys" if self.keys_changed is not None else ""
+        return f"{self.table}: {self.increment_rows} changes{keys}{note}"
 
 
 @dataclass
@@ -280,9 +281,15 @@ class CurrentMerge:
         inc = inc.where(F.col("pg_lsn") <= cut.commit_lsn).where(position_before_sql("pg_lsn", "pg_seq", cut))
         if since is not None:
             inc = inc.where(position_after_sql("pg_lsn", "pg_seq", since))
+        # From here on every name is a lake name (what the tables and their metadata hold).
+        lake_pk = [lake_column(k) for k in pk]
+        lake_types = {lake_column(c): t for c, t in source_types.items()}
+        buckets = None if rebuild or key_changed else self._bucket_spec(cur, lake_pk)
         inc = inc.persist()
         try:
-            stats = inc.agg(
+            # One job over the increment: its size, its markers, whether updates left TOAST values
+            # out, whether it holds key events at all, and the current table's buckets they touch.
+            aggs = [
                 F.count(F.lit(1)),
                 F.collect_list(
                     F.when(
@@ -291,7 +298,15 @@ class CurrentMerge:
                     )
                 ),
                 F.count(F.when((F.col("pg_operation") == "update") & (F.size("pg_absent_columns") > 0), 1)),
-            ).collect()[0]
+                F.count(F.when(F.col("pg_operation").isin("insert", "update", "read", "delete"), 1)),
+            ]
+            if buckets is not None:
+                aggs += [F.expr(e) for e in touched_buckets_sql(buckets[0], lake_pk[0], lake_types[lake_pk[0]])]
+            stats = inc.agg(*aggs).collect()[0]
+            hit: list[int | None] | None = None
+            if buckets is not None:
+                # collect_set drops NULL: a NULL key (never at the source) would be in no bucket.
+                hit = [*stats[4], *([None] if stats[5] else [])]
             out.increment_rows = stats[0]
             markers = [Marker(ChangePosition(m[0], m[1]), m[2], m[3] or "") for m in stats[1]]
             plan = plan_markers(markers, cut)
@@ -319,11 +334,22 @@ class CurrentMerge:
             events = inc
             if plan.boundary is not None:
                 events = inc.where(position_after_sql("pg_lsn", "pg_seq", plan.boundary))
-            # From here on every name is a lake name (what the tables and their metadata hold).
-            lake_pk = [lake_column(k) for k in pk]
-            lake_types = {lake_column(c): t for c, t in source_types.items()}
             self._apply(
-                _Apply(table, cur, events, lake_pk, lake_types, props_out, rebuild, plan, stats[2] > 0, since), out
+                _Apply(
+                    table,
+                    cur,
+                    events,
+                    lake_pk,
+                    lake_types,
+                    props_out,
+                    rebuild,
+                    plan,
+                    stats[2] > 0,
+                    since,
+                    stats[3] > 0,
+                    None if rebuild or hit is None or buckets is None else (buckets, hit),
+                ),
+                out,
             )
             self._after_commit(cur, plan, plan.cut.token(), late_appends if rebuild else None)
         finally:
@@ -342,25 +368,13 @@ class CurrentMerge:
             events = resolve_key_change_toast(self.spark, events, None if a.rebuild else a.cur, a.pk, columns)
         events_view, reduced_view = view + "_events", view + "_reduced"
         events.createOrReplaceTempView(quote_ident(events_view))
-        reduced = self.spark.sql(reduce_sql(quote_ident(events_view), a.pk, columns)).persist()
+        reduced = self.spark.sql(reduce_sql(quote_ident(events_view), a.pk, columns))
+        if a.rebuild:
+            reduced = reduced.persist()  # counted, then written; the MERGE reads it once
         try:
             reduced.createOrReplaceTempView(quote_ident(reduced_view))
-            buckets = None if a.rebuild or a.plan.boundary is not None else self._bucket_spec(a.cur, a.pk)
-            if buckets is None:
-                out.keys_changed = reduced.count()
-                hit: list[int | None] = []
-            else:
-                # One job: how many keys changed, and which buckets of the current table hold them.
-                fn, _ = buckets
-                key = col(a.pk[0])
-                row = self.spark.sql(
-                    f"SELECT count(1), collect_set({fn.format(col=key)}), count_if({key} IS NULL)"
-                    f" FROM {quote_ident(reduced_view)}"
-                ).collect()[0]
-                out.keys_changed = int(row[0])
-                # collect_set drops NULL: a NULL key (never at the source) would be in no bucket.
-                hit = [*row[1], *([None] if row[2] else [])]
             if a.rebuild:
+                out.keys_changed = reduced.count()
                 rows = reduced.where(f"{KIND} = 'upsert'").select(
                     *[col(c) for c in columns], *[n for n, _ in CURRENT_METADATA]
                 )
@@ -372,7 +386,7 @@ class CurrentMerge:
                 checkpoint("merge-after-commit")
                 return
             boundary = a.plan.boundary
-            if out.keys_changed == 0 and boundary is None:
+            if not a.key_events and boundary is None:
                 self._record_progress(a.cur, a.commit_props)
                 return
             statement = merge_sql(
@@ -381,7 +395,9 @@ class CurrentMerge:
                 a.pk,
                 columns,
                 (boundary.commit_lsn, boundary.seq) if boundary is not None else None,
-                None if buckets is None else self._bucket_filter(buckets, a.pk, hit),
+                None
+                if a.touched is None or boundary is not None
+                else self._bucket_filter(a.touched[0], a.pk, a.touched[1]),
                 (a.since.commit_lsn, a.since.seq) if a.since is not None else None,
             )
             checkpoint("merge-before-commit")
@@ -514,3 +530,6 @@ class _Apply:
     plan: MergePlan
     toast_updates: bool
     since: ChangePosition | None
+    key_events: bool  # the increment holds inserts, updates or deletes (else only markers)
+    # ((bucket template, N), buckets the key events touch) when the current table is bucketed by the key
+    touched: tuple[tuple[str, int], list[int | None]] | None = None

@@ -79,6 +79,23 @@ def key_events_sql(history_view: str, pk: list[str], pk_types: dict[str, str], c
     )
 
 
+def touched_buckets_sql(bucket_fn: str, key: str, key_type: str) -> tuple[str, str]:
+    """Aggregates over history rows: the buckets of the first key column their key events touch
+    (new keys of upserts, old keys of deletes and key changes), and how many of those keys are
+    NULL (in no bucket). ``bucket_fn`` is a template with ``{col}``; the set may hold more buckets
+    than the reduced increment touches, never fewer."""
+    new, old = col(key), old_key_expr(key, key_type)
+    upsert = f"pg_operation IN {UPSERT_OPERATIONS}"
+    ended = "pg_operation IN ('update', 'delete') AND pg_old_key IS NOT NULL"
+    deleted = "pg_operation = 'delete'"
+    hit = (
+        f"array_union(collect_set(IF({upsert}, {bucket_fn.format(col=new)}, NULL)), "
+        f"collect_set(IF({ended}, {bucket_fn.format(col=old)}, NULL)))"
+    )
+    nulls = f"count_if(({upsert} AND {new} IS NULL) OR ({deleted} AND ({old}) IS NULL))"
+    return hit, nulls
+
+
 def carried(i: int) -> str:
     return internal(f"carry_{i}")
 
