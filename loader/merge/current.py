@@ -297,7 +297,14 @@ class CurrentMerge:
                         F.struct("pg_lsn", "pg_seq", "pg_operation", "pg_note"),
                     )
                 ),
-                F.count(F.when((F.col("pg_operation") == "update") & (F.size("pg_absent_columns") > 0), 1)),
+                # Upserts that may leave a value out (a NULL list, from no loader version, counts too).
+                F.count(
+                    F.when(
+                        F.col("pg_operation").isin("insert", "update", "read")
+                        & (F.col("pg_absent_columns").isNull() | (F.size("pg_absent_columns") > 0)),
+                        1,
+                    )
+                ),
                 F.count(F.when(F.col("pg_operation").isin("insert", "update", "read", "delete"), 1)),
             ]
             if buckets is not None:
@@ -399,6 +406,7 @@ class CurrentMerge:
                 if a.touched is None or boundary is not None
                 else self._bucket_filter(a.touched[0], a.pk, a.touched[1]),
                 (a.since.commit_lsn, a.since.seq) if a.since is not None else None,
+                all_sent=not a.toast_updates,
             )
             checkpoint("merge-before-commit")
             with_commit_properties(self.spark, a.commit_props, lambda: self.spark.sql(statement))

@@ -145,6 +145,7 @@ def merge_sql(
     truncated_before: tuple[int, int] | None = None,
     target_filter: str | None = None,
     insert_after: tuple[int, int] | None = None,
+    all_sent: bool = False,
 ) -> str:
     """MERGE with an LSN guard: a replayed or late event never moves a row backwards.
 
@@ -155,6 +156,9 @@ def merge_sql(
     ``insert_after``: the table's merged-through watermark. Only events after it may insert: a
     deleted key leaves no row for the per-row guard to compare with, so without this a replayed
     old increment could bring it back.
+    ``all_sent``: no update of the increment left a value out (unchanged TOAST), so every upsert
+    carries every column: the update sets them from the source alone, and the target scan reads
+    only the key, position and row-id columns instead of every column of the matched files.
     """
     on = " AND ".join(f"t.{col(k)} <=> s.{col(k)}" for k in pk)
     if target_filter and truncated_before is None:
@@ -163,7 +167,9 @@ def merge_sql(
     sets = []
     for i, c in enumerate(columns):
         if c not in pk:
-            sets.append(f"t.{col(c)} = IF(s.{absent(i)}, t.{col(c)}, s.{col(c)})")
+            sets.append(
+                f"t.{col(c)} = " + (f"s.{col(c)}" if all_sent else f"IF(s.{absent(i)}, t.{col(c)}, s.{col(c)})")
+            )
     sets += ["t.pg_lsn = s.pg_lsn", "t.pg_seq = s.pg_seq", "t.pg_txn_timestamp = s.pg_txn_timestamp"]
     ins_cols = [col(c) for c in columns] + ["pg_lsn", "pg_seq", "pg_txn_timestamp"]
     ins_vals = [f"s.{col(c)}" for c in columns] + ["s.pg_lsn", "s.pg_seq", "s.pg_txn_timestamp"]
