@@ -98,7 +98,10 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
     try:
         yield root
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("BENCH_KEEP"):
+            print(f"  kept {root} (BENCH_KEEP)")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def lake_settings(root: Path, catalog_dsn: str, source_dsn: str | None = None, **extra: Any) -> LoaderSettings:

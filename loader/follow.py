@@ -158,6 +158,8 @@ class Follower:
         if not batch and self._dirty is not None and not self._dirty:
             self.stats.idle_cycles += 1
             return False
+        started = time.monotonic()
+        changed = 0
         if batch:
             res = load.run(known_loaded=self._loaded, max_files=self.settings.follow.max_batch_files)
             self._loaded.update(res.files)
@@ -170,8 +172,17 @@ class Follower:
                 self._dirty.update(res.parked)
         if self.stop.is_set() and self._dirty:
             return True  # stopping: the merge runs on the next start
+        loaded_at = time.monotonic()
         merge = CurrentMerge(self.spark, self.settings).run(sorted(self._dirty) if self._dirty is not None else None)
         self._dirty = set()
+        log.info(
+            "cycle: loaded %d changes from %d files in %.2fs, merged %d tables in %.2fs",
+            changed,
+            len(batch),
+            loaded_at - started,
+            sum(1 for t in merge.tables if not t.skipped_reason),
+            time.monotonic() - loaded_at,
+        )
         self.metrics.changes.labels(stage="merge").inc(sum(t.increment_rows for t in merge.tables))
         self.metrics.parked.set(len(merge.parked))
         self._note_freshness(merge)
