@@ -4,6 +4,7 @@ break watermarks or late-file detection. Every test ends with the oracles."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -80,6 +81,8 @@ def test_follow_mode_freshness_sigterm_sigkill_and_restart(env: Env) -> None:
         rc, out = finish(follower, timeout=300)
         assert rc == 0, out
         assert "follow:" in out
+        # Each working cycle logs what it loaded and merged, and how long each took.
+        assert re.search(r"cycle: loaded \d+ changes from \d+ files in [\d.]+s, merged \d+ tables in [\d.]+s", out), out
     except AssertionError as exc:
         follower.kill()
         raise AssertionError(f"{exc}\nfollower output:\n{follower.communicate()[0][-6000:]}") from None
