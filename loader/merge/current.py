@@ -297,7 +297,8 @@ class CurrentMerge:
                         F.struct("pg_lsn", "pg_seq", "pg_operation", "pg_note"),
                     )
                 ),
-                # Upserts that may leave a value out (a NULL list, from no loader version, counts too).
+                # Upserts that may leave a value out (a NULL list, which no loader version writes,
+                # counts as "may").
                 F.count(
                     F.when(
                         F.col("pg_operation").isin("insert", "update", "read")
@@ -310,10 +311,10 @@ class CurrentMerge:
             if buckets is not None:
                 aggs += [F.expr(e) for e in touched_buckets_sql(buckets[0], lake_pk[0], lake_types[lake_pk[0]])]
             stats = inc.agg(*aggs).collect()[0]
-            hit: list[int | None] | None = None
+            touched: tuple[tuple[str, int], list[int | None]] | None = None
             if buckets is not None:
                 # collect_set drops NULL: a NULL key (never at the source) would be in no bucket.
-                hit = [*stats[4], *([None] if stats[5] else [])]
+                touched = (buckets, [*stats[4], *([None] if stats[5] else [])])
             out.increment_rows = stats[0]
             markers = [Marker(ChangePosition(m[0], m[1]), m[2], m[3] or "") for m in stats[1]]
             plan = plan_markers(markers, cut)
@@ -354,7 +355,7 @@ class CurrentMerge:
                     stats[2] > 0,
                     since,
                     stats[3] > 0,
-                    None if rebuild or hit is None or buckets is None else (buckets, hit),
+                    None if rebuild else touched,
                 ),
                 out,
             )
