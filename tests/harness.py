@@ -41,6 +41,22 @@ def create_db(admin: str, name: str) -> None:
         conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
 
 
+def s3_bucket(endpoint: str, prefix: str) -> tuple[Any, str]:
+    """(boto3 client of the test S3 server, a new bucket named ``prefix-<random>``)."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    bucket = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    return client, bucket
+
+
 def assert_frames_equal(actual: Any, expected: Any) -> None:
     """``pyspark.testing.assertDataFrameEqual``: same schema and rows, in any order, with a row diff.
 

@@ -26,7 +26,7 @@ from loader.capture.source_tables import list_tables
 from loader.config import LoaderSettings
 from loader.errors import LandingError, SlotBusyError, SlotMissingError
 from loader.lsn import ChangePosition
-from tests.harness import ROOT, TEST_PG, create_db
+from tests.harness import ROOT, TEST_PG, create_db, s3_bucket
 
 SCHEMA_PATH = ROOT / "schemas" / "landing-change.v1.json"
 
@@ -594,11 +594,7 @@ def test_landing_lines_validate_against_the_published_schema(src: Src) -> None:
 
 
 def test_s3_landing_uses_multipart_for_large_files(src: Src, s3_server: str) -> None:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
-    bucket = f"land-{uuid.uuid4().hex[:8]}"
-    client.create_bucket(Bucket=bucket)
+    client, bucket = s3_bucket(s3_server, "land")
     settings = src.settings.model_copy(
         update={
             "landing": src.settings.landing.model_copy(
@@ -688,14 +684,11 @@ def test_column_rename_is_detected_by_attnum(src: Src) -> None:
 
 
 def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> None:
-    import boto3
 
     from loader.capture.capture import SnapshotInProgressError
     from loader.capture.snapshot import Snapshot
 
-    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
-    bucket = f"snap-{uuid.uuid4().hex[:8]}"
-    client.create_bucket(Bucket=bucket)
+    _, bucket = s3_bucket(s3_server, "snap")
     settings = src.settings.model_copy(
         update={
             "landing": src.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc"}),

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import boto3
 from pydantic import SecretStr
 
 from loader.capture.landing import S3LandingStore, open_landing
 from loader.workload import BankWorkload
-from tests.harness import Env
+from tests.harness import Env, s3_bucket
 from tests.oracle import assert_history_matches
 
 
 def test_s3_landing_end_to_end(env: Env, s3_server: str) -> None:
-    bucket = f"landing-{env.uid}"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=s3_server,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    s3.create_bucket(Bucket=bucket)
+    s3, bucket = s3_bucket(s3_server, "landing")
     env.settings = env.settings.model_copy(
         update={
             "landing": env.settings.landing.model_copy(update={"url": f"s3://{bucket}/cdc"}),

@@ -4,7 +4,6 @@ reached over HTTP through a proxy that cuts requests off)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
@@ -13,7 +12,7 @@ import pytest
 from loader.capture.landing import open_landing
 from loader.errors import LandingUnavailableError
 from loader.workload import BankWorkload
-from tests.harness import Env
+from tests.harness import Env, s3_bucket
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions
 from tests.s3proxy import FlakyProxy
 
@@ -26,12 +25,10 @@ KEYS = {
 
 @pytest.fixture
 def s3_env(env: Env, s3_server: str) -> Iterator[tuple[Env, FlakyProxy]]:
-    import boto3
 
     u = urlparse(s3_server)
     proxy = FlakyProxy(u.hostname or "127.0.0.1", int(u.port or 80))
-    bucket = f"outage-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
+    _, bucket = s3_bucket(s3_server, "outage")
     env.configure("landing", url=f"s3://{bucket}/cdc", retry_attempts=3, retry_max_wait_s=0.2)
     env.configure("s3", endpoint_url=proxy.endpoint, access_key_id="testing", secret_access_key="testing")
     env.configure("source", max_changes_per_file=60)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import boto3
 import pytest
 from pydantic import SecretStr
 
 from loader.spark import configure_running_session
-from tests.harness import Env
+from tests.harness import Env, s3_bucket
 
 pytestmark = pytest.mark.s3
 
@@ -15,15 +14,7 @@ pytestmark = pytest.mark.s3
 def test_history_and_current_on_s3_warehouse(env: Env, s3_server: str) -> None:
     if not env.settings.spark.extra_jars:
         pytest.skip("no S3A jars: run 'make s3a-jars' (or set LOADER_SPARK__EXTRA_JARS) before the test session")
-    bucket = f"wh-{env.uid}"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=s3_server,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    s3.create_bucket(Bucket=bucket)
+    s3, bucket = s3_bucket(s3_server, "wh")
     env.settings = env.settings.model_copy(
         update={
             "catalog": env.settings.catalog.model_copy(
