@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from loader.spark import java_map, jvm_class
 from loader.tables import TableNames, newest_position
 
 if TYPE_CHECKING:
@@ -44,9 +45,8 @@ def ensure_loader_tables(spark: SparkSession, names: TableNames) -> None:
 
 def iceberg_table(spark: SparkSession, ident: str) -> Any:
     """The JVM Iceberg Table behind a Spark identifier, refreshed."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, ident)
+    spark3util = jvm_class(spark, "org.apache.iceberg.spark.Spark3Util")
+    table = spark3util.loadIcebergTable(spark._jsparkSession, ident)
     table.refresh()
     return table
 
@@ -62,8 +62,7 @@ def table_exists(spark: SparkSession, ident: str) -> bool:
 
 
 def table_properties(spark: SparkSession, ident: str) -> dict[str, str]:
-    props = iceberg_table(spark, ident).properties()
-    return {str(k): str(v) for k, v in props.items()}
+    return java_map(spark, iceberg_table(spark, ident).properties())
 
 
 def update_properties(
@@ -87,10 +86,9 @@ def delete_orphan_files(spark: SparkSession, ident: str, older_than: datetime) -
     Iceberg's action API, because its procedure refuses intervals under 24 hours: callers that hold
     every writer's lock (an erasure) may go down to "now".
     """
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
     table = iceberg_table(spark, ident)
-    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(table)
+    actions = jvm_class(spark, "org.apache.iceberg.spark.actions.SparkActions")
+    action = actions.get(spark._jsparkSession).deleteOrphanFiles(table)
     result = action.olderThan(int(older_than.timestamp() * 1000)).execute()
     return sum(1 for _ in result.orphanFileLocations())
 
@@ -156,13 +154,13 @@ def with_commit_properties(spark: SparkSession, properties: dict[str, str], fn: 
     gw = spark.sparkContext._gateway
     assert gw is not None
     ensure_callback_server_started(gw)
-    props = gw.jvm.java.util.HashMap()
+    props = jvm_class(spark, "java.util.HashMap")()
     for k, v in properties.items():
         props.put(k, v)
     callable_ = _JavaCallable(fn)
-    exc_class = gw.jvm.java.lang.Class.forName("java.lang.RuntimeException")
+    exc_class = jvm_class(spark, "java.lang.Class").forName("java.lang.RuntimeException")
     try:
-        gw.jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, callable_, exc_class)
+        jvm_class(spark, "org.apache.iceberg.spark.CommitMetadata").withCommitProperties(props, callable_, exc_class)
     except Exception:
         if callable_.error is not None:
             raise callable_.error from None

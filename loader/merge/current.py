@@ -458,10 +458,10 @@ class CurrentMerge:
         """(``catalog.system.bucket(N, {col})`` template, N) when the current table is partitioned
         by bucket(N, first key column) only, else None."""
         table = iceberg_table(self.spark, cur)
-        fields = list(table.spec().fields())
-        if len(fields) != 1 or table.schema().findColumnName(fields[0].sourceId()) != pk[0]:
+        fields = table.spec().fields()  # a Java list: size() and get(), no py4j iteration
+        if fields.size() != 1 or table.schema().findColumnName(fields.get(0).sourceId()) != pk[0]:
             return None
-        m = re.fullmatch(r"bucket\[(\d+)\]", str(fields[0].transform().toString()))
+        m = re.fullmatch(r"bucket\[(\d+)\]", str(fields.get(0).transform().toString()))
         if not m:
             return None
         return f"{quote_ident(self.names.catalog)}.system.bucket({int(m.group(1))}, {{col}})", int(m.group(1))
