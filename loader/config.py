@@ -230,6 +230,10 @@ class MergeSettings(BaseModel):
     """Layout of the current tables (see README: cost follows the change)."""
 
     key_buckets: int = 16
+    # Every this many merges of a table, the merge compacts its current table (data files rewritten
+    # with their deletes applied): each merge adds up to one data and one delete file per touched
+    # bucket, and every later merge reads them all. 0: only ``loader maintain`` compacts.
+    compact_every: int = 10
 
 
 class DbtSettings(BaseModel):

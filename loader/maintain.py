@@ -99,24 +99,9 @@ class Maintenance:
         self, label: str, ident: str, mode: str, sort_order: str | None, expire: bool, orphans: bool
     ) -> TableReport:
         m = self.settings.maintenance
-        rep = TableReport(label)
+        rep = rewrite_data_files(self.spark, self.settings, label, ident, mode, sort_order)
         call = f"{_q(self.names.catalog)}.system"
         target = _table_arg(ident, self.names.catalog)
-        options = {
-            "min-input-files": str(m.min_input_files),
-            "target-file-size-bytes": str(m.target_file_mb * 1024 * 1024),
-        }
-        if mode == "deletes":
-            options |= {"delete-file-threshold": "1", "remove-dangling-deletes": "true"}
-        opts = "map(" + ", ".join(f"'{k}', '{v}'" for k, v in options.items()) + ")"
-        strategy = f", strategy => 'sort', sort_order => '{sort_order}'" if sort_order else ""
-        row = self.spark.sql(
-            f"CALL {call}.rewrite_data_files(table => {target}{strategy}, options => {opts})"
-        ).collect()
-        if row:
-            rep.rewritten_files = int(row[0]["rewritten_data_files_count"])
-            rep.added_files = int(row[0]["added_data_files_count"])
-            rep.removed_delete_files = int(_field(row[0], "removed_delete_files_count", 0))
         self.spark.sql(f"CALL {call}.rewrite_manifests(table => {target})").collect()
         if expire:
             # Measured at the call: this run's own rewrite commits count as they should. Microseconds
@@ -141,6 +126,43 @@ class Maintenance:
             rep.delete_files = int(s.get("total-delete-files") or 0)
         log.info("maintained %s", rep.line())
         return rep
+
+
+def rewrite_data_files(
+    spark: SparkSession, settings: LoaderSettings, label: str, ident: str, mode: str, sort_order: str | None = None
+) -> TableReport:
+    """Iceberg's ``rewrite_data_files`` on one table: ``mode`` "deletes" rewrites every data file
+    that has deletes (applying them) and drops dangling delete files; "sort" and "binpack" compact
+    small files. One commit, which keeps every row (the caller holds the stage lock that writes
+    the table)."""
+    m = settings.maintenance
+    catalog = TableNames(settings).catalog
+    rep = TableReport(label)
+    options = {
+        "min-input-files": str(m.min_input_files),
+        "target-file-size-bytes": str(m.target_file_mb * 1024 * 1024),
+    }
+    if mode == "deletes":
+        # The new files take the rewrite's own sequence number, above every delete file's, so
+        # remove-dangling-deletes can drop all the deletes just applied (with the default, the
+        # starting sequence number, the last merge's delete files stayed behind). Safe because
+        # the caller holds the merge lock: no delete can commit during the rewrite.
+        options |= {
+            "delete-file-threshold": "1",
+            "remove-dangling-deletes": "true",
+            "use-starting-sequence-number": "false",
+        }
+    opts = "map(" + ", ".join(f"'{k}', '{v}'" for k, v in options.items()) + ")"
+    strategy = f", strategy => 'sort', sort_order => '{sort_order}'" if sort_order else ""
+    row = spark.sql(
+        f"CALL {_q(catalog)}.system.rewrite_data_files(table => {_table_arg(ident, catalog)}{strategy}, "
+        f"options => {opts})"
+    ).collect()
+    if row:
+        rep.rewritten_files = int(row[0]["rewritten_data_files_count"])
+        rep.added_files = int(row[0]["added_data_files_count"])
+        rep.removed_delete_files = int(_field(row[0], "removed_delete_files_count", 0))
+    return rep
 
 
 def _q(name: str) -> str:

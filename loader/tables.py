@@ -63,6 +63,8 @@ PROP_LAST_POSITION = "loader.last-position"
 # (late files); current tables: how many of those a rebuild has covered.
 PROP_LATE_APPENDS = "loader.late-appends"
 PROP_LATE_APPENDS_SEEN = "loader.late-appends-seen"
+# Current tables: merges committed since the table was last compacted (merge.compact_every).
+PROP_MERGES_SINCE_COMPACTION = "loader.merges-since-compaction"
 
 
 def newest_position(*tokens: str | None) -> str | None:

@@ -14,7 +14,9 @@ no-op, and a re-run after a crash recomputes the same increment. Control rows in
 from __future__ import annotations
 
 import json
+import logging
 import re
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,7 @@ from loader.tables import (
     PROP_LATE_APPENDS_SEEN,
     PROP_LOADED_THROUGH_TS,
     PROP_MERGED_THROUGH_TS,
+    PROP_MERGES_SINCE_COMPACTION,
     PROP_PARKED,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
@@ -60,6 +63,8 @@ from loader.tables import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("loader.merge")
 
 CURRENT_TABLE_PROPERTIES: dict[str, str] = {
     "format-version": "2",
@@ -342,7 +347,7 @@ class CurrentMerge:
             events = inc
             if plan.boundary is not None:
                 events = inc.where(position_after_sql("pg_lsn", "pg_seq", plan.boundary))
-            self._apply(
+            kind = self._apply(
                 _Apply(
                     table,
                     cur,
@@ -359,13 +364,15 @@ class CurrentMerge:
                 ),
                 out,
             )
-            self._after_commit(cur, plan, plan.cut.token(), late_appends if rebuild else None)
+            self._after_commit(cur, plan, plan.cut.token(), late_appends if rebuild else None, kind, out)
         finally:
             inc.unpersist()
         out.merged_through = plan.cut.token()
         return out
 
-    def _apply(self, a: _Apply, out: TableMerge) -> None:
+    def _apply(self, a: _Apply, out: TableMerge) -> str:
+        """Commit the increment: "rebuild" (every row rewritten), "merge" (a MERGE ran) or ""
+        (nothing to change, the progress recorded)."""
         from pyspark.sql import functions as F
 
         columns = list(a.pg_types)
@@ -392,11 +399,11 @@ class CurrentMerge:
                 # One atomic commit replaces every row, whatever the table held.
                 writer.overwrite(F.lit(True))
                 checkpoint("merge-after-commit")
-                return
+                return "rebuild"
             boundary = a.plan.boundary
             if not a.key_events and boundary is None:
                 self._record_progress(a.cur, a.commit_props)
-                return
+                return ""
             statement = merge_sql(
                 a.cur,
                 quote_ident(reduced_view),
@@ -419,6 +426,7 @@ class CurrentMerge:
                 # Every matched row was already at or past its event (a replayed increment): the
                 # MERGE changed nothing and committed nothing; record the progress explicitly.
                 self._record_progress(a.cur, a.commit_props)
+            return "merge"
         finally:
             reduced.unpersist()
 
@@ -434,12 +442,34 @@ class CurrentMerge:
         raw = cur_props.get(PROP_PARKED)
         return json.loads(raw).get("reason") if raw else None
 
-    def _after_commit(self, cur: str, plan: MergePlan, merged_through: str | None, late_seen: str | None) -> None:
+    def _after_commit(
+        self,
+        cur: str,
+        plan: MergePlan,
+        merged_through: str | None,
+        late_seen: str | None,
+        kind: str = "",
+        out: TableMerge | None = None,
+    ) -> None:
         """One property commit after the data commit: the watermark again (see loader.iceberg), the
-        commit time it stands for, the late appends a rebuild covered, and the park (status reads it)."""
+        commit time it stands for, the late appends a rebuild covered, the park (status reads it)
+        and the merges since the last compaction; then the compaction when it is due."""
         props = table_properties(self.spark, cur)
         update: dict[str, str] = {}
         remove: list[str] = []
+        every = self.settings.merge.compact_every
+        # Tables start counting at different offsets, so their compactions fall in different cycles.
+        start = str(zlib.crc32(cur.encode()) % every) if every > 0 else "0"
+        due = False
+        if kind == "rebuild":
+            update[PROP_MERGES_SINCE_COMPACTION] = start
+        elif kind == "merge":
+            merges = int(props.get(PROP_MERGES_SINCE_COMPACTION, start)) + 1
+            # When due, the count stays below `every` until the compaction has committed, so a
+            # compaction that fails is tried again by the next merge.
+            due = 0 < every <= merges
+            if not due:
+                update[PROP_MERGES_SINCE_COMPACTION] = str(merges)
         if merged_through is not None:
             update[SUMMARY_MERGED_THROUGH] = merged_through
             if self._loaded_ts and plan.parked is None and merged_through >= (self._loaded_token or "~"):
@@ -453,6 +483,27 @@ class CurrentMerge:
         update = {k: v for k, v in update.items() if props.get(k) != v}
         if update or remove:
             update_properties(self.spark, cur, update, remove)
+        if due:
+            self._compact(cur, out)
+
+    def _compact(self, cur: str, out: TableMerge | None) -> None:
+        """Rewrite the current table's data files with their deletes applied (what ``loader
+        maintain`` does to it, without expiry): the files later merges read stop piling up."""
+        from loader.maintain import rewrite_data_files
+
+        checkpoint("merge-before-compaction")
+        rep = rewrite_data_files(self.spark, self.settings, f"current {cur}", cur, "deletes")
+        update_properties(self.spark, cur, {PROP_MERGES_SINCE_COMPACTION: "0"})
+        log.info(
+            "compacted %s: %d data files -> %d, %d delete files removed",
+            cur,
+            rep.rewritten_files,
+            rep.added_files,
+            rep.removed_delete_files,
+        )
+        if out is not None:
+            note = f"compacted: {rep.rewritten_files} data files -> {rep.added_files}"
+            out.note = "; ".join(n for n in (out.note, note) if n)
 
     def _bucket_spec(self, cur: str, pk: list[str]) -> tuple[str, int] | None:
         """(``catalog.system.bucket(N, {col})`` template, N) when the current table is partitioned
