@@ -15,6 +15,7 @@ What is bad data and what is not:
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import zlib
@@ -355,19 +356,28 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
         store = open_landing(settings)
         schema = _arrow_schema()
         buf: list[dict[str, Any]] = []
-        for batch in batches:
-            for name in batch.column(0).to_pylist():
-                parsed = LandingFile.parse(name)
-                first_lsn = parsed.first.commit_lsn if parsed is not None else 0
-                span = (parsed.first, parsed.last) if parsed is not None else None
-                # Read errors (after the store's retries) propagate: the task, and the load, fail.
-                for row in decode_file(name, store.open_bytes(name), first_lsn, span):
-                    buf.append(row)
-                    if len(buf) >= batch_rows:
-                        yield rows_to_batch(buf, schema)
-                        buf = []
-        if buf:
-            yield rows_to_batch(buf, schema)
+        # The rows (dicts of lists) are acyclic and freed by reference counting; the cyclic
+        # collector would only walk them, again and again as a batch grows: a quarter of the
+        # decoding time. Off while this task decodes (the worker runs nothing else meanwhile).
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for batch in batches:
+                for name in batch.column(0).to_pylist():
+                    parsed = LandingFile.parse(name)
+                    first_lsn = parsed.first.commit_lsn if parsed is not None else 0
+                    span = (parsed.first, parsed.last) if parsed is not None else None
+                    # Read errors (after the store's retries) propagate: the task, and the load, fail.
+                    for row in decode_file(name, store.open_bytes(name), first_lsn, span):
+                        buf.append(row)
+                        if len(buf) >= batch_rows:
+                            yield rows_to_batch(buf, schema)
+                            buf = []
+            if buf:
+                yield rows_to_batch(buf, schema)
+        finally:
+            if was_enabled:
+                gc.enable()
 
     return decode
 

@@ -62,6 +62,11 @@ def typed_select(columns: list[HistoryColumn], dropped: dict[str, ChangePosition
         if not spark_type(col.pg_type).lossless_text:
             label = sql_string(f"column {col.source} ({col.pg_type}): value ")
             checks.append(f"IF({raw} IS NOT NULL AND ({expr}) IS NULL, concat({label}, {raw}, ' does not fit'), NULL)")
+    reason = f"concat_ws('; ', {', '.join(checks)})" if checks else "''"
+    raw_json = (
+        "to_json(struct(op, commit_lsn, seq, xid, ts, src_schema, src_table, col_names, col_values, key_names,"
+        " key_values))"
+    )
     select += [
         "commit_lsn AS pg_lsn",
         "seq AS pg_seq",
@@ -76,9 +81,10 @@ def typed_select(columns: list[HistoryColumn], dropped: dict[str, ChangePosition
         "landing_file AS pg_landing_file",
         "note AS pg_note",
         f"line AS {LINE}",
-        (f"concat_ws('; ', {', '.join(checks)})" if checks else "''") + f" AS {REASON}",
-        "to_json(struct(op, commit_lsn, seq, xid, ts, src_schema, src_table, col_names, col_values, key_names,"
-        f" key_values)) AS {RAW}",
+        f"{reason} AS {REASON}",
+        # The raw change goes only to the rejects table: built for the rows that do not fit (JSON
+        # of every row was a third of the typing job, and the typed batch is cached).
+        (f"IF({reason} <> '', {raw_json}, NULL)" if checks else "CAST(NULL AS STRING)") + f" AS {RAW}",
     ]
     return select
 
