@@ -162,6 +162,7 @@ def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> S
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        _import_hot_classes(active)  # a session someone else built (a notebook, a test harness)
         return active
     os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", _python()))
     builder = SparkSession.builder.appName(app_name)
@@ -201,16 +202,20 @@ _HOT_CLASSES = (
 # Keyed by gateway (kept in the value, so its id cannot be reused by another while cached).
 _JVM_CLASSES: dict[tuple[int, str], tuple[Any, Any]] = {}
 _JSON_MAPPERS: dict[int, tuple[Any, Any]] = {}
+_IMPORTED: dict[int, Any] = {}
 
 
 def _import_hot_classes(spark: SparkSession) -> None:
-    """Single-class imports resolve those short names with one successful lookup."""
+    """Single-class imports resolve those short names with one successful lookup (once per JVM view)."""
     from py4j.java_gateway import java_import
 
     jvm = spark.sparkContext._jvm
     assert jvm is not None
+    if _IMPORTED.get(id(jvm)) is jvm:
+        return
     for fqn in _HOT_CLASSES:
         java_import(jvm, fqn)
+    _IMPORTED[id(jvm)] = jvm
 
 
 def jvm_class(spark: SparkSession, fqn: str) -> Any:
