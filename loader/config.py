@@ -171,7 +171,7 @@ class SparkSettings(BaseModel):
     # Tables loaded and merged at once (driver threads, each with its own Spark jobs and commit).
     # A small table's load or merge is mostly job scheduling and commit latency, so a cycle over
     # several changed tables overlaps them; 1 processes tables one after another.
-    table_threads: int = Field(default=4, ge=1, le=64)
+    table_threads: int = Field(default=8, ge=1, le=64)
     driver_memory: str = "2g"
     # Extra jars (comma-separated paths or URLs, or a JSON list): S3A / AWS SDK jars for a warehouse
     # on s3:// where the platform does not provide them ('make s3a-jars' fetches them into .state/jars).
@@ -229,7 +229,12 @@ class LockSettings(BaseModel):
 class MergeSettings(BaseModel):
     """Layout of the current tables (see README: cost follows the change)."""
 
-    key_buckets: int = 16
+    # Current tables are partitioned by bucket(key_buckets, first key column). Every merge writes a
+    # data file and a delete file per bucket its keys touch, and a few hundred random keys touch
+    # every bucket, so each bucket costs every later merge a file or two to read until compaction:
+    # 2 (the cores of a small machine) measured faster than 16 in every benchmark (README,
+    # Performance). More buckets pay off only when increments are a handful of keys.
+    key_buckets: int = Field(default=2, ge=1, le=1024)
     # Every this many merges of a table, the merge compacts its current table (data files rewritten
     # with their deletes applied): each merge adds up to one data and one delete file per touched
     # bucket, and every later merge reads them all. 0: only ``loader maintain`` compacts.
