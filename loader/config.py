@@ -199,6 +199,9 @@ class FollowSettings(BaseModel):
 
     interval_s: float = 2.0  # a load + merge cycle starts at most this often
     capture_interval_s: float = 1.0  # the capture thread's pause between runs
+    # Each cycle first asks the capture thread for a run and waits for it at most this long, so it
+    # loads what was committed before it started (not only what the last timed run landed); 0: off.
+    capture_wait_s: float = Field(default=5.0, ge=0)
     max_batch_files: int = 200  # landing files per load (a transaction longer than this goes whole)
     metrics_port: int | None = None  # Prometheus metrics on 127.0.0.1:<port>; None: off
     metrics_host: str = "127.0.0.1"

@@ -2,8 +2,10 @@
 
 Two loops:
 - a capture thread lands the slot's changes every ``follow.capture_interval_s`` (it keeps
-  streaming while Spark loads: nothing waits for the merge);
-- the main thread cycles: list the landing area; if files are pending, load a bounded batch
+  streaming while Spark loads: nothing waits for the merge), and at once when the main thread asks;
+- the main thread cycles: ask the capture thread for a run that starts now and wait for it (at most
+  ``follow.capture_wait_s``), so the cycle loads every transaction committed before it started
+  rather than those of the last timed run; list the landing area; if files are pending, load a bounded batch
   (``follow.max_batch_files``), then merge the tables that received changes; otherwise sleep.
   An idle cycle lists the landing area and nothing else: no Spark job, no Iceberg commit. A table
   without changes in a cycle costs nothing. Maintenance runs every ``maintenance.every_minutes``.
@@ -64,6 +66,11 @@ class Follower:
         self._capture_error: BaseException | None = None
         self._last_maintenance = time.monotonic()
         self._parked: dict[str, bool] = {}  # every keyed table seen by a merge -> parked?
+        # Capture runs started and finished (under _capture_cond); _wake ends the capture thread's pause.
+        self._capture_cond = threading.Condition()
+        self._capture_runs = (0, 0)
+        self._wake = threading.Event()
+        self._capture_thread: threading.Thread | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -72,11 +79,13 @@ class Follower:
         try:
             with stage_lock(self.settings, "load"), stage_lock(self.settings, "merge"):
                 capture = threading.Thread(target=self._capture_loop, name="capture", daemon=True)
+                self._capture_thread = capture
                 capture.start()
                 try:
                     self._main_loop()
                 finally:
                     self.stop.set()
+                    self._wake.set()
                     capture.join(timeout=600)
         finally:
             for sig, handler in previous.items():
@@ -88,6 +97,7 @@ class Follower:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
         self.stop.set()
+        self._wake.set()
 
     # --- capture thread --------------------------------------------------------------------
     def _capture_loop(self) -> None:
@@ -95,6 +105,10 @@ class Follower:
 
         interval = self.settings.follow.capture_interval_s
         while not self.stop.is_set():
+            self._wake.clear()
+            with self._capture_cond:
+                started, finished = self._capture_runs
+                self._capture_runs = (started + 1, finished)
             try:
                 res = Capture(self.settings).run()
                 self.stats.captured_changes += res.changes
@@ -116,13 +130,37 @@ class Follower:
                 return
             except Exception:
                 log.exception("capture failed; retrying after the interval")
-            self.stop.wait(interval)
+            finally:
+                with self._capture_cond:
+                    started, finished = self._capture_runs
+                    self._capture_runs = (started, finished + 1)
+                    self._capture_cond.notify_all()
+            self._wake.wait(interval)
+
+    def capture_now(self, timeout: float) -> bool:
+        """Ask the capture thread for a run that starts after this call and wait for its end (at
+        most ``timeout`` seconds): every transaction committed before the call is then landed.
+        False when it did not finish in time (the cycle goes on with what has landed)."""
+        thread = self._capture_thread
+        if timeout <= 0 or thread is None or not thread.is_alive():
+            return False
+        with self._capture_cond:
+            # A run in progress may have read the slot before the caller's commits: wait for the next.
+            need = self._capture_runs[0] + 1
+            self._wake.set()
+            return (
+                self._capture_cond.wait_for(
+                    lambda: self._capture_runs[1] >= need or self.stop.is_set() or not thread.is_alive(), timeout
+                )
+                and self._capture_runs[1] >= need
+            )
 
     # --- load + merge cycles ---------------------------------------------------------------
     def _main_loop(self) -> None:
         interval = self.settings.follow.interval_s
         while not self.stop.is_set():
             started = time.monotonic()
+            self.capture_now(self.settings.follow.capture_wait_s)
             try:
                 worked = self.cycle()
                 self.metrics.cycles.labels(result="work" if worked else "idle").inc()

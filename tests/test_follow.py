@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import signal
 import socket
+import threading
 import time
 import urllib.request
 
@@ -158,3 +159,43 @@ def _st(table: str) -> object:
     from loader.tables import SourceTable
 
     return SourceTable.parse(table)
+
+
+def test_a_cycle_first_lands_what_was_committed_before_it(env: Env) -> None:
+    """``capture_now`` returns only after a capture run that began after the call: every
+    transaction committed before it is landed, though the timed runs pause for an hour."""
+    from loader.capture.landing import open_landing
+    from loader.follow import Follower
+
+    env.sql("CREATE TABLE public.asked (id int PRIMARY KEY)")
+    env.capture()
+    env.configure("follow", capture_interval_s=3600.0)
+    follower = Follower(env.settings, env.spark)
+    assert not follower.capture_now(5)  # no capture thread: nothing to ask, no wait
+    thread = threading.Thread(target=follower._capture_loop, daemon=True)
+    follower._capture_thread = thread
+    thread.start()
+    store = open_landing(env.settings)
+
+    def landed_ids() -> set[int]:
+        return {
+            int(c.value)
+            for f in store.files()
+            for r in store.read_records(f.name)
+            if r.table == "asked" and r.op == "I"
+            for c in r.columns
+            if c.name == "id" and c.value is not None
+        }
+
+    try:
+        time.sleep(1)  # the thread's first (timed) run is over; the next one is an hour away
+        for i in range(3):
+            env.sql(f"INSERT INTO public.asked VALUES ({i})")
+            assert follower.capture_now(60)
+            assert landed_ids() == set(range(i + 1))
+    finally:
+        follower.stop.set()
+        follower._wake.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert not follower.capture_now(5)  # the thread has ended: no wait
