@@ -489,7 +489,12 @@ class HistoryLoad:
                 ).withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
                 typed = typed.unionByName(park.selectExpr(*typed_select(hist_columns, dropped)))
         ok = typed.where(f"{REASON} = ''").drop(LINE, REASON, RAW)
-        ok = ok.persist()
+        # Read more than once only on the rarer paths (misfits or park rows: bounds again, the park
+        # markers, the append); otherwise the append is its one reader, and caching it would copy
+        # every row once more (``typed``, which it filters, is cached).
+        cached = bool(bounds[4] or bounds[3])
+        if cached:
+            ok = ok.persist()
         try:
             if bounds[4]:
                 bounds = self._bounds(ok)  # with the park row
@@ -540,7 +545,8 @@ class HistoryLoad:
             result.rows_per_table[table.qualified] = n
             result.duplicates_skipped += bounds[0] - n
         finally:
-            ok.unpersist()
+            if cached:
+                ok.unpersist()
 
     def _all_new(self, ident: str, first: ChangePosition) -> bool:
         """Whether history holds nothing at or after ``first`` (its last-position property, which a
