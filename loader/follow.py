@@ -101,6 +101,13 @@ class Follower:
 
     # --- capture thread --------------------------------------------------------------------
     def _capture_loop(self) -> None:
+        try:
+            self._capture_runs_until_stopped()
+        finally:
+            with self._capture_cond:  # a cycle waiting in capture_now must not wait for a run that never comes
+                self._capture_cond.notify_all()
+
+    def _capture_runs_until_stopped(self) -> None:
         from loader.capture.capture import Capture
 
         interval = self.settings.follow.capture_interval_s

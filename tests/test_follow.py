@@ -193,6 +193,20 @@ def test_a_cycle_first_lands_what_was_committed_before_it(env: Env) -> None:
             env.sql(f"INSERT INTO public.asked VALUES ({i})")
             assert follower.capture_now(60)
             assert landed_ids() == set(range(i + 1))
+        # Stopping (SIGTERM sets both) ends a wait at once, not after its timeout.
+        waited: list[float] = []
+
+        def ask() -> None:
+            started = time.monotonic()
+            follower.capture_now(300)
+            waited.append(time.monotonic() - started)
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        follower.stop.set()  # as the signal handler does, while the cycle waits
+        follower._wake.set()
+        asker.join(timeout=120)
+        assert waited and waited[0] < 60, waited
     finally:
         follower.stop.set()
         follower._wake.set()
