@@ -20,6 +20,7 @@ import json
 import re
 import zlib
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any
 
 from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
@@ -58,7 +59,8 @@ _CHUNK = 1 << 16
 _SMALL_CHUNK = 256
 
 
-def record_row(file: str, line_no: int, rec: ChangeRecord) -> dict[str, Any]:
+def record_row(file: str, line_no: int, rec: ChangeRecord, shape: _Shape | None = None) -> dict[str, Any]:
+    shape = shape or _shape_of(rec)
     return {
         "landing_file": file,
         "line": line_no,
@@ -70,16 +72,55 @@ def record_row(file: str, line_no: int, rec: ChangeRecord) -> dict[str, Any]:
         "ts": rec.ts,
         "src_schema": rec.schema,
         "src_table": rec.table,
-        "col_names": [c.name for c in rec.columns],
-        "col_types": [c.type for c in rec.columns],
+        # The name lists are the shape's own objects, shared by every row of the shape (never
+        # mutated): rows_to_batch converts each distinct one to Arrow once.
+        "col_names": shape.col_names,
+        "col_types": shape.col_types,
         "col_values": [c.value for c in rec.columns],
-        "key_names": [c.name for c in rec.identity],
+        "key_names": shape.key_names,
         "key_values": [c.value for c in rec.identity],
-        "pk": rec.pk,
+        "pk": shape.pk,
         "note": rec.reason or None,
         "reject_reason": None,
         "raw": None,
     }
+
+
+class _Shape:
+    """What a record's validity and its row's name lists depend on besides its values: operation,
+    table, column names and types, old-key names, primary key. Checked once per shape, not per row."""
+
+    __slots__ = ("col_names", "col_types", "key_names", "pk", "problem")
+
+    def __init__(self, rec: ChangeRecord) -> None:
+        self.col_names = [c.name for c in rec.columns]
+        self.col_types = [c.type for c in rec.columns]
+        self.key_names = [c.name for c in rec.identity]
+        self.pk = list(rec.pk)
+        self.problem = _shape_problem(rec, self.col_names, self.key_names)
+
+
+_SHAPES: dict[tuple[Any, ...], _Shape] = {}
+_SHAPES_MAX = 4096
+
+
+def _shape_of(rec: ChangeRecord) -> _Shape:
+    cols = rec.columns
+    key = (
+        rec.op,
+        rec.schema,
+        rec.table,
+        tuple([c.name for c in cols]),
+        tuple([c.type for c in cols]),
+        tuple([c.name for c in rec.identity]),
+        tuple(rec.pk),
+    )
+    shape = _SHAPES.get(key)
+    if shape is None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        shape = _SHAPES[key] = _Shape(rec)
+    return shape
 
 
 def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord | None = None) -> dict[str, Any]:
@@ -292,10 +333,14 @@ def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
         return reject_row(file, line_no, line, f"undecodable change record: {exc}")
     if rec.op == COMMIT:
         return None
-    problem = _invalid(rec)
+    problem = _invalid_position(rec)
+    shape = None
+    if problem is None and rec.op != "X":
+        shape = _shape_of(rec)
+        problem = shape.problem
     if problem:
         return reject_row(file, line_no, line, problem, rec)
-    if rec.op == "X":
+    if shape is None:  # op X
         return reject_row(
             file,
             line_no,
@@ -303,7 +348,7 @@ def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
             f"quarantined before landing (capture or import): {rec.reason}",
             rec,
         )
-    return record_row(file, line_no, rec)
+    return record_row(file, line_no, rec, shape)
 
 
 _TIMESTAMP = re.compile(r"^\d{4,}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([+-]\d{2}(:?\d{2})?|Z)?\Z")
@@ -313,30 +358,45 @@ _MAX_NAME_BYTES = 63
 
 def _invalid(rec: ChangeRecord) -> str | None:
     """Why a well-formed record still cannot be applied, or None."""
+    problem = _invalid_position(rec)
+    if problem is not None or rec.op == "X":
+        return problem
+    return _shape_of(rec).problem
+
+
+def _invalid_position(rec: ChangeRecord) -> str | None:
+    """The checks of a record's own values (position, commit time), before its shape's."""
     if rec.commit_lsn < 0 or rec.seq < 0 or rec.commit_lsn >= 1 << 63:
         return f"position {rec.commit_lsn}#{rec.seq} is not a valid change position"
-    if not _TIMESTAMP.match(rec.ts):
-        return f"commit timestamp {rec.ts[:60]!r} is not a timestamp"
-    if rec.op == "X":
-        return None
+    ts = rec.ts
+    ok = _TS_SEEN.get(ts)  # a transaction's records share their commit time
+    if ok is None:
+        if len(_TS_SEEN) >= _SHAPES_MAX:
+            _TS_SEEN.clear()
+        ok = _TS_SEEN[ts] = bool(_TIMESTAMP.match(ts))
+    if not ok:
+        return f"commit timestamp {ts[:60]!r} is not a timestamp"
+    return None
+
+
+_TS_SEEN: dict[str, bool] = {}
+
+
+def _shape_problem(rec: ChangeRecord, names: list[str], key_names: list[str]) -> str | None:
+    """The checks that depend on the record's shape only (see _Shape)."""
     if not rec.schema or not rec.table:
         return f"{OPERATIONS[rec.op]} record without schema and table"
     # (A name of at most 15 characters fits in 63 bytes of UTF-8: most skip the encode.)
-    too_long = [
-        n
-        for n in (rec.schema, rec.table, *(c.name for c in rec.columns))
-        if len(n) > 15 and len(n.encode("utf-8")) > _MAX_NAME_BYTES
-    ]
+    too_long = [n for n in (rec.schema, rec.table, *names) if len(n) > 15 and len(n.encode("utf-8")) > _MAX_NAME_BYTES]
     if too_long:
         return f"name longer than PostgreSQL allows ({_MAX_NAME_BYTES} bytes): {too_long[0][:80]!r}"
-    if rec.op in ("I", "U", "R") and not rec.columns:
+    if rec.op in ("I", "U", "R") and not names:
         return f"{OPERATIONS[rec.op]} without column values"
-    if rec.op == "D" and not rec.identity:
+    if rec.op == "D" and not key_names:
         return "delete without the old key (replica identity): cannot tell which row went"
-    names = [c.name for c in rec.columns]
     if len(set(names)) != len(names):
         return "a column appears twice in one change"
-    if len({c.name for c in rec.identity}) != len(rec.identity):
+    if len(set(key_names)) != len(key_names):
         return "a column appears twice in the old key"
     if rec.op in ("I", "U", "R") and rec.pk and not set(rec.pk) <= set(names):
         missing = sorted(set(rec.pk) - set(names))
@@ -384,10 +444,38 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
 
 def rows_to_batch(rows: list[dict[str, Any]], schema: Any) -> Any:
     """Change rows -> one Arrow RecordBatch, column by column (several times faster than
-    ``RecordBatch.from_pylist``, which converts row by row)."""
+    ``RecordBatch.from_pylist``, which converts row by row).
+
+    The rows are transposed in C (itemgetter, zip). Name lists shared by many rows (a shape's, see
+    record_row) are converted once each and repeated by an Arrow ``take``.
+    """
     import pyarrow as pa
 
-    return pa.RecordBatch.from_arrays([pa.array([r[f.name] for r in rows], type=f.type) for f in schema], schema=schema)
+    columns = list(zip(*map(itemgetter(*schema.names), rows))) if rows else [() for _ in schema.names]
+    arrays = [
+        _shared_lists(values, f.type) if f.name in _SHARED_LISTS else pa.array(values, type=f.type)
+        for f, values in zip(schema, columns, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# Columns whose values are usually one of a few list objects (record_row).
+_SHARED_LISTS = frozenset({"col_names", "col_types", "key_names", "pk"})
+
+
+def _shared_lists(values: tuple[Any, ...], arrow_type: Any) -> Any:
+    import pyarrow as pa
+
+    index: dict[int, int] = {}
+    distinct: list[Any] = []
+    positions = []
+    for v in values:
+        i = index.get(id(v))  # the rows hold every value, so no id is reused meanwhile
+        if i is None:
+            i = index[id(v)] = len(distinct)
+            distinct.append(v)
+        positions.append(i)
+    return pa.array(distinct, type=arrow_type).take(pa.array(positions, type=pa.int32()))
 
 
 def _arrow_schema() -> Any:

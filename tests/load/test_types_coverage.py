@@ -6,6 +6,8 @@ timestamps, dates, binary, 1-D arrays...) are compared as typed values, read thr
 
 from __future__ import annotations
 
+from typing import Any
+
 from loader.catalog import open_catalog
 from loader.load.typemap import spark_type
 from loader.tables import PROP_PG_TYPES, SourceTable
@@ -107,3 +109,45 @@ def test_multidimensional_array_value_is_rejected_not_flattened(env: Env) -> Non
     rows = env.spark.table(env.names.rejects).collect()
     assert all("column a (integer[])" in r["reason"] and r["source_table"] == "public.arr" for r in rows)
     assert [r["id"] for r in env.current("public.arr").collect()] == [1]
+
+
+def test_timestamptz_fast_path_equals_the_general_parse_in_any_session_time_zone(spark: Any) -> None:
+    """capture's UTC text ('...+00') is typed without Spark's per-value zone parsing; the result
+    must be the general path's for every form PostgreSQL prints, whatever the session's zone."""
+    from loader.load.typemap import _TSTZ_ANY, _UTC_TEXT_REGEX
+
+    values = [
+        "2024-01-31 12:00:00.123456+00",
+        "2024-01-31 12:00:00+00",
+        "2024-01-31 12:00:00.5+00",
+        "0001-01-01 00:00:00+00",
+        "0001-01-01 00:00:00+00 BC",
+        "1969-12-31 23:59:59.999999+00",
+        "9999-12-31 23:59:59.999999+00",
+        "12345-06-07 01:02:03.000001+00",
+        "294247-01-10 04:00:54.775807+00",
+        "2024-01-31 12:00:00+05:30",
+        "2024-01-31 12:00:00-08",
+        "2024-02-30 12:00:00+00",
+        "2024-01-31 25:00:00+00",
+        "2024-01-31 12:00:00.1234567+00",
+        "infinity",
+        "-infinity",
+        "",
+        None,
+    ]
+    fast, general = spark_type("timestamptz").cast.replace("{v}", "v"), _TSTZ_ANY.replace("{v}", "v")
+    assert "RLIKE" in fast and _UTC_TEXT_REGEX.endswith("\\+00$")
+    before = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for zone in ("UTC", "America/New_York", "Asia/Kolkata"):
+            spark.conf.set("spark.sql.session.timeZone", zone)
+            rows = (
+                spark.createDataFrame([(v,) for v in values], "v STRING")
+                .selectExpr("v", f"unix_micros({fast}) AS fast", f"unix_micros({general}) AS general")
+                .collect()
+            )
+            assert [(r.v, r.fast) for r in rows] == [(r.v, r.general) for r in rows], zone
+            assert rows[0].fast == 1706702400123456
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
