@@ -19,10 +19,11 @@ _LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\Z")
 
 def parse_lsn(text: str) -> int:
     """'16/B374D848' -> integer byte position in the WAL."""
-    m = _LSN_RE.match(text.strip())
+    m = _LSN_RE.match(text) or _LSN_RE.match(text.strip())
     if not m:
         raise ValueError(f"not a PostgreSQL LSN: {text!r}")
-    return (int(m.group(1), 16) << 32) | int(m.group(2), 16)
+    hi, lo = m.groups()
+    return (int(hi, 16) << 32) | int(lo, 16)
 
 
 def format_lsn(value: int) -> str:

@@ -171,6 +171,8 @@ class Capture:
         self.controls = _Controls(None, True)
         self._pending_resyncs: dict[str, str] = {}
         self._last_confirm: int | None = None
+        self._progress: Any = None  # the run's progress bar, moved as the slot is confirmed
+        self._begin: int | None = None
 
     # --- the run ---------------------------------------------------------------------------
     def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
@@ -202,13 +204,13 @@ class Capture:
             start = slots.slot_info(conn, src.slot)
             begin = start.confirmed_flush_lsn if start is not None and start.confirmed_flush_lsn else None
             with bar(parse_lsn(upto) - begin if begin is not None else None, "capture", "B") as progress:
-                while True:
-                    rows, landed = self._round(conn, upto, landed, result)
-                    if begin is not None and self._last_confirm is not None:
-                        progress.n = max(0, self._last_confirm - begin)
-                        progress.refresh()
-                    if rows == 0:
-                        break
+                self._progress, self._begin = progress, begin
+                if not (self._pipelined(start, upto) and self._stream(conn, upto, landed, result)):
+                    while True:
+                        rows, landed = self._round(conn, upto, landed, result)
+                        if rows == 0:
+                            break
+                self._progress = None
             self._flush_controls(result)
             if plan is not None:
                 self._save_catalog_state(plan)
@@ -409,8 +411,8 @@ class Capture:
         src = self.settings.source
         decoder = self._decoder(conn)
         writer = LandingWriter(self.store, src.max_changes_per_file)
+        lander = _Lander(self, conn, writer, landed, result)
         rows = 0
-        txn_has_output = False
         strict_outside = src.plugin == "pgoutput"
         try:
             with conn.transaction():
@@ -418,32 +420,7 @@ class Capture:
                     rows += 1
                     records = decoder.feed(data, parse_lsn(row_lsn.decode())) if strict_outside else decoder.feed(data)
                     for rec in records:
-                        if landed is not None and rec.position <= landed:
-                            if rec.op != COMMIT:
-                                result.skipped_already_landed += 1
-                            continue
-                        if rec.op == COMMIT:
-                            if txn_has_output:
-                                writer.write(rec)
-                                self.controls.after(rec)
-                                result.transactions += 1
-                                self.controls.flush(writer, rec.ts)
-                            txn_has_output = False
-                            continue
-                        rec = self._to_root(conn, rec, result)
-                        if not self._wanted(rec):
-                            continue
-                        if not txn_has_output:
-                            self.controls.flush(writer, rec.ts)
-                        self._complete_key(rec, result)
-                        if rec.op == "X":
-                            result.quarantined += 1
-                        result.tables.add(rec.qualified_table)
-                        txn_has_output = True
-                        writer.write(rec)
-                        self.controls.after(rec)
-                        result.changes += 1
-                        self._drain(writer, result)
+                        lander.land(rec)
                     if strict_outside and decoder.quarantined_outside_transaction:
                         raise DecodeError(
                             f"pgoutput message outside a transaction could not be decoded ({decoder.last_outside_reason})",
@@ -463,13 +440,76 @@ class Capture:
         if confirm is None or confirm == self._last_confirm:
             # Nothing new to confirm: another peek would return the same rows; stop rather than spin.
             return 0, landed
+        self._confirm(conn, confirm)
+        new_landed = self.store.landed_position() if result.files else landed
+        return rows, new_landed
+
+    def _pipelined(self, start: slots.SlotInfo | None, upto: str) -> bool:
+        """Read through a consumed copy of the slot (``loader.capture.stream``) when the backlog is
+        big enough to pay for the copy and its thread; peek otherwise."""
+        src = self.settings.source
+        if src.plugin != "wal2json" or src.pipeline_min_lag_mb < 0 or start is None:
+            return False
+        begin = start.confirmed_flush_lsn
+        return begin is not None and parse_lsn(upto) - begin >= src.pipeline_min_lag_mb * 1024 * 1024
+
+    def _stream(
+        self, conn: psycopg.Connection, upto: str, landed: ChangePosition | None, result: CaptureResult
+    ) -> bool:
+        """Land everything up to ``upto`` through a pipelined copy of the slot; False when the slot
+        cannot be copied here (the caller peeks instead).
+
+        The files are published as they fill, and after each the slot is confirmed to the end of
+        the last transaction fed to the decoder: every record written before it is in a published
+        file, and a transaction still open has not moved the decoder's confirm position.
+        """
+        from loader.capture.stream import PipelineUnavailable, RoundFetcher
+
+        src = self.settings.source
+        fetcher = RoundFetcher(src.conninfo(), src.slot, self.options, parse_lsn(upto), src.pipeline_round_rows)
+        try:
+            fetcher.start()
+        except PipelineUnavailable as exc:
+            log.info("%s; capture peeks instead", exc)
+            return False
+        decoder = Wal2JsonDecoder()
+        writer = LandingWriter(self.store, src.max_changes_per_file)
+        lander = _Lander(self, conn, writer, landed, result)
+        try:
+            try:
+                published = len(result.files)
+                for data in fetcher.rows():
+                    for rec in decoder.feed(data):
+                        lander.land(rec)
+                    if len(result.files) != published:
+                        published = len(result.files)
+                        self._confirm(conn, decoder.confirm_lsn)
+                if decoder.in_transaction:
+                    raise LandingError("slot returned a transaction without its commit; re-run capture")
+                writer.close_file()
+                self._drain(writer, result)
+            except BaseException:
+                writer.abort()
+                raise
+        finally:
+            fetcher.close()
+        result.messages_skipped += decoder.messages_skipped
+        self._confirm(conn, decoder.confirm_lsn)
+        return True
+
+    def _confirm(self, conn: psycopg.Connection, confirm: int | None) -> None:
+        """Advance the slot to ``confirm``: everything before it is in published files."""
+        if confirm is None or confirm == self._last_confirm:
+            return
+        src = self.settings.source
         record_confirmed(self.store, src.slot, confirm)
         checkpoint("capture-before-advance")
         slots.advance_slot(conn, src.slot, confirm)
         checkpoint("capture-after-advance")
         self._last_confirm = confirm
-        new_landed = self.store.landed_position() if result.files else landed
-        return rows, new_landed
+        if self._progress is not None and self._begin is not None:
+            self._progress.n = max(0, confirm - self._begin)
+            self._progress.refresh()
 
     def _to_root(self, conn: psycopg.Connection, rec: ChangeRecord, result: CaptureResult) -> ChangeRecord:
         """A partition's change is its partitioned table's change (source.partitions = root).
@@ -479,8 +519,9 @@ class Capture:
         """
         if self.settings.source.partitions != "root" or rec.op in (COMMIT, "X"):
             return rec
-        root = self.roots.get(rec.qualified_table)
-        if root is None and rec.qualified_table not in self.facts:
+        qualified = rec.qualified_table
+        root = self.roots.get(qualified)
+        if root is None and qualified not in self.facts:
             root = self._lookup_root(conn, rec.schema, rec.table)  # a table or partition created during the run
         if root is None:
             return rec
@@ -537,12 +578,11 @@ class Capture:
     def _drain(self, writer: LandingWriter, result: CaptureResult) -> None:
         writer.drain(result.files, "capture-after-publish", self.on_published)
 
-    def _complete_key(self, rec: ChangeRecord, result: CaptureResult) -> None:
+    def _complete_key(self, rec: ChangeRecord, qualified: str, result: CaptureResult) -> None:
         """The downstream key of the record's table: its replica identity, when it carries
         updates and deletes (else none: the table gets history only)."""
         if rec.op in ("T", "X"):
             return
-        qualified = rec.qualified_table
         facts = self.facts.get(qualified)
         origin: Any = facts if facts is not None else (self.keys.info(rec.schema, rec.table) if self.keys else None)
         if origin is None:
@@ -559,10 +599,10 @@ class Capture:
             )
             result.limited_tables.setdefault(rec.qualified_table, table_info.downstream)
 
-    def _wanted(self, rec: ChangeRecord) -> bool:
+    def _wanted(self, rec: ChangeRecord, qualified: str) -> bool:
         if rec.op == "X" and not rec.table:
             return True  # its table is unknown: the load must see it to park what may have lost a change
-        return self.filter(rec.qualified_table)
+        return self.filter(qualified)
 
 
 def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
@@ -581,3 +621,55 @@ def _now_text() -> str:
     from datetime import datetime
 
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")
+
+
+class _Lander:
+    """Puts one run's decoded records into landing files: skips what an earlier run landed and
+    what the filters exclude, maps partitions to their root, completes keys, writes pending park
+    records at transaction boundaries, and counts."""
+
+    def __init__(
+        self,
+        capture: Capture,
+        conn: psycopg.Connection,
+        writer: LandingWriter,
+        landed: ChangePosition | None,
+        result: CaptureResult,
+    ) -> None:
+        self.capture = capture
+        self.conn = conn
+        self.writer = writer
+        self.landed = landed
+        self.result = result
+        self.txn_has_output = False
+
+    def land(self, rec: ChangeRecord) -> None:
+        capture, writer, result = self.capture, self.writer, self.result
+        if self.landed is not None and rec.position <= self.landed:
+            if rec.op != COMMIT:
+                result.skipped_already_landed += 1
+            return
+        if rec.op == COMMIT:
+            if self.txn_has_output:
+                writer.write(rec)
+                capture.controls.after(rec)
+                result.transactions += 1
+                capture.controls.flush(writer, rec.ts)
+            self.txn_has_output = False
+            return
+        rec = capture._to_root(self.conn, rec, result)
+        qualified = rec.qualified_table
+        if not capture._wanted(rec, qualified):
+            return
+        if not self.txn_has_output:
+            capture.controls.flush(writer, rec.ts)
+        capture._complete_key(rec, qualified, result)
+        if rec.op == "X":
+            result.quarantined += 1
+        result.tables.add(qualified)
+        self.txn_has_output = True
+        writer.write(rec, qualified)
+        capture.controls.after(rec)
+        result.changes += 1
+        if writer.published:
+            capture._drain(writer, result)

@@ -334,14 +334,14 @@ class LandingWriter:
         self._gz: gzip.GzipFile | None = None
         self._spool: IO[bytes] | None = None
         self._first: ChangePosition | None = None
-        self._last: ChangePosition | None = None
-        self._last_op: str | None = None
+        self._last_record: ChangeRecord | None = None  # the open file's last record
         self._count = 0
         self._tables: dict[str, int] = {}
         self._pending: list[bytes] = []  # encoded lines not yet handed to the compressor
         self.published: list[str] = []
 
-    def write(self, record: ChangeRecord) -> None:
+    def write(self, record: ChangeRecord, qualified: str | None = None) -> None:
+        """Append a record (``qualified``: its ``schema.table``, when the caller has it)."""
         if self._gz is None:
             fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)
             os.close(fd)
@@ -356,16 +356,15 @@ class LandingWriter:
         pending.append(record.to_json_bytes())
         if len(pending) >= 1024:
             self._flush_pending()
-        self._last = record.position
-        self._last_op = record.op
-        if record.op != COMMIT:
-            if record.op not in ("S", "P"):  # markers do not count toward a file's changes
+        self._last_record = record
+        op = record.op
+        if op != COMMIT:
+            if op != "S" and op != "P":  # markers do not count toward a file's changes
                 self._count += 1
-            t = record.qualified_table
-            self._tables[t] = self._tables.get(t, 0) + 1
-        if (self._count >= self.max_changes and record.op != COMMIT) or (
-            record.op == COMMIT and self._count >= self.max_changes
-        ):
+            t = qualified if qualified is not None else record.qualified_table
+            tables = self._tables
+            tables[t] = tables.get(t, 0) + 1
+        if self._count >= self.max_changes:
             self.close_file()
 
     def drain(self, into: list[str], point: str, on_published: Callable[[str], None] | None) -> None:
@@ -383,8 +382,9 @@ class LandingWriter:
         if self._gz is None:
             return None
         self._close_spool()
-        assert self._tmp is not None and self._first is not None and self._last is not None
-        name = LandingFile.name_for(self._first, self._last, self._last_op == COMMIT)
+        last = self._last_record
+        assert self._tmp is not None and self._first is not None and last is not None
+        name = LandingFile.name_for(self._first, last.position, last.op == COMMIT)
         final = self._tmp.with_suffix(".final")
         try:
             # The header is its own gzip member in front of the records (gzip readers concatenate

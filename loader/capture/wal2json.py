@@ -112,19 +112,25 @@ _FLOAT_TYPES = frozenset(("double precision", "real", "float8", "float4"))
 
 def _fast_columns(items: list[_FastColumn] | None) -> list[Column] | None:
     """Columns of a fast-decoded row, or None when a value needs the exact path."""
-    out = []
-    for c in items or ():
+    out: list[Column] = []
+    if not items:
+        return out
+    append = out.append
+    for c in items:
         value = c.value
-        if value is not None and value.__class__ is not str:
+        if value.__class__ is not str:
+            if value is None:
+                append(Column(c.name, c.type, None))
+                continue
             if value is True or value is False:
                 value = "true" if value else "false"
             elif value.__class__ is int and (value or c.type not in _FLOAT_TYPES):
                 value = str(value)
             else:
                 return None  # JSON objects/arrays, a possible -0: decode the row exactly
-        if value is not None and c.type == "bytea" and not value.startswith("\\x"):
+        if c.type == "bytea" and not value.startswith("\\x"):
             value = "\\x" + value
-        out.append(Column(c.name, c.type, value))
+        append(Column(c.name, c.type, value))
     return out
 
 

@@ -9,81 +9,22 @@ import json
 import shutil
 import subprocess
 import threading
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from loader.capture import slot as slots
 from loader.capture.capture import Capture
-from loader.capture.landing import LandingStore, LocalLandingStore, open_landing
+from loader.capture.landing import LocalLandingStore, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
 from loader.capture.source_tables import list_tables
-from loader.config import LoaderSettings
 from loader.errors import LandingError, SlotBusyError, SlotMissingError
 from loader.lsn import ChangePosition
-from tests.harness import ROOT, TEST_PG, create_db, s3_bucket
+from tests.capture.conftest import Src
+from tests.harness import ROOT, s3_bucket
 
 SCHEMA_PATH = ROOT / "schemas" / "landing-change.v1.json"
-
-
-@dataclass
-class Src:
-    settings: LoaderSettings
-    conn: psycopg.Connection
-    tmp: Path
-
-    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-        cur = self.conn.execute(statement, params)
-        return cur.fetchall() if cur.description else []
-
-    def capture(self, **kwargs: Any) -> Any:
-        return Capture(self.settings, **kwargs).run()
-
-    @property
-    def store(self) -> LandingStore:
-        return open_landing(self.settings)
-
-    def records(self, store: LandingStore | None = None) -> list[ChangeRecord]:
-        st = store or self.store
-        return [r for f in st.files() for r in st.read_records(f.name)]
-
-    def changes(self, table: str | None = None) -> list[ChangeRecord]:
-        return [r for r in self.records() if r.op != COMMIT and (table is None or r.table == table)]
-
-    def with_slot(self, slot: str, landing: Path) -> LoaderSettings:
-        return self.settings.model_copy(
-            update={
-                "source": self.settings.source.model_copy(update={"slot": slot}),
-                "landing": self.settings.landing.model_copy(update={"url": landing.as_uri()}),
-            }
-        )
-
-
-@pytest.fixture
-def src(pg_admin: str, tmp_path: Path) -> Iterator[Src]:
-    uid = uuid.uuid4().hex[:8]
-    db = f"cap_{uid}"
-    create_db(pg_admin, db)
-    settings = LoaderSettings(
-        source={"dsn": f"{TEST_PG}/{db}", "slot": f"cap_{uid}", "max_changes_per_file": 50},
-        landing={"url": (tmp_path / "landing").as_uri()},
-    )
-    conn = psycopg.connect(settings.source.dsn, autocommit=True, options=slots.SESSION_OPTIONS)
-    try:
-        yield Src(settings, conn, tmp_path)
-    finally:
-        conn.close()
-        with psycopg.connect(pg_admin, autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE %s AND NOT active",
-                (f"%{uid}%",),
-            )
-            admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(db)))
 
 
 def values(rec: ChangeRecord) -> dict[str, str | None]:

@@ -1,0 +1,231 @@
+"""The pipelined read of a slot (loader/capture/stream.py) against the real PostgreSQL + wal2json.
+
+Its oracle is the peek path: two slots created at the same WAL position, one read each way, must
+land the same records in the same order and confirm the same position. Crash tests kill the
+pipelined capture after each published file (before the slot moves) and with SIGKILL, and check
+that the re-run lands exactly what an uninterrupted run lands and that no copy of the slot is left.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from loader.capture import slot as slots
+from loader.capture.capture import Capture
+from loader.capture.records import HEADER
+from loader.capture.stream import RoundFetcher
+from loader.config import LoaderSettings
+from tests.capture.conftest import Src
+from tests.capture.test_source import Crash, landing_snapshot
+from tests.harness import ROOT
+
+
+def pipelined(s: LoaderSettings, *, round_rows: int = 700) -> LoaderSettings:
+    return s.model_copy(
+        update={"source": s.source.model_copy(update={"pipeline_min_lag_mb": 0.0, "pipeline_round_rows": round_rows})}
+    )
+
+
+def peeking(s: LoaderSettings) -> LoaderSettings:
+    return s.model_copy(update={"source": s.source.model_copy(update={"pipeline_min_lag_mb": -1.0})})
+
+
+def landed_lines(landing: Path) -> list[bytes]:
+    """Every record line of a landing directory in file order, without the file headers."""
+    out = []
+    for body in landing_snapshot(landing).values():
+        out += [line for line in body.splitlines() if f'"op":"{HEADER}"'.encode() not in line]
+    return out
+
+
+def copies_left(src: Src) -> list[str]:
+    return [r[0] for r in src.sql("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'loader_copy_%'")]
+
+
+def workload(src: Src) -> None:
+    """Several tables, updates and deletes, a table the filters exclude, TOASTed values left out of
+    updates, a non-transactional message, empty transactions and one transaction far larger than a
+    landing file and a round."""
+    src.sql("CREATE TABLE a (id int PRIMARY KEY, v text, big text)")
+    src.sql("CREATE TABLE b (k text PRIMARY KEY, n numeric, f float8)")
+    src.sql("CREATE TABLE skipped (id int PRIMARY KEY)")
+    src.sql("ALTER TABLE a ALTER COLUMN big SET STORAGE EXTERNAL")
+    for i in range(30):
+        src.sql(
+            "INSERT INTO a SELECT g, 'v' || g, CASE WHEN g %% 7 = 0 THEN repeat('x', 5000) END"
+            " FROM generate_series(%s::int, %s::int) g",
+            (i * 40, i * 40 + 39),
+        )
+        src.sql("INSERT INTO b VALUES (%s, %s, %s)", (f"k{i}", f"{i}.{i:03d}", -0.0 if i == 3 else i / 3))
+        src.sql("INSERT INTO skipped VALUES (%s)", (i,))
+        src.sql("UPDATE a SET v = v || '!' WHERE id %% 11 = %s", (i % 11,))
+        src.sql("DELETE FROM a WHERE id = %s", (i * 13,))
+        src.sql("SELECT pg_logical_emit_message(false, 'heartbeat', %s)", (str(i),))
+        src.sql("SELECT txid_current()")  # an xid, a commit, no change
+    src.sql("INSERT INTO b SELECT 'big' || g, g, g FROM generate_series(1, 4000) g")
+    src.sql("UPDATE b SET n = n + 1 WHERE k LIKE 'big%'")
+
+
+def test_pipelined_capture_lands_what_peeks_land(src: Src) -> None:
+    base = src.settings.model_copy(
+        update={"source": src.settings.source.model_copy(update={"exclude": ["public.skipped"]})}
+    )
+    peek = peeking(src.with_slot(base.source.slot + "_peek", src.tmp / "peek"))
+    peek = peek.model_copy(update={"source": peek.source.model_copy(update={"exclude": ["public.skipped"]})})
+    pipe = pipelined(src.with_slot(base.source.slot + "_pipe", src.tmp / "pipe"))
+    pipe = pipe.model_copy(update={"source": pipe.source.model_copy(update={"exclude": ["public.skipped"]})})
+    Capture(peek).run()
+    Capture(pipe).run()
+    workload(src)
+    got_peek = Capture(peek).run()
+    got_pipe = Capture(pipe).run()
+
+    expected = landed_lines(src.tmp / "peek" / peek.source.slot)
+    assert len(expected) > 9000
+    assert landed_lines(src.tmp / "pipe" / pipe.source.slot) == expected
+    assert got_pipe.changes == got_peek.changes and got_pipe.transactions == got_peek.transactions
+    assert got_pipe.confirmed_lsn == got_peek.confirmed_lsn
+    assert len(got_pipe.files) > 1
+    assert copies_left(src) == []
+    # A second run has nothing left to read, and says so in either mode.
+    again = Capture(pipe).run()
+    assert again.changes == 0 and again.confirmed_lsn == got_pipe.confirmed_lsn
+
+
+def test_pipelined_capture_killed_after_each_file_lands_each_change_once(src: Src) -> None:
+    from loader.workload import BankWorkload
+
+    settings = pipelined(src.settings, round_rows=150)
+    ref = pipelined(src.with_slot(settings.source.slot + "_ref", src.tmp / "ref"), round_rows=150)
+    wl = BankWorkload(settings.source.dsn, seed=5)
+    wl.create_schema()
+    Capture(ref).run()
+    Capture(settings).run()
+    wl.run(60)
+    Capture(ref).run()
+    reference = landing_snapshot(src.tmp / "ref" / ref.source.slot)
+    assert len(reference) > 3
+    crashes = 0
+    for k in range(1, len(reference) + 1):
+        count = 0
+
+        def boom(_name: str, k: int = k) -> None:
+            nonlocal count
+            count += 1
+            if count == k:
+                raise Crash()
+
+        try:
+            Capture(settings, on_published=boom).run()
+        except Crash:
+            crashes += 1
+            assert copies_left(src) == [], "the copy of the slot goes with the run that made it"
+        else:
+            break
+    assert crashes >= 2
+    Capture(settings).run()
+    assert landing_snapshot(Path(src.store.url.removeprefix("file://"))) == reference
+
+
+_KILLED_CHILD = """
+import sys
+from loader.capture.capture import Capture
+from loader.config import LoaderSettings
+s = LoaderSettings.model_validate_json(sys.argv[1])
+Capture(s).run()
+"""
+
+
+def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_rerun(src: Src) -> None:
+    settings = pipelined(src.settings, round_rows=200)
+    ref = pipelined(src.with_slot(settings.source.slot + "_ref", src.tmp / "ref"), round_rows=200)
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    Capture(ref).run()
+    Capture(settings).run()
+    for i in range(8):
+        src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g", (i * 90, i * 90 + 89))
+    Capture(ref).run()
+    env = dict(os.environ, LOADER_FAULT="capture-before-advance@2")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_CHILD, settings.model_dump_json()],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -9, proc.stderr
+    # The server drops a temporary slot when its session ends, however it ends.
+    for _ in range(50):
+        if not copies_left(src):
+            break
+        src.sql("SELECT pg_sleep(0.1)")
+    assert copies_left(src) == []
+    Capture(settings).run()
+    got = landed_lines(Path(src.store.url.removeprefix("file://")))
+    assert got == landed_lines(src.tmp / "ref" / ref.source.slot)
+
+
+def test_small_backlogs_peek_and_large_ones_stream(src: Src) -> None:
+    src.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    cap = Capture(src.settings)
+    cap.run()
+    src.sql("INSERT INTO t SELECT generate_series(1, 10)")
+    with slots.connect(src.settings.source.conninfo()) as conn:
+        info = slots.slot_info(conn, src.settings.source.slot)
+        upto = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert info is not None and upto is not None
+    assert not cap._pipelined(info, upto[0])  # a few KB of WAL: one peek is cheaper than a copy
+    assert Capture(pipelined(src.settings))._pipelined(info, upto[0])
+    assert not Capture(peeking(src.settings))._pipelined(info, upto[0])
+
+
+def test_fetcher_reads_rows_whatever_bytes_they_hold(src: Src) -> None:
+    """Rows whose JSON holds the COPY delimiter or quote bytes (escaped by wal2json, so never raw)
+    and text that is not ASCII come back exactly as a peek returns them."""
+    from loader.capture.wal2json import WAL2JSON_OPTIONS
+
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    slot = src.settings.source.slot
+    src.sql("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (slot,))
+    odd = ["\x01\x02", 'quote " and \\ backslash', "line\nbreak\ttab\r", "ünïcødé ✓", ""]
+    for i, v in enumerate(odd):
+        src.sql("INSERT INTO t VALUES (%s, %s)", (i, v))
+    placeholders = ", ".join(["%s"] * len(WAL2JSON_OPTIONS))
+    with psycopg.connect(src.settings.source.dsn, autocommit=True, options=slots.SESSION_OPTIONS) as conn:
+        upto = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+        peeked = [
+            bytes(r[0], "utf-8")
+            for r in conn.execute(
+                f"SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, {placeholders})",
+                (slot, *WAL2JSON_OPTIONS),
+            )
+        ]
+    assert upto is not None
+    from loader.lsn import parse_lsn
+
+    fetcher = RoundFetcher(src.settings.source.conninfo(), slot, WAL2JSON_OPTIONS, parse_lsn(str(upto[0])), 2)
+    fetcher.start()
+    try:
+        fetched = list(fetcher.rows())
+    finally:
+        fetcher.close()
+    assert fetched == peeked
+    assert fetcher.rounds > 2
+    assert copies_left(src) == []
+
+
+def test_a_pipelined_run_splits_files_and_keeps_commit_order(src: Src) -> None:
+    src.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    settings = pipelined(src.settings)
+    Capture(settings).run()
+    src.sql("INSERT INTO t SELECT generate_series(1, 500)")
+    res = Capture(settings).run()
+    assert res.changes == 500 and len(res.files) >= 10  # max_changes_per_file = 50
+    ids = [int(dict((c.name, c.value) for c in r.columns)["id"] or 0) for r in src.changes("t")]
+    assert ids == list(range(1, 501))
