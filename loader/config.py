@@ -101,10 +101,11 @@ class SourceSettings(_Redacted):
     max_changes_per_file: int = 50_000
     # Changes fetched from the slot per round trip of the server-side cursor.
     fetch_size: int = 5_000
-    # A capture whose backlog is at least this many MB of WAL reads a consumed temporary copy of the
-    # slot in rounds on a second connection (loader/capture/stream.py), so the server decodes the
-    # next round while this process lands the last; smaller backlogs peek. Negative: always peek.
-    pipeline_min_lag_mb: float = 4.0
+    # A capture whose backlog is at least this many MB of WAL has a fetcher process consume a
+    # temporary copy of the slot in rounds (loader/capture/stream.py), so the server decodes the
+    # next round while this process lands the last; smaller backlogs peek (the fetcher takes ~0.3 s
+    # to start). Negative: always peek.
+    pipeline_min_lag_mb: float = 16.0
     # Plugin rows per round of the pipelined read (whole transactions: a round may hold more).
     pipeline_round_rows: int = 20_000
     # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot

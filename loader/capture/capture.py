@@ -470,7 +470,7 @@ class Capture:
         try:
             fetcher.start()
         except PipelineUnavailable as exc:
-            log.info("%s; capture peeks instead", exc)
+            log.warning("%s; capture peeks instead", exc)
             return False
         decoder = Wal2JsonDecoder()
         writer = LandingWriter(self.store, src.max_changes_per_file)
@@ -623,10 +623,20 @@ def _now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00")
 
 
+# Row changes, whose handling depends only on their table: routed once per table and run.
+_ROUTED_OPS = frozenset("IUD")
+_Route = tuple[str, str, str, "list[str] | None"]  # schema, table, qualified name, key (None: the stream's)
+
+
 class _Lander:
     """Puts one run's decoded records into landing files: skips what an earlier run landed and
     what the filters exclude, maps partitions to their root, completes keys, writes pending park
-    records at transaction boundaries, and counts."""
+    records at transaction boundaries, and counts.
+
+    What a row change needs from the catalog (its root, whether it is wanted, its key) depends only
+    on its table, and the catalog picture is fixed for the run: it is worked out for the first
+    change of each table and reused (``routes``).
+    """
 
     def __init__(
         self,
@@ -642,14 +652,18 @@ class _Lander:
         self.landed = landed
         self.result = result
         self.txn_has_output = False
+        self.routes: dict[tuple[str, str], _Route | None] = {}
 
     def land(self, rec: ChangeRecord) -> None:
         capture, writer, result = self.capture, self.writer, self.result
-        if self.landed is not None and rec.position <= self.landed:
-            if rec.op != COMMIT:
-                result.skipped_already_landed += 1
-            return
-        if rec.op == COMMIT:
+        if self.landed is not None:
+            if rec.position <= self.landed:
+                if rec.op != COMMIT:
+                    result.skipped_already_landed += 1
+                return
+            self.landed = None  # records come in commit order: every later one is past it too
+        op = rec.op
+        if op == COMMIT:
             if self.txn_has_output:
                 writer.write(rec)
                 capture.controls.after(rec)
@@ -657,15 +671,26 @@ class _Lander:
                 capture.controls.flush(writer, rec.ts)
             self.txn_has_output = False
             return
-        rec = capture._to_root(self.conn, rec, result)
-        qualified = rec.qualified_table
-        if not capture._wanted(rec, qualified):
-            return
-        if not self.txn_has_output:
-            capture.controls.flush(writer, rec.ts)
-        capture._complete_key(rec, qualified, result)
-        if rec.op == "X":
-            result.quarantined += 1
+        if op in _ROUTED_OPS:
+            where = (rec.schema, rec.table)
+            route = self.routes[where] if where in self.routes else self._route(where, rec)
+            if route is None:
+                return
+            rec.schema, rec.table, qualified, pk = route
+            if pk is not None:
+                rec.pk = pk
+            if not self.txn_has_output:
+                capture.controls.flush(writer, rec.ts)
+        else:
+            rec = capture._to_root(self.conn, rec, result)
+            qualified = rec.qualified_table
+            if not capture._wanted(rec, qualified):
+                return
+            if not self.txn_has_output:
+                capture.controls.flush(writer, rec.ts)
+            capture._complete_key(rec, qualified, result)
+            if op == "X":
+                result.quarantined += 1
         result.tables.add(qualified)
         self.txn_has_output = True
         writer.write(rec, qualified)
@@ -673,3 +698,16 @@ class _Lander:
         result.changes += 1
         if writer.published:
             capture._drain(writer, result)
+
+    def _route(self, where: tuple[str, str], rec: ChangeRecord) -> _Route | None:
+        """The general path, for the first row change of a table in this run; remembered."""
+        capture = self.capture
+        rec = capture._to_root(self.conn, rec, self.result)
+        qualified = rec.qualified_table
+        route: _Route | None = None
+        if capture._wanted(rec, qualified):
+            stream_pk = rec.pk
+            capture._complete_key(rec, qualified, self.result)
+            route = (rec.schema, rec.table, qualified, None if rec.pk is stream_pk else rec.pk)
+        self.routes[where] = route
+        return route

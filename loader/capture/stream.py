@@ -1,4 +1,4 @@
-"""Pipelined reading of a slot: a temporary copy of it, consumed in rounds by a fetcher thread.
+"""Pipelined reading of a slot: a temporary copy of it, consumed in rounds by a fetcher process.
 
 Why: a peek materialises a whole round on the server before it sends the first row, and the server
 then sits idle while this process lands the round. A temporary copy of the slot
@@ -8,33 +8,38 @@ real slot is still advanced only to the end of transactions whose files are publ
 belongs to the fetcher's session and disappears with it, so a crash anywhere leaves the real slot
 where the last durable file put it, exactly as with peeks.
 
+The fetcher is a child process (``python -m loader.capture.stream``), not a thread: COPY delivers
+one message per row, and receiving 200,000 of them costs a Python loop about 2.5 us each, which a
+thread would spend holding the GIL the landing loop needs. The child spools each round to a file in
+a directory of the parent's and names it on its stdout; the parent acknowledges each round it has
+landed on the child's stdin, and the child runs at most ``depth`` rounds ahead (bounded disk). When
+the parent dies the child meets a closed pipe and exits, and its copy of the slot goes with it.
+
 Rounds come back through ``COPY ... TO STDOUT`` in CSV form, with delimiter and quote bytes (0x01,
 0x02) that wal2json never emits raw (it escapes every control character in its JSON), so each line
 is one row's data exactly as the plugin wrote it and no per-row unescaping is needed. A round that
 holds the quote byte anyway is read with the csv module, which undoes the quoting.
-
-Memory stays bounded: each round is spooled to a temporary file, and the fetcher runs at most
-``depth`` rounds ahead of the consumer.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import os
-import queue
 import secrets
+import shutil
+import subprocess
+import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 
-from loader.capture import slot as slots
-from loader.errors import SourceError
+from loader.errors import SourceError, TransientError
 from loader.lsn import format_lsn
 
 log = logging.getLogger("loader.capture")
@@ -42,15 +47,27 @@ log = logging.getLogger("loader.capture")
 DELIMITER, QUOTE = b"\x01", b"\x02"
 _COPY_OPTIONS = "FORMAT csv, DELIMITER E'\\x01', QUOTE E'\\x02'"
 _READ_CHUNK = 1 << 20
+# What makes the copy impossible here rather than broken: the caller peeks instead.
+_UNAVAILABLE = {
+    "42883",  # undefined_function: PostgreSQL before 12
+    "53400",  # configuration_limit_exceeded: no free replication slot
+    "42501",  # insufficient_privilege: the peek says what the role lacks
+    "55000",  # object_not_in_prerequisite_state: an invalidated slot, which the peek reports
+    "0A000",  # feature_not_supported
+}
 
 
 class PipelineUnavailable(SourceError):
     """The slot cannot be copied here (no free replication slot, PostgreSQL before 12): peek instead."""
 
 
+class FetcherError(TransientError):
+    """The capture's fetcher process failed; nothing was confirmed past what is landed: re-run."""
+
+
 class RoundFetcher:
     """Consumes a temporary copy of ``slot`` in rounds of at least ``round_rows`` plugin rows (whole
-    transactions), each spooled to disk, on a thread; :meth:`rows` yields the rows in order."""
+    transactions), each spooled to disk by a child process; :meth:`rows` yields the rows in order."""
 
     def __init__(
         self,
@@ -64,123 +81,216 @@ class RoundFetcher:
         spool_dir: Path | None = None,
     ) -> None:
         self.slot = slot
-        self.options = options
-        self.upto = upto
-        self.round_rows = round_rows
-        self.spool_dir = spool_dir
         self.copy_slot = f"loader_copy_{os.getpid()}_{secrets.token_hex(4)}"
-        self._conninfo = conninfo
-        self._conn: psycopg.Connection | None = None
-        self._queue: queue.Queue[tuple[Path, int, bool] | BaseException] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._job = {
+            "conninfo": conninfo,
+            "slot": slot,
+            "copy_slot": self.copy_slot,
+            "options": list(options),
+            "upto": upto,
+            "round_rows": round_rows,
+            "depth": depth,
+        }
+        self._spool_parent = spool_dir
+        self._spool: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self.rounds = 0
 
     def start(self) -> None:
-        """Copy the slot (in the caller's thread, so that a refusal can fall back to peeks), then
-        start fetching."""
-        conn = slots.connect(self._conninfo)
+        """Start the fetcher and wait until it holds the copy (so a refusal can fall back to peeks)."""
+        self._spool = Path(tempfile.mkdtemp(prefix="loader-rounds-", dir=self._spool_parent))
+        self._job["spool"] = str(self._spool)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "loader.capture.stream"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert self._proc.stdin is not None
         try:
-            conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (self.slot, self.copy_slot))
-        except (
-            psycopg.errors.UndefinedFunction,  # PostgreSQL before 12
-            psycopg.errors.ConfigurationLimitExceeded,  # no free replication slot
-            psycopg.errors.InsufficientPrivilege,  # the peek says what the role lacks
-            psycopg.errors.ObjectNotInPrerequisiteState,  # an invalidated slot: the peek reports it
-            psycopg.errors.FeatureNotSupported,
-        ) as exc:
-            conn.close()
-            raise PipelineUnavailable(f"cannot copy replication slot {self.slot!r}: {str(exc).strip()}") from exc
+            # The connection string (it may hold a password) goes through the pipe, never argv.
+            self._proc.stdin.write(json.dumps(self._job).encode() + b"\n")
+            self._proc.stdin.flush()
+            msg = self._message()
+        except FetcherError as exc:
+            self.close()
+            raise PipelineUnavailable(str(exc)) from exc
         except BaseException:
-            conn.close()
+            self.close()
             raise
-        self._conn = conn
-        self._thread = threading.Thread(target=self._run, name=f"capture-fetch-{self.slot}", daemon=True)
-        self._thread.start()
+        if "error" in msg:
+            self.close()
+            if msg.get("sqlstate") in _UNAVAILABLE:
+                raise PipelineUnavailable(f"cannot copy replication slot {self.slot!r}: {msg['error']}")
+            raise SourceError(f"cannot copy replication slot {self.slot!r}: {msg['error']}")
 
     def rows(self) -> Iterator[bytes]:
         """Every plugin row up to ``upto``, in order; raises what the fetcher met."""
+        assert self._proc is not None and self._proc.stdin is not None
         while True:
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            path, rows, quoted = item
+            msg = self._message()
+            if "error" in msg:
+                raise FetcherError(
+                    f"reading replication slot {self.slot!r} (through its copy) failed: {msg['error']}",
+                    hint="nothing past the landed files was confirmed; re-run capture",
+                )
+            path, rows = Path(msg["path"]), int(msg["rows"])
             try:
                 if rows == 0:
                     return
-                yield from (_quoted_lines(path) if quoted else _lines(path))
+                yield from (_quoted_lines(path) if msg["quoted"] else _lines(path))
             finally:
                 path.unlink(missing_ok=True)
+            self.rounds += 1
+            try:
+                self._proc.stdin.write(b"next\n")
+                self._proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # it has sent its last round and ended; what it said is still to be read
 
     def close(self) -> None:
-        """Stop fetching and drop the copy (closing its session drops a temporary slot)."""
-        self._stop.set()
-        conn = self._conn
-        if conn is not None and self._thread is not None and self._thread.is_alive():
+        """Stop the fetcher (its copy of the slot goes with its session) and remove its spool."""
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
             try:
-                conn.cancel_safe()
-            except Exception:
-                pass
-        while True:  # unblock a fetcher waiting to hand over a round, and remove spooled rounds
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+            self._proc = None
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool = None
+
+    def _message(self) -> dict[str, Any]:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            code = self._proc.wait()
+            err = self._proc.stderr.read().decode("utf-8", "replace").strip() if self._proc.stderr else ""
+            raise FetcherError(
+                f"the capture's fetcher process for slot {self.slot!r} exited ({code}): {err[-2000:] or 'no message'}",
+                hint="nothing past the landed files was confirmed; re-run capture",
+            )
+        doc: dict[str, Any] = json.loads(line)
+        return doc
+
+
+# --- the fetcher process ------------------------------------------------------------------------
+
+
+def _fetcher_main(stdin: IO[bytes], stdout: IO[bytes]) -> int:
+    from loader.capture import slot as slots
+
+    job = json.loads(stdin.readline())
+
+    def say(doc: dict[str, Any]) -> None:
+        stdout.write(json.dumps(doc).encode() + b"\n")
+        stdout.flush()
+
+    try:
+        conn = slots.connect(job["conninfo"])
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (job["slot"], job["copy_slot"]))
+    except psycopg.Error as exc:
+        say({"error": str(exc).strip(), "sqlstate": getattr(exc, "sqlstate", None)})
+        return 1
+    say({"ready": True})
+    from psycopg import sql
+
+    options = tuple(job["options"])
+    statement = sql.SQL(
+        "COPY (SELECT data FROM pg_logical_slot_get_changes({}, {}::pg_lsn, {}"
+        + ", {}" * len(options)
+        + ")) TO STDOUT ("
+        + _COPY_OPTIONS
+        + ")"
+    ).format(*[sql.Literal(v) for v in (job["copy_slot"], format_lsn(job["upto"]), job["round_rows"], *options)])
+    query = statement.as_bytes(conn)
+    spool = Path(job["spool"])
+    ahead = 0
+    n = 0
+    try:
+        while True:
+            n += 1
+            path = spool / f"round-{n:08d}.csv"
+            rows, quoted = _fetch_round(conn.pgconn, query, path)
+            say({"path": str(path), "rows": rows, "quoted": quoted})
+            if rows == 0:
+                return 0
+            ahead += 1
+            if ahead > job["depth"]:
+                if not stdin.readline():
+                    return 0  # the parent is gone
+                ahead -= 1
+    except _RoundFailed as exc:
+        say({"error": str(exc), "sqlstate": exc.sqlstate})
+        return 1
+    except BrokenPipeError:
+        return 0  # the parent is gone
+    finally:
+        conn.close()
+
+
+class _RoundFailed(Exception):
+    def __init__(self, message: str, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def _fetch_round(pgconn: Any, query: bytes, path: Path) -> tuple[int, bool]:
+    """One round into ``path``: (rows, whether COPY quoted any).
+
+    Straight libpq calls, blocking (nothing else runs in this process): psycopg's COPY iterator
+    costs about twice as much per row.
+    """
+    from psycopg import pq
+
+    def failed(res: Any) -> _RoundFailed:
+        state = res.error_field(pq.DiagnosticField.SQLSTATE)
+        message = (res.error_message or pgconn.error_message or b"").decode("utf-8", "replace").strip()
+        return _RoundFailed(message or "COPY failed", state.decode() if state else None)
+
+    rows = 0
+    quoted = False
+    pgconn.send_query(query)
+    res = pgconn.get_result()
+    if res is None or res.status != pq.ExecStatus.COPY_OUT:
+        error = failed(res) if res is not None else _RoundFailed("no result from COPY", None)
+        while pgconn.get_result() is not None:
+            pass
+        raise error
+    with open(path, "wb") as out:
+        blocks: list[bytes] = []
+        while True:
+            nbytes, data = pgconn.get_copy_data(0)
+            if nbytes < 0:
                 break
-            if not isinstance(item, BaseException):
-                item[0].unlink(missing_ok=True)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        if conn is not None:
-            conn.close()
-        self._conn = None
-
-    # --- the fetcher thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                path, rows, quoted = self._fetch_round()
-                self._hand_over((path, rows, quoted))
-                self.rounds += 1
-                if rows == 0:
-                    return
-        except BaseException as exc:
-            if not self._stop.is_set():
-                self._hand_over(exc)
-
-    def _hand_over(self, item: tuple[Path, int, bool] | BaseException) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        if not isinstance(item, BaseException):
-            item[0].unlink(missing_ok=True)
-
-    def _fetch_round(self) -> tuple[Path, int, bool]:
-        assert self._conn is not None
-        placeholders = ", ".join(["%s"] * len(self.options))
-        sql = (
-            f"COPY (SELECT data FROM pg_logical_slot_get_changes(%s, %s::pg_lsn, %s, {placeholders}))"
-            f" TO STDOUT ({_COPY_OPTIONS})"
-        )
-        fd, name = tempfile.mkstemp(prefix="loader-round-", suffix=".csv", dir=self.spool_dir)
-        path = Path(name)
-        rows = 0
-        quoted = False
-        try:
-            with os.fdopen(fd, "wb") as out, self._conn.cursor() as cur:
-                params = (self.copy_slot, format_lsn(self.upto), self.round_rows, *self.options)
-                with cur.copy(sql, params) as copy:
-                    for block in copy:
-                        data = bytes(block)
-                        rows += data.count(b"\n")
-                        quoted = quoted or QUOTE in data
-                        out.write(data)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        return path, rows, quoted
+            blocks.append(bytes(data))
+            if len(blocks) >= 4096:
+                chunk = b"".join(blocks)
+                blocks.clear()
+                rows += chunk.count(b"\n")
+                quoted = quoted or QUOTE in chunk
+                out.write(chunk)
+        chunk = b"".join(blocks)
+        rows += chunk.count(b"\n")
+        quoted = quoted or QUOTE in chunk
+        out.write(chunk)
+    final: _RoundFailed | None = None
+    while (res := pgconn.get_result()) is not None:
+        if res.status != pq.ExecStatus.COMMAND_OK and final is None:
+            final = failed(res)  # an error after the last row (the slot's decoding failed)
+    if final is not None:
+        raise final
+    return rows, quoted
 
 
 def _lines(path: Path) -> Iterator[bytes]:
@@ -202,3 +312,7 @@ def _quoted_lines(path: Path) -> Iterator[bytes]:
         reader: Any = csv.reader(text, delimiter=DELIMITER.decode(), quotechar=QUOTE.decode())
         for fields in reader:
             yield fields[0].encode("utf-8", "surrogateescape")
+
+
+if __name__ == "__main__":
+    sys.exit(_fetcher_main(sys.stdin.buffer, sys.stdout.buffer))

@@ -19,7 +19,7 @@ from loader.capture import slot as slots
 from loader.capture.capture import Capture
 from loader.capture.records import HEADER
 from loader.capture.stream import RoundFetcher
-from loader.config import LoaderSettings
+from loader.config import LoaderSettings, SourceSettings
 from tests.capture.conftest import Src
 from tests.capture.test_source import Crash, landing_snapshot
 from tests.harness import ROOT
@@ -135,7 +135,7 @@ def test_pipelined_capture_killed_after_each_file_lands_each_change_once(src: Sr
 _KILLED_CHILD = """
 import sys
 from loader.capture.capture import Capture
-from loader.config import LoaderSettings
+from loader.config import LoaderSettings, SourceSettings
 s = LoaderSettings.model_validate_json(sys.argv[1])
 Capture(s).run()
 """
@@ -173,7 +173,12 @@ def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_reru
 
 def test_small_backlogs_peek_and_large_ones_stream(src: Src) -> None:
     src.sql("CREATE TABLE t (id int PRIMARY KEY)")
-    cap = Capture(src.settings)
+    default_lag = SourceSettings.model_fields["pipeline_min_lag_mb"].default  # whatever the environment says
+    cap = Capture(
+        src.settings.model_copy(
+            update={"source": src.settings.source.model_copy(update={"pipeline_min_lag_mb": default_lag})}
+        )
+    )
     cap.run()
     src.sql("INSERT INTO t SELECT generate_series(1, 10)")
     with slots.connect(src.settings.source.conninfo()) as conn:
