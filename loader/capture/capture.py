@@ -29,6 +29,7 @@ from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
 from loader.capture.source_tables import KeyLookup, SourceTableInfo
+from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
 from loader.config import LoaderSettings
@@ -200,17 +201,23 @@ class Capture:
                 upto = format_lsn(upto_lsn)
             landed = landing_files[-1].last if landing_files else None
             self.controls = _Controls(landed, not landing_files or landing_files[-1].complete)
-            plan = self._watch(conn, result) if self.watch else None
             start = slots.slot_info(conn, src.slot)
-            begin = start.confirmed_flush_lsn if start is not None and start.confirmed_flush_lsn else None
-            with bar(parse_lsn(upto) - begin if begin is not None else None, "capture", "B") as progress:
-                self._progress, self._begin = progress, begin
-                if not (self._pipelined(start, upto) and self._stream(conn, upto, landed, result)):
-                    while True:
-                        rows, landed = self._round(conn, upto, landed, result)
-                        if rows == 0:
-                            break
-                self._progress = None
+            # Launched before the catalog is read, so the fetcher process starts meanwhile.
+            fetcher = self._fetcher(upto) if self._pipelined(start, upto) else None
+            try:
+                plan = self._watch(conn, result) if self.watch else None
+                begin = start.confirmed_flush_lsn if start is not None and start.confirmed_flush_lsn else None
+                with bar(parse_lsn(upto) - begin if begin is not None else None, "capture", "B") as progress:
+                    self._progress, self._begin = progress, begin
+                    if fetcher is None or not self._stream(conn, fetcher, landed, result):
+                        while True:
+                            rows, landed = self._round(conn, upto, landed, result)
+                            if rows == 0:
+                                break
+                    self._progress = None
+            finally:
+                if fetcher is not None:
+                    fetcher.close()
             self._flush_controls(result)
             if plan is not None:
                 self._save_catalog_state(plan)
@@ -453,8 +460,19 @@ class Capture:
         begin = start.confirmed_flush_lsn
         return begin is not None and parse_lsn(upto) - begin >= src.pipeline_min_lag_mb * 1024 * 1024
 
+    def _fetcher(self, upto: str) -> RoundFetcher | None:
+        """The fetcher process of a pipelined read, launched; None if it cannot start here."""
+        src = self.settings.source
+        fetcher = RoundFetcher(src.conninfo(), src.slot, self.options, parse_lsn(upto), src.pipeline_round_rows)
+        try:
+            fetcher.launch()
+        except OSError as exc:
+            log.warning("cannot start the capture's fetcher process (%s); capture peeks instead", exc)
+            return None
+        return fetcher
+
     def _stream(
-        self, conn: psycopg.Connection, upto: str, landed: ChangePosition | None, result: CaptureResult
+        self, conn: psycopg.Connection, fetcher: RoundFetcher, landed: ChangePosition | None, result: CaptureResult
     ) -> bool:
         """Land everything up to ``upto`` through a pipelined copy of the slot; False when the slot
         cannot be copied here (the caller peeks instead).
@@ -463,12 +481,9 @@ class Capture:
         the last transaction fed to the decoder: every record written before it is in a published
         file, and a transaction still open has not moved the decoder's confirm position.
         """
-        from loader.capture.stream import PipelineUnavailable, RoundFetcher
-
         src = self.settings.source
-        fetcher = RoundFetcher(src.conninfo(), src.slot, self.options, parse_lsn(upto), src.pipeline_round_rows)
         try:
-            fetcher.start()
+            fetcher.wait_ready()
         except PipelineUnavailable as exc:
             log.warning("%s; capture peeks instead", exc)
             return False
@@ -479,7 +494,7 @@ class Capture:
             try:
                 published = len(result.files)
                 for data in fetcher.rows():
-                    for rec in decoder.feed(data):
+                    for rec in decoder.records(data):
                         lander.land(rec)
                     if len(result.files) != published:
                         published = len(result.files)
@@ -492,7 +507,7 @@ class Capture:
                 writer.abort()
                 raise
         finally:
-            fetcher.close()
+            fetcher.close()  # its copy of the slot goes with it
         result.messages_skipped += decoder.messages_skipped
         self._confirm(conn, decoder.confirm_lsn)
         return True

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -95,22 +96,37 @@ class RoundFetcher:
         self._spool: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self.rounds = 0
+        self.fetch_seconds = 0.0  # the fetcher's time in COPY, summed over rounds
 
     def start(self) -> None:
         """Start the fetcher and wait until it holds the copy (so a refusal can fall back to peeks)."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the fetcher process; it connects and copies the slot while the caller goes on."""
         self._spool = Path(tempfile.mkdtemp(prefix="loader-rounds-", dir=self._spool_parent))
         self._job["spool"] = str(self._spool)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "loader.capture.stream"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        # Its stderr goes to a file: a pipe nobody reads while rows flow could fill and stall it.
+        with open(self._spool / "fetcher.log", "wb") as log_file:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "loader.capture.stream"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+            )
         assert self._proc.stdin is not None
         try:
             # The connection string (it may hold a password) goes through the pipe, never argv.
             self._proc.stdin.write(json.dumps(self._job).encode() + b"\n")
             self._proc.stdin.flush()
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self) -> None:
+        """Wait until the fetcher holds its copy of the slot; PipelineUnavailable if it cannot."""
+        try:
             msg = self._message()
         except FetcherError as exc:
             self.close()
@@ -135,6 +151,7 @@ class RoundFetcher:
                     hint="nothing past the landed files was confirmed; re-run capture",
                 )
             path, rows = Path(msg["path"]), int(msg["rows"])
+            self.fetch_seconds += float(msg.get("seconds", 0.0))
             try:
                 if rows == 0:
                     return
@@ -159,7 +176,7 @@ class RoundFetcher:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
+            for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     try:
                         stream.close()
@@ -175,7 +192,8 @@ class RoundFetcher:
         line = self._proc.stdout.readline()
         if not line:
             code = self._proc.wait()
-            err = self._proc.stderr.read().decode("utf-8", "replace").strip() if self._proc.stderr else ""
+            log_path = self._spool / "fetcher.log" if self._spool is not None else None
+            err = log_path.read_bytes().decode("utf-8", "replace").strip() if log_path and log_path.exists() else ""
             raise FetcherError(
                 f"the capture's fetcher process for slot {self.slot!r} exited ({code}): {err[-2000:] or 'no message'}",
                 hint="nothing past the landed files was confirmed; re-run capture",
@@ -221,8 +239,9 @@ def _fetcher_main(stdin: IO[bytes], stdout: IO[bytes]) -> int:
         while True:
             n += 1
             path = spool / f"round-{n:08d}.csv"
+            started = time.perf_counter()
             rows, quoted = _fetch_round(conn.pgconn, query, path)
-            say({"path": str(path), "rows": rows, "quoted": quoted})
+            say({"path": str(path), "rows": rows, "quoted": quoted, "seconds": time.perf_counter() - started})
             if rows == 0:
                 return 0
             ahead += 1

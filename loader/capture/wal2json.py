@@ -157,18 +157,22 @@ class Wal2JsonDecoder:
         return self.confirm_lsn
 
     def feed(self, data: str | bytes) -> Iterator[ChangeRecord]:
+        return iter(self.records(data))
+
+    def records(self, data: str | bytes) -> list[ChangeRecord]:
+        """The records one wal2json row makes (usually one, none for begin and message rows); a
+        list rather than a generator: capture calls this for every row."""
         try:
             row = _FAST.decode(data)
         except (msgspec.MsgspecError, UnicodeError):
             row = None  # not UTF-8, not JSON, or an unexpected shape: the exact path says what
         if row is not None:
             rec = self._fast(row)
-            if isinstance(rec, ChangeRecord):
-                yield rec
-                return
             if rec is None:
-                return
-        yield from self._feed_exact(data)
+                return []
+            if rec is not False:
+                return [rec]  # type: ignore[list-item]
+        return list(self._feed_exact(data))
 
     def _fast(self, row: _FastRow) -> ChangeRecord | bool | None:
         """Decode the common rows without building dicts: a record, None (consumed, nothing to

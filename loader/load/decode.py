@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
+from isal import igzip
+
 from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
 from loader.lsn import ChangePosition
 
@@ -184,7 +186,15 @@ def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str
 
 
 def gunzip_salvage(data: bytes) -> tuple[bytes, str | None]:
-    """Decompress a (multi-member) gzip file as far as it is readable: (bytes, damage or None)."""
+    """Decompress a (multi-member) gzip file as far as it is readable: (bytes, damage or None).
+
+    An intact file is decompressed by ISA-L (``isal``, twice zlib's speed here); a file it cannot
+    read whole is read again by zlib, member by member, to keep what precedes the damage.
+    """
+    try:
+        return igzip.decompress(data), None
+    except Exception:  # damaged or cut short (isal's own error, OSError, EOFError): salvage below
+        pass
     out: list[bytes] = []
     offset = 0
     while offset < len(data):
