@@ -78,6 +78,15 @@ def scratch_database(prefix: str) -> Iterator[str]:
     """A new database on the bench PostgreSQL (dropped after): its DSN."""
     db = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        # What an interrupted earlier run left behind: its slots (named alike) and databases.
+        pattern = prefix.replace("_", "\\_") + "\\_%"
+        conn.execute(
+            "SELECT pg_drop_replication_slot(s.slot_name) FROM pg_replication_slots s"
+            " JOIN pg_database d ON d.oid = s.datoid WHERE d.datname LIKE %s AND NOT s.active",
+            (pattern,),
+        )
+        for (old,) in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (pattern,)).fetchall():
+            conn.execute(f'DROP DATABASE IF EXISTS "{old}" WITH (FORCE)')
         conn.execute(f"CREATE DATABASE {db}")
     try:
         yield f"{PG}/{db}"
