@@ -114,6 +114,9 @@ class RoundFetcher:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_file,
+                # It imports this package from wherever this process did (spark-submit --py-files
+                # adds paths at run time, which a new interpreter would not know).
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             )
         assert self._proc.stdin is not None
         try:
