@@ -36,13 +36,20 @@ def files_holding(root: Path, needle: str) -> list[str]:
             continue
         data = p.read_bytes()
         texts = [data]
-        if p.name.endswith(".gz"):
-            texts.append(gunzip_salvage(data)[0])
-        elif p.suffix == ".parquet":
-            texts.append(repr(pq.read_table(p).to_pylist()).encode())
-        elif p.suffix == ".avro":
-            with open(p, "rb") as f:
-                texts.append(repr(list(fastavro.reader(f))).encode())
+        try:
+            if p.name.endswith(".gz"):
+                texts.append(gunzip_salvage(data)[0])
+            elif p.suffix == ".parquet":
+                texts.append(repr(pq.read_table(p).to_pylist()).encode())
+            elif p.suffix == ".avro":
+                with open(p, "rb") as f:
+                    texts.append(repr(list(fastavro.reader(f))).encode())
+        except (OSError, ValueError):
+            # The warehouse is shared by the session's tests, and crash tests leave torn files: a
+            # 0-byte Parquet file a killed writer created holds nothing to find. A torn file with
+            # content could hide the needle in pages that cannot be read: that fails the test.
+            if data:
+                raise
         if any(raw in t for t in texts):
             found.append(str(p.relative_to(root)))
     return found
