@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,7 +106,8 @@ class RoundFetcher:
 
     def launch(self) -> None:
         """Start the fetcher process; it connects and copies the slot while the caller goes on."""
-        self._spool = Path(tempfile.mkdtemp(prefix="loader-rounds-", dir=self._spool_parent))
+        _remove_orphan_spools(self._spool_parent)
+        self._spool = Path(tempfile.mkdtemp(prefix=f"loader-rounds-{os.getpid()}-", dir=self._spool_parent))
         self._job["spool"] = str(self._spool)
         # Its stderr goes to a file: a pipe nobody reads while rows flow could fill and stall it.
         with open(self._spool / "fetcher.log", "wb") as log_file:
@@ -205,12 +207,31 @@ class RoundFetcher:
         return doc
 
 
+def _remove_orphan_spools(parent: Path | None) -> None:
+    """Spool directories of captures that were killed (their process is gone): a killed capture
+    leaves up to two rounds on disk, and nothing else would ever remove them."""
+    root = Path(parent or tempfile.gettempdir())
+    for d in root.glob("loader-rounds-*-*"):
+        pid = d.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            continue  # alive, owned by someone else
+
+
 # --- the fetcher process ------------------------------------------------------------------------
 
 
 def _fetcher_main(stdin: IO[bytes], stdout: IO[bytes]) -> int:
     from loader.capture import slot as slots
 
+    # The parent decides when this process ends (it terminates it, or closes the pipes by dying):
+    # a Ctrl-C in the terminal reaches the whole process group and must not end it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     job = json.loads(stdin.readline())
 
     def say(doc: dict[str, Any]) -> None:

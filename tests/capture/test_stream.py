@@ -234,3 +234,18 @@ def test_a_pipelined_run_splits_files_and_keeps_commit_order(src: Src) -> None:
     assert res.changes == 500 and len(res.files) >= 10  # max_changes_per_file = 50
     ids = [int(dict((c.name, c.value) for c in r.columns)["id"] or 0) for r in src.changes("t")]
     assert ids == list(range(1, 501))
+
+
+def test_spools_of_killed_captures_are_removed_by_the_next(tmp_path: Path) -> None:
+    from loader.capture.stream import _remove_orphan_spools
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"loader-rounds-{int(gone.stdout)}-abc"
+    alive = tmp_path / "loader-rounds-1-def"  # init never exits
+    mine = tmp_path / f"loader-rounds-{os.getpid()}-ghi"
+    other = tmp_path / "unrelated-123-x"
+    for d in (dead, alive, mine, other):
+        d.mkdir()
+        (d / "round-00000001.csv").write_bytes(b"{}\n")
+    _remove_orphan_spools(tmp_path)
+    assert not dead.exists() and alive.exists() and mine.exists() and other.exists()
