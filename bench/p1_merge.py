@@ -11,10 +11,11 @@ about ten changes per key), it times
 and records the medians of ``BENCH_REPEATS`` runs and their ratio (goal: >= 20x at the largest
 size, and the incremental time grows <= 1.5x from the smallest to the largest).
 
-P5, at the smallest size: the next increment merged by the loader, and the same final rows applied
-to a copy of the current table by pyiceberg's ``Table.upsert`` (plus ``Table.delete`` for the
-deleted keys). The rival is handed the already-resolved final row of each key (it does no history
-work at all), so the comparison favours it. Both tables are compared row for row afterwards.
+P5, at the smallest size: ``BENCH_REPEATS`` more increments, each merged by the loader and its
+final rows applied to a copy of the current table by pyiceberg's ``Table.upsert`` (plus
+``Table.delete`` for the deleted keys); medians of both. The rival is handed the already-resolved
+final row of each key (it does no history work at all), so the comparison favours it. Both tables
+are compared row for row after each round.
 
 Sizes: ``BENCH_MERGE_SIZES=2000000,20000000`` (history rows), ``BENCH_INCREMENT=50000``.
 """
@@ -153,13 +154,14 @@ def _files_read(settings: Any, table: SourceTable, since: int) -> tuple[int, int
 def _p5(
     spark: Any, settings: Any, table: SourceTable, merge: Any, hist: str, done: int, keys: int, n: int, increment: int
 ) -> None:
-    """P5: one more increment, merged by the loader and by pyiceberg's upsert on a copy."""
+    """P5: more increments, each merged by the loader and by pyiceberg's upsert on a copy (medians)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyiceberg.expressions import In
 
     from loader.catalog import open_catalog
 
+    repeats = env_int("BENCH_REPEATS", 3)
     catalog = open_catalog(settings)
     ours = catalog.load_table((settings.catalog.current_namespace, table.iceberg_name))
     before = ours.scan().to_arrow()
@@ -167,35 +169,40 @@ def _p5(
     catalog.create_namespace(rival_ns)
     rival = catalog.create_table((rival_ns, "bench"), schema=ours.schema())
     rival.append(before)
-    _append(spark, hist, _rows_sql(done, increment, keys, 20 * n, 999, base=False))
-    done += increment
-    started = time.perf_counter()
-    merge.merge_table(table, ChangePosition(1000 + done - 1, 1).token())
-    t_ours = time.perf_counter() - started
-    after = catalog.load_table((settings.catalog.current_namespace, table.iceberg_name)).scan().to_arrow()
-    touched = spark.sql(
-        f"SELECT DISTINCT coalesce(id, get_json_object(pg_old_key, '$.id')) AS id FROM {hist} WHERE pg_lsn > {1000 + done - 1 - increment}"
-    )
-    touched_ids = pa.array([int(r.id) for r in touched.collect()], pa.int64())
-    upserts = after.filter(pc.is_in(after["id"], value_set=touched_ids))
-    present = set(upserts["id"].to_pylist())
-    deleted = [k for k in touched_ids.to_pylist() if k not in present]
-    started = time.perf_counter()
-    rival.upsert(upserts, join_cols=["id"])
-    if deleted:
-        rival.delete(In("id", deleted))
-    t_rival = time.perf_counter() - started
-    got = rival.refresh().scan().to_arrow().sort_by("id")
-    want = after.sort_by("id")
-    if not got.equals(want.select(got.column_names)):
-        raise AssertionError("P5: pyiceberg's upserted copy differs from the loader's current table")
-    print(
-        f"P5: loader merge {t_ours:.2f}s, pyiceberg upsert+delete {t_rival:.2f}s ({len(upserts):,} upserts, {len(deleted):,} deletes)"
-    )
+    t_ours_all, t_rival_all = [], []
+    for r in range(repeats):
+        _append(spark, hist, _rows_sql(done, increment, keys, 20 * n + r * increment, 999 + r, base=False))
+        done += increment
+        started = time.perf_counter()
+        merge.merge_table(table, ChangePosition(1000 + done - 1, 1).token())
+        t_ours_all.append(time.perf_counter() - started)
+        after = catalog.load_table((settings.catalog.current_namespace, table.iceberg_name)).scan().to_arrow()
+        touched = spark.sql(
+            f"SELECT DISTINCT coalesce(id, get_json_object(pg_old_key, '$.id')) AS id FROM {hist} WHERE pg_lsn > {1000 + done - 1 - increment}"
+        )
+        touched_ids = pa.array([int(row.id) for row in touched.collect()], pa.int64())
+        upserts = after.filter(pc.is_in(after["id"], value_set=touched_ids))
+        present = set(upserts["id"].to_pylist())
+        deleted = [k for k in touched_ids.to_pylist() if k not in present]
+        started = time.perf_counter()
+        rival.upsert(upserts, join_cols=["id"])
+        if deleted:
+            rival.delete(In("id", deleted))
+        t_rival_all.append(time.perf_counter() - started)
+        rival = rival.refresh()
+        got = rival.scan().to_arrow().sort_by("id")
+        want = after.sort_by("id")
+        if not got.equals(want.select(got.column_names)):
+            raise AssertionError("P5: pyiceberg's upserted copy differs from the loader's current table")
+        print(
+            f"P5 round {r + 1}: loader merge {t_ours_all[-1]:.2f}s, pyiceberg upsert+delete {t_rival_all[-1]:.2f}s"
+            f" ({len(upserts):,} upserts, {len(deleted):,} deletes)"
+        )
+    t_ours, t_rival = statistics.median(t_ours_all), statistics.median(t_rival_all)
     record(
         Figure(
             "P5",
-            f"merge +{increment // 1000}k into {len(before) / 1000:.0f}k keys",
+            f"merge +{increment // 1000}k into {len(before) / 1000:.0f}k keys (median of {repeats})",
             t_ours,
             "s",
             t_rival,
