@@ -49,7 +49,7 @@ log = logging.getLogger("loader.capture")
 DELIMITER, QUOTE = b"\x01", b"\x02"
 _COPY_OPTIONS = "FORMAT csv, DELIMITER E'\\x01', QUOTE E'\\x02'"
 _READ_CHUNK = 1 << 20
-# What makes the copy impossible here rather than broken: the caller peeks instead.
+# What makes the copy impossible here rather than broken (the caller peeks either way).
 _UNAVAILABLE = {
     "42883",  # undefined_function: PostgreSQL before 12
     "53400",  # configuration_limit_exceeded: no free replication slot
@@ -111,15 +111,19 @@ class RoundFetcher:
         self._job["spool"] = str(self._spool)
         # Its stderr goes to a file: a pipe nobody reads while rows flow could fill and stall it.
         with open(self._spool / "fetcher.log", "wb") as log_file:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loader.capture.stream"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                # It imports this package from wherever this process did (spark-submit --py-files
-                # adds paths at run time, which a new interpreter would not know).
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-            )
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "loader.capture.stream"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log_file,
+                    # It imports this package from wherever this process did (spark-submit
+                    # --py-files adds paths at run time, which a new interpreter would not know).
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                )
+            except BaseException:
+                self.close()
+                raise
         assert self._proc.stdin is not None
         try:
             # The connection string (it may hold a password) goes through the pipe, never argv.
@@ -140,10 +144,12 @@ class RoundFetcher:
             self.close()
             raise
         if "error" in msg:
+            # Whatever stops the copy (no free slot, an older server, a role without the right, a
+            # slot invalidated meanwhile) the peek meets too, and reports in its own terms.
             self.close()
-            if msg.get("sqlstate") in _UNAVAILABLE:
-                raise PipelineUnavailable(f"cannot copy replication slot {self.slot!r}: {msg['error']}")
-            raise SourceError(f"cannot copy replication slot {self.slot!r}: {msg['error']}")
+            state = msg.get("sqlstate")
+            known = " (expected here)" if state in _UNAVAILABLE else ""
+            raise PipelineUnavailable(f"cannot copy replication slot {self.slot!r}{known}: {msg['error']}")
 
     def rows(self) -> Iterator[bytes]:
         """Every plugin row up to ``upto``, in order; raises what the fetcher met."""

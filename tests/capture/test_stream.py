@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from loader.capture import slot as slots
 from loader.capture.capture import Capture
@@ -249,3 +250,27 @@ def test_spools_of_killed_captures_are_removed_by_the_next(tmp_path: Path) -> No
         (d / "round-00000001.csv").write_bytes(b"{}\n")
     _remove_orphan_spools(tmp_path)
     assert not dead.exists() and alive.exists() and mine.exists() and other.exists()
+
+
+def test_without_a_free_slot_for_the_copy_capture_peeks(src: Src, caplog: pytest.LogCaptureFixture) -> None:
+    settings = pipelined(src.settings)
+    src.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    Capture(settings).run()
+    src.sql("INSERT INTO t SELECT generate_series(1, 300)")
+    used, limit = src.sql(
+        "SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int"
+    )[0]
+    fillers = [f"{settings.source.slot}_fill{i}" for i in range(limit - used)]
+    try:
+        for name in fillers:  # physical slots: nothing to decode, nothing retained
+            src.sql("SELECT pg_create_physical_replication_slot(%s)", (name,))
+        with caplog.at_level("WARNING", logger="loader.capture"):
+            res = Capture(settings).run()
+    finally:
+        for name in fillers:
+            src.sql("SELECT pg_drop_replication_slot(%s)", (name,))
+    assert "capture peeks instead" in caplog.text
+    assert res.changes == 300
+    ids = [int(dict((c.name, c.value) for c in r.columns)["id"] or 0) for r in src.changes("t")]
+    assert ids == list(range(1, 301))
+    assert copies_left(src) == []
