@@ -433,10 +433,7 @@ class Capture:
                             f"pgoutput message outside a transaction could not be decoded ({decoder.last_outside_reason})",
                             hint="the slot was not advanced past it; re-run capture",
                         )
-            if decoder.in_transaction:
-                raise LandingError("slot returned a transaction without its commit; re-run capture")
-            writer.close_file()
-            self._drain(writer, result)
+            self._end_read(decoder, writer, result)
         except BaseException:
             writer.abort()
             raise
@@ -499,10 +496,7 @@ class Capture:
                     if len(result.files) != published:
                         published = len(result.files)
                         self._confirm(conn, decoder.confirm_lsn)
-                if decoder.in_transaction:
-                    raise LandingError("slot returned a transaction without its commit; re-run capture")
-                writer.close_file()
-                self._drain(writer, result)
+                self._end_read(decoder, writer, result)
             except BaseException:
                 writer.abort()
                 raise
@@ -511,6 +505,13 @@ class Capture:
         result.messages_skipped += decoder.messages_skipped
         self._confirm(conn, decoder.confirm_lsn)
         return True
+
+    def _end_read(self, decoder: Any, writer: LandingWriter, result: CaptureResult) -> None:
+        """The end of a round or a pipelined read: no transaction left open, the last file published."""
+        if decoder.in_transaction:
+            raise LandingError("slot returned a transaction without its commit; re-run capture")
+        writer.close_file()
+        self._drain(writer, result)
 
     def _confirm(self, conn: psycopg.Connection, confirm: int | None) -> None:
         """Advance the slot to ``confirm``: everything before it is in published files."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,3 +72,38 @@ def src(pg_admin: str, tmp_path: Path) -> Iterator[Src]:
                 (f"%{uid}%",),
             )
             admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(db)))
+
+
+class Crash(Exception):
+    """Raised by a test's hook to stop a capture where a kill would."""
+
+
+def landing_snapshot(path: Path) -> dict[str, bytes]:
+    """Every landing file under ``path``, decompressed, by name."""
+    import gzip
+
+    return {p.name: gzip.decompress(p.read_bytes()) for p in sorted(path.iterdir()) if p.name.endswith(".gz")}
+
+
+def crash_after_each_file(settings: LoaderSettings, files: int, after_crash: Callable[[], None] | None = None) -> int:
+    """Run capture again and again, each run stopped right after its k-th published file (before
+    the slot moves), k = 1, 2, ... until a run finishes; returns how many runs were stopped."""
+    crashes = 0
+    for k in range(1, files + 1):
+        count = 0
+
+        def boom(_name: str, k: int = k) -> None:
+            nonlocal count
+            count += 1
+            if count == k:
+                raise Crash()
+
+        try:
+            Capture(settings, on_published=boom).run()
+        except Crash:
+            crashes += 1
+            if after_crash is not None:
+                after_crash()
+        else:
+            break
+    return crashes

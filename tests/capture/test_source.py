@@ -21,7 +21,7 @@ from loader.capture.records import COMMIT, ChangeRecord
 from loader.capture.source_tables import list_tables
 from loader.errors import LandingError, SlotBusyError, SlotMissingError
 from loader.lsn import ChangePosition
-from tests.capture.conftest import Src
+from tests.capture.conftest import Crash, Src, crash_after_each_file, landing_snapshot
 from tests.harness import ROOT, s3_bucket
 
 SCHEMA_PATH = ROOT / "schemas" / "landing-change.v1.json"
@@ -414,16 +414,6 @@ def test_include_exclude_patterns_and_tables_created_later(src: Src) -> None:
 # --- crash safety ------------------------------------------------------------------------------
 
 
-class Crash(Exception):
-    pass
-
-
-def landing_snapshot(path: Path) -> dict[str, bytes]:
-    import gzip
-
-    return {p.name: gzip.decompress(p.read_bytes()) for p in sorted(path.iterdir()) if p.name.endswith(".gz")}
-
-
 def test_killed_capture_rerun_yields_the_same_landing_files(src: Src) -> None:
     from loader.workload import BankWorkload
 
@@ -438,23 +428,7 @@ def test_killed_capture_rerun_yields_the_same_landing_files(src: Src) -> None:
     reference = landing_snapshot(src.tmp / "ref" / ref.source.slot)
     assert len(reference) > 3
     # Crash after every published file in turn (slot not yet advanced), then finish.
-    crashes = 0
-    for k in range(1, len(reference) + 1):
-        count = 0
-
-        def boom(_name: str, k: int = k) -> None:
-            nonlocal count
-            count += 1
-            if count == k:
-                raise Crash()
-
-        try:
-            Capture(src.settings, on_published=boom).run()
-        except Crash:
-            crashes += 1
-        else:
-            break
-    assert crashes >= 2
+    assert crash_after_each_file(src.settings, len(reference)) >= 2
     Capture(src.settings).run()
     got = landing_snapshot(Path(src.store.url.removeprefix("file://")))
     assert got == reference

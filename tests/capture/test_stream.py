@@ -21,8 +21,7 @@ from loader.capture.capture import Capture
 from loader.capture.records import HEADER
 from loader.capture.stream import RoundFetcher
 from loader.config import LoaderSettings, SourceSettings
-from tests.capture.conftest import Src
-from tests.capture.test_source import Crash, landing_snapshot
+from tests.capture.conftest import Src, crash_after_each_file, landing_snapshot
 from tests.harness import ROOT
 
 
@@ -111,24 +110,9 @@ def test_pipelined_capture_killed_after_each_file_lands_each_change_once(src: Sr
     Capture(ref).run()
     reference = landing_snapshot(src.tmp / "ref" / ref.source.slot)
     assert len(reference) > 3
-    crashes = 0
-    for k in range(1, len(reference) + 1):
-        count = 0
-
-        def boom(_name: str, k: int = k) -> None:
-            nonlocal count
-            count += 1
-            if count == k:
-                raise Crash()
-
-        try:
-            Capture(settings, on_published=boom).run()
-        except Crash:
-            crashes += 1
-            assert copies_left(src) == [], "the copy of the slot goes with the run that made it"
-        else:
-            break
-    assert crashes >= 2
+    left: list[list[str]] = []
+    assert crash_after_each_file(settings, len(reference), after_crash=lambda: left.append(copies_left(src))) >= 2
+    assert left and all(c == [] for c in left), "the copy of the slot goes with the run that made it"
     Capture(settings).run()
     assert landing_snapshot(Path(src.store.url.removeprefix("file://"))) == reference
 
