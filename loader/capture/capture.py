@@ -450,7 +450,7 @@ class Capture:
 
     def _pipelined(self, start: slots.SlotInfo | None, upto: str) -> bool:
         """Read through a consumed copy of the slot (``loader.capture.stream``) when the backlog is
-        big enough to pay for the copy and its thread; peek otherwise."""
+        big enough to pay for the copy and its fetcher process; peek otherwise."""
         src = self.settings.source
         if src.plugin != "wal2json" or src.pipeline_min_lag_mb < 0 or start is None:
             return False
