@@ -249,6 +249,11 @@ class MergeSettings(BaseModel):
     # with their deletes applied): each merge adds up to one data and one delete file per touched
     # bucket, and every later merge reads them all. 0: only ``loader maintain`` compacts.
     compact_every: int = 10
+    # Plain increments (no truncate/resync/park, no unsent TOAST values, no key changes, integer
+    # or text keys) of up to this many history rows are merged on the driver with Arrow, without a
+    # Spark job (loader.merge.driver); the driver holds them and the current table's key columns.
+    # 0: never.
+    driver_max_rows: int = Field(default=200_000, ge=0)
 
 
 class DbtSettings(BaseModel):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loader.config import LoaderSettings
-from loader.errors import CatalogError, ConfigError
+from loader.errors import CatalogError, ConfigError, MergeConflictError
 from loader.faults import checkpoint
 from loader.iceberg import (
     create_source_table,
@@ -39,6 +39,7 @@ from loader.load.evolution import can_widen
 from loader.load.typemap import quote_ident, spark_type, sql_string
 from loader.lsn import ChangePosition, position_after_sql, position_before_sql
 from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
+from loader.merge.rowdelta import commit_rows
 from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql, touched_buckets_sql
 from loader.names import lake_column
 from loader.progress import each_table
@@ -235,7 +236,20 @@ class CurrentMerge:
     def merge_table(
         self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None = None, rebuild: bool = False
     ) -> TableMerge:
-        """Merge one table's increment; ``rebuild`` recomputes the whole current table from history."""
+        """Merge one table's increment; ``rebuild`` recomputes the whole current table from history.
+
+        A direct commit that another writer's commit invalidated (nothing was committed) is
+        recomputed once from the new state; a second conflict is reported (transient).
+        """
+        try:
+            return self._merge_table(table, loaded_through, upto, rebuild)
+        except MergeConflictError as exc:
+            log.warning("%s; merging %s again", exc, table.qualified)
+            return self._merge_table(table, loaded_through, upto, rebuild)
+
+    def _merge_table(
+        self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None, rebuild: bool
+    ) -> TableMerge:
         from pyspark.sql import functions as F
 
         out = TableMerge(table.qualified)
@@ -256,6 +270,9 @@ class CurrentMerge:
         key_changed = self._key_changed(cur, pk)
         if key_changed is None:
             self._ensure_current(table, cur, pk, source_types)
+        # The snapshot the watermark is read from: a direct commit is validated against every
+        # commit after it.
+        start_snapshot = None if key_changed else current_snapshot_id(self.spark, cur)
         merged = None if key_changed else watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
         since = ChangePosition.from_token(merged) if merged else None
         cur_props = table_properties(self.spark, cur) if key_changed is None else {}
@@ -277,6 +294,14 @@ class CurrentMerge:
         elif since is not None and since >= cut:
             out.merged_through = merged
             out.parked = self._parked_note(cur_props)
+            return out
+        if (
+            not rebuild
+            and not key_changed
+            and since is not None
+            and self.settings.merge.driver_max_rows > 0
+            and self._driver_merge(table, cur, pk, source_types, since, cut, hist_snapshot, start_snapshot, out)
+        ):
             return out
         if hist_snapshot is None:
             inc = self.spark.table(hist)
@@ -429,6 +454,49 @@ class CurrentMerge:
             return "merge"
         finally:
             reduced.unpersist()
+
+    def _driver_merge(
+        self,
+        table: SourceTable,
+        cur: str,
+        pk: list[str],
+        source_types: dict[str, str],
+        since: ChangePosition,
+        cut: ChangePosition,
+        hist_snapshot: int | None,
+        start_snapshot: int | None,
+        out: TableMerge,
+    ) -> bool:
+        """Merge a plain increment on the driver (loader.merge.driver); False if it is not plain."""
+        from loader.catalog import open_catalog
+        from loader.merge.driver import NotPlain, driver_rows
+
+        lake_pk = [lake_column(k) for k in pk]
+        try:
+            ends, writes, rows = driver_rows(
+                open_catalog(self.settings),
+                (self.names.history_ns, table.iceberg_name),
+                (self.names.current_ns, table.iceberg_name),
+                lake_pk,
+                {lake_column(c): t for c, t in source_types.items()},
+                since,
+                cut,
+                hist_snapshot,
+                start_snapshot,
+                self.settings.merge.driver_max_rows,
+            )
+        except NotPlain as exc:
+            log.debug("%s: merged by Spark (%s)", table.qualified, exc)
+            return False
+        commit_props = {SUMMARY_MERGED_THROUGH: cut.token(), SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)}
+        done = commit_rows(self.spark, cur, ends, writes, lake_pk, commit_props, start_snapshot)
+        checkpoint("merge-after-commit")
+        log.info("%s: %d rows ended, %d written, %d files (driver)", cur, done.deleted, done.written, done.files)
+        out.increment_rows = rows
+        plan = MergePlan(cut=cut, boundary=None, parked=None, resynced=False)
+        self._after_commit(cur, plan, cut.token(), None, "merge", out)
+        out.merged_through = cut.token()
+        return True
 
     def _key_changed(self, cur: str, pk: list[str]) -> list[str] | None:
         """The current table's key when it differs from history's (the source key changed), else None."""
