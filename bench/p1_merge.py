@@ -192,8 +192,13 @@ def _p5(
         rival = rival.refresh()
         got = rival.scan().to_arrow().sort_by("id")
         want = after.sort_by("id")
-        if not got.equals(want.select(got.column_names)):
-            raise AssertionError("P5: pyiceberg's upserted copy differs from the loader's current table")
+        want = want.select(got.column_names)
+        if not got.equals(want):
+            g, w = {tuple(r.values()) for r in got.to_pylist()}, {tuple(r.values()) for r in want.to_pylist()}
+            raise AssertionError(
+                f"P5: pyiceberg's upserted copy differs from the loader's current table: {got.num_rows} vs"
+                f" {want.num_rows} rows; only in pyiceberg's: {sorted(g - w)[:3]}; only in ours: {sorted(w - g)[:3]}"
+            )
         print(
             f"P5 round {r + 1}: loader merge {t_ours_all[-1]:.2f}s, pyiceberg upsert+delete {t_rival_all[-1]:.2f}s"
             f" ({len(upserts):,} upserts, {len(deleted):,} deletes)"

@@ -251,8 +251,8 @@ class MergeSettings(BaseModel):
     compact_every: int = 10
     # Plain increments (no truncate/resync/park, no unsent TOAST values, no key changes, integer
     # or text keys) of up to this many history rows are merged on the driver with Arrow, without a
-    # Spark job (loader.merge.driver); the driver holds them and the current table's key columns.
-    # 0: never.
+    # Spark job (loader.merge.driver); the driver holds them and reads the current table's key
+    # columns batch by batch (current tables above 250x this many rows go to Spark). 0: never.
     driver_max_rows: int = Field(default=200_000, ge=0)
 
 

@@ -488,6 +488,13 @@ class CurrentMerge:
         except NotPlain as exc:
             log.debug("%s: merged by Spark (%s)", table.qualified, exc)
             return False
+        except OSError as exc:
+            # The warehouse did not answer pyiceberg's reads: Spark's path reads through S3A,
+            # which retries, and reports what persists.
+            log.warning(
+                "%s: the driver merge could not read the warehouse (%s); merging with Spark", table.qualified, exc
+            )
+            return False
         commit_props = {SUMMARY_MERGED_THROUGH: cut.token(), SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)}
         done = commit_rows(self.spark, cur, ends, writes, lake_pk, commit_props, start_snapshot)
         checkpoint("merge-after-commit")

@@ -198,7 +198,7 @@ def driver_rows(
     keys = newest.select(pk)
 
     # --- current rows of those keys: key, position, file and row number, minus position deletes
-    matched = _current_rows(cur, start_snapshot, pk, keys)
+    matched = _current_rows(cur, start_snapshot, pk, keys, 250 * max_rows)
     if matched.num_rows and matched.select(pk).group_by(pk).aggregate([]).num_rows != matched.num_rows:
         raise NotPlain("the current table holds a key twice")
     joined = newest.join(matched, pk, join_type="left outer")
@@ -227,7 +227,7 @@ def driver_rows(
     return ends, writes, n_rows
 
 
-def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any) -> Any:
+def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows: int) -> Any:
     """Live rows of the current table whose key is in ``keys``: key columns, ``pg__file``,
     ``pg__pos``, ``pg__bucket``, ``t_lsn``, ``t_seq``."""
     import numpy as np
@@ -239,6 +239,8 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any) -> Any:
     schema = cur.schema()
     wanted = {schema.find_field(c).field_id: c for c in (*pk, "pg_lsn", "pg_seq")}
     tasks = list(cur.scan(snapshot_id=snapshot_id).plan_files())
+    if sum(t.file.record_count for t in tasks) > max_rows:
+        raise NotPlain("the current table holds more rows than the driver reads (250 x merge.driver_max_rows)")
     seen_deletes: set[str] = set()
     delete_tables = []
     for task in tasks:
@@ -254,6 +256,11 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any) -> Any:
     out = []
     for task in tasks:
         path = task.file.file_path
+        gone = None
+        if deletes is not None:
+            gone = deletes.filter(pc.equal(deletes.column("file_path"), path)).column("pos").combine_chunks()
+            gone = gone.cast(pa.int64()) if len(gone) else None
+        bucket = int(task.file.partition[0])
         with cur.io.new_input(path).open() as f:
             pf = pq.ParquetFile(f)
             names = {}
@@ -263,23 +270,22 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any) -> Any:
                     names[wanted[int(fid)]] = field.name
             if len(names) != len(wanted):
                 raise NotPlain(f"data file {path} lacks a key or position column")
-            t = pf.read(columns=[names[c] for c in (*pk, "pg_lsn", "pg_seq")])
-        t = t.rename_columns([*pk, "t_lsn", "t_seq"])
-        t = t.append_column(POS, pa.array(np.arange(t.num_rows, dtype=np.int64)))
-        mask = pc.is_in(t.column(pk[0]), value_set=key_set[0].cast(t.schema.field(pk[0]).type))
-        for k, ks in zip(pk[1:], key_set[1:], strict=True):
-            mask = pc.and_(mask, pc.is_in(t.column(k), value_set=ks.cast(t.schema.field(k).type)))
-        if deletes is not None:
-            gone = deletes.filter(pc.equal(deletes.column("file_path"), path)).column("pos")
-            if len(gone):
-                mask = pc.and_(
-                    mask, pc.invert(pc.is_in(t.column(POS), value_set=gone.combine_chunks().cast(pa.int64())))
-                )
-        t = t.filter(mask)
-        if t.num_rows:
-            t = t.append_column(FILE, pa.array([path] * t.num_rows, pa.string()))
-            t = t.append_column(BUCKET, pa.array([int(task.file.partition[0])] * t.num_rows, pa.int32()))
-            out.append(t)
+            offset = 0
+            # Batch by batch: memory holds one batch of three columns, whatever the file's size.
+            for batch in pf.iter_batches(batch_size=1 << 20, columns=[names[c] for c in (*pk, "pg_lsn", "pg_seq")]):
+                t = pa.Table.from_batches([batch]).rename_columns([*pk, "t_lsn", "t_seq"])
+                t = t.append_column(POS, pa.array(np.arange(offset, offset + t.num_rows, dtype=np.int64)))
+                offset += t.num_rows
+                mask = pc.is_in(t.column(pk[0]), value_set=key_set[0].cast(t.schema.field(pk[0]).type))
+                for k, ks in zip(pk[1:], key_set[1:], strict=True):
+                    mask = pc.and_(mask, pc.is_in(t.column(k), value_set=ks.cast(t.schema.field(k).type)))
+                if gone is not None:
+                    mask = pc.and_(mask, pc.invert(pc.is_in(t.column(POS), value_set=gone)))
+                t = t.filter(mask)
+                if t.num_rows:
+                    t = t.append_column(FILE, pa.array([path] * t.num_rows, pa.string()))
+                    t = t.append_column(BUCKET, pa.array([bucket] * t.num_rows, pa.int32()))
+                    out.append(t)
     if not out:
         fields = [pa.field(k, keys.schema.field(k).type) for k in pk] + [
             pa.field("t_lsn", pa.int64()),
