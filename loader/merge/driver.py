@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from loader.load.typemap import spark_type
@@ -113,7 +114,7 @@ def driver_rows(
     raises :class:`NotPlain` when the Spark path must merge this increment."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
+    from pyiceberg.expressions import And, EqualTo, GreaterThan, LessThanOrEqual
     from pyiceberg.io.pyarrow import ArrowScan
     from pyiceberg.transforms import BucketTransform
 
@@ -139,9 +140,21 @@ def driver_rows(
     bucket_of = spec.fields[0].transform.transform(key_field.field_type)
 
     # --- the increment: (since, cut] of history at the load's snapshot
+    started = time.perf_counter()
     hist = catalog.load_table(hist_id)
+    # A watermark is normally a transaction's end (its commit marker), so the increment starts at
+    # the next commit LSN and the file that ends at the watermark need not be read. Only a park
+    # cut stops inside a transaction: rows at the watermark's LSN after it send this to Spark
+    # (two columns of the last row group of that file are read to know).
+    at_since = EqualTo("pg_lsn", since.commit_lsn)  # type: ignore[misc,call-arg,arg-type]
+    at_tasks = list(hist.scan(row_filter=at_since, snapshot_id=hist_snapshot).plan_files())
+    if at_tasks:
+        pos_schema = hist.schema().select("pg_lsn", "pg_seq")
+        at = ArrowScan(hist.metadata, hist.io, pos_schema, at_since).to_table(at_tasks)
+        if pc.any(pc.greater(at.column("pg_seq"), since.seq)).as_py():
+            raise NotPlain("rows at the watermark's LSN follow it (a park)")
     row_filter = And(
-        GreaterThanOrEqual("pg_lsn", since.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
+        GreaterThan("pg_lsn", since.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
         LessThanOrEqual("pg_lsn", cut.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
     )
     scan = hist.scan(row_filter=row_filter, snapshot_id=hist_snapshot)
@@ -149,6 +162,7 @@ def driver_rows(
     if sum(t.file.record_count for t in tasks) > max_rows:
         raise NotPlain("the increment's files hold more rows than merge.driver_max_rows")
     inc = ArrowScan(hist.metadata, hist.io, scan.projection(), row_filter).to_table(tasks)
+    read_s = time.perf_counter() - started
     inc = inc.filter(
         pc.and_(
             _after(inc.column("pg_lsn"), inc.column("pg_seq"), since),
@@ -198,7 +212,17 @@ def driver_rows(
     keys = newest.select(pk)
 
     # --- current rows of those keys: key, position, file and row number, minus position deletes
+    reduce_s = time.perf_counter() - started - read_s
     matched = _current_rows(cur, start_snapshot, pk, keys, 250 * max_rows)
+    log.debug(
+        "driver merge %s: increment %d rows read in %.3f s, reduced in %.3f s; %d current rows found in %.3f s",
+        ".".join(cur_id),
+        n_rows,
+        read_s,
+        reduce_s,
+        matched.num_rows,
+        time.perf_counter() - started - read_s - reduce_s,
+    )
     if matched.num_rows and matched.select(pk).group_by(pk).aggregate([]).num_rows != matched.num_rows:
         raise NotPlain("the current table holds a key twice")
     joined = newest.join(matched, pk, join_type="left outer")
