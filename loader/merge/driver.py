@@ -22,6 +22,7 @@ one RowDelta validated against every commit since that snapshot.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -59,17 +60,34 @@ def _at_or_before(lsn: Any, seq: Any, pos: ChangePosition) -> Any:
 def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> dict[str, Any]:
     """Key columns parsed out of pg_old_key texts (JSON objects of text values, by lake name)."""
     import pyarrow as pa
+    import pyarrow.json as pj
 
-    values: dict[str, list[Any]] = {k: [] for k in pk}
-    for text in texts:
-        if text is None:
-            raise NotPlain("a change without its old key")
-        obj = json.loads(text)
-        for k in pk:
-            values[k].append(obj.get(k))
+    if any(t is None for t in texts):
+        raise NotPlain("a change without its old key")
+    parsed: dict[str, Any] | None = None
+    if not any("\n" in t for t in texts):  # type: ignore[operator]
+        # One JSON object per line: Arrow's reader parses them all at once, into text columns.
+        try:
+            table = pj.read_json(
+                io.BytesIO("\n".join(texts).encode()),  # type: ignore[arg-type]
+                parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema([(k, pa.string()) for k in pk]), unexpected_field_behavior="ignore"
+                ),
+            )
+            if table.num_rows == len(texts):
+                parsed = {k: table.column(k).combine_chunks() for k in pk}
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            parsed = None
+    if parsed is None:
+        values: dict[str, list[Any]] = {k: [] for k in pk}
+        for text in texts:
+            obj = json.loads(text)  # type: ignore[arg-type]
+            for k in pk:
+                values[k].append(obj.get(k))
+        parsed = {k: pa.array(values[k], pa.string()) for k in pk}
     out = {}
     for k in pk:
-        arr = pa.array(values[k], pa.string())
+        arr = parsed[k]
         if arr.null_count:
             raise NotPlain("an old key without a value for every key column")
         try:
@@ -240,14 +258,21 @@ def driver_rows(
     ends = joined.filter(pc.and_(found, newer)).select([FILE, POS, BUCKET])
     # An upsert writes its row when it is newer than the current one, or the key has none (every
     # event of the increment is after the watermark, which is where inserts may start).
-    writes_idx = joined.filter(pc.and_(pc.equal(joined.column("sub"), 1), pc.or_(pc.invert(found), newer))).column(
-        "idx"
-    )
-    writes = inc.take(writes_idx)
+    chosen = joined.filter(pc.and_(pc.equal(joined.column("sub"), 1), pc.or_(pc.invert(found), newer)))
+    writes = inc.take(chosen.column("idx"))
     data_cols = [f.name for f in schema.fields if f.name in writes.column_names]
     writes = writes.select(data_cols)
-    buckets = pa.array([bucket_of(v) for v in writes.column(pk[0]).to_pylist()], pa.int32())
-    writes = writes.append_column(BUCKET, buckets)
+    # A key the table holds stays in its row's bucket; only new keys are hashed (Iceberg's bucket
+    # transform, one value at a time).
+    buckets = chosen.column(BUCKET).combine_chunks()
+    if buckets.null_count:
+        new_keys = writes.column(pk[0]).filter(pc.is_null(buckets)).to_pylist()
+        hashed = iter(bucket_of(v) for v in new_keys)
+        buckets = pa.array(
+            [b if b is not None else next(hashed) for b in buckets.to_pylist()],
+            pa.int32(),
+        )
+    writes = writes.append_column(BUCKET, buckets.cast(pa.int32()))
     return ends, writes, n_rows
 
 
@@ -298,11 +323,15 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows
             # Batch by batch: memory holds one batch of three columns, whatever the file's size.
             for batch in pf.iter_batches(batch_size=1 << 20, columns=[names[c] for c in (*pk, "pg_lsn", "pg_seq")]):
                 t = pa.Table.from_batches([batch]).rename_columns([*pk, "t_lsn", "t_seq"])
+                # An older file may hold a key column before it was widened (int -> bigint).
+                t = t.cast(
+                    pa.schema([pa.field(k, key_set[i].type) for i, k in enumerate(pk)] + list(t.schema)[len(pk) :])
+                )
                 t = t.append_column(POS, pa.array(np.arange(offset, offset + t.num_rows, dtype=np.int64)))
                 offset += t.num_rows
-                mask = pc.is_in(t.column(pk[0]), value_set=key_set[0].cast(t.schema.field(pk[0]).type))
+                mask = pc.is_in(t.column(pk[0]), value_set=key_set[0])
                 for k, ks in zip(pk[1:], key_set[1:], strict=True):
-                    mask = pc.and_(mask, pc.is_in(t.column(k), value_set=ks.cast(t.schema.field(k).type)))
+                    mask = pc.and_(mask, pc.is_in(t.column(k), value_set=ks))
                 if gone is not None:
                     mask = pc.and_(mask, pc.invert(pc.is_in(t.column(POS), value_set=gone)))
                 t = t.filter(mask)
@@ -319,5 +348,4 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows
             pa.field(BUCKET, pa.int32()),
         ]
         return pa.schema(fields).empty_table()
-    table = pa.concat_tables(out, promote_options="permissive")
-    return table.cast(pa.schema([pa.field(k, keys.schema.field(k).type) for k in pk] + list(table.schema)[len(pk) :]))
+    return pa.concat_tables(out, promote_options="permissive")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +129,7 @@ def commit_rows(
     referenced = jvm_class(spark, "java.util.ArrayList")()
     delta = table.newRowDelta()
     stem = uuid.uuid4().hex
+    lock = threading.Lock()
 
     def put(bucket: int, kind: str, content: Any) -> tuple[Any, str, int, Any]:
         partition = data_files.data(spec, f"{part_name}={bucket}")
@@ -134,7 +137,8 @@ def commit_rows(
         data = _parquet_bytes(content)
         out = fio.newOutputFile(path)
         stream = out.createOrOverwrite()
-        written.append(path)
+        with lock:
+            written.append(path)
         try:
             stream.write(bytearray(data))
         finally:
@@ -147,42 +151,63 @@ def commit_rows(
             buckets.update(int(x) for x in pc.unique(part.column(BUCKET)).to_pylist())
     try:
         schema = _iceberg_arrow_schema(spark, table) if writes is not None and writes.num_rows else None
-        for b in sorted(buckets):
+        pos_metrics, data_metrics = metrics_config.forPositionDelete(table), metrics_config.forTable(table)
+
+        def delete_file(b: int) -> tuple[str, Any, list[str]] | None:
             bucket_ends = ends.filter(pc.equal(ends.column(BUCKET), b)) if ends is not None else None
-            if bucket_ends is not None and bucket_ends.num_rows:
-                pos = pa.Table.from_arrays(
-                    [bucket_ends.column(FILE).cast(pa.string()), bucket_ends.column(POS).cast(pa.int64())],
-                    schema=_position_delete_schema(),
-                ).sort_by([("file_path", "ascending"), ("pos", "ascending")])
-                files = pc.unique(pos.column("file_path")).to_pylist()
-                partition, path, size, inp = put(b, "deletes", pos)
-                builder = (
-                    file_metadata.deleteFileBuilder(spec)
-                    .ofPositionDeletes()
-                    .withPath(path)
-                    .withFormat("parquet")
-                    .withFileSizeInBytes(size)
-                    .withPartition(partition)
-                    .withMetrics(parquet_util.fileMetrics(inp, metrics_config.forPositionDelete(table)))
-                )
-                if len(files) == 1:
-                    builder = builder.withReferencedDataFile(files[0])
-                delta = delta.addDeletes(builder.build())
+            if bucket_ends is None or not bucket_ends.num_rows:
+                return None
+            pos = pa.Table.from_arrays(
+                [bucket_ends.column(FILE).cast(pa.string()), bucket_ends.column(POS).cast(pa.int64())],
+                schema=_position_delete_schema(),
+            ).sort_by([("file_path", "ascending"), ("pos", "ascending")])
+            files = pc.unique(pos.column("file_path")).to_pylist()
+            partition, path, size, inp = put(b, "deletes", pos)
+            builder = (
+                file_metadata.deleteFileBuilder(spec)
+                .ofPositionDeletes()
+                .withPath(path)
+                .withFormat("parquet")
+                .withFileSizeInBytes(size)
+                .withPartition(partition)
+                .withMetrics(parquet_util.fileMetrics(inp, pos_metrics))
+            )
+            if len(files) == 1:
+                builder = builder.withReferencedDataFile(files[0])
+            return "deletes", builder.build(), files
+
+        def data_file(b: int) -> tuple[str, Any, list[str]] | None:
+            bucket_writes = writes.filter(pc.equal(writes.column(BUCKET), b)) if writes is not None else None
+            if bucket_writes is None or not bucket_writes.num_rows:
+                return None
+            data = _rows_for_schema(bucket_writes, schema).sort_by([(k, "ascending") for k in pk])
+            partition, path, size, inp = put(b, "data", data)
+            built = (
+                data_files.builder(spec)
+                .withPath(path)
+                .withFormat("parquet")
+                .withFileSizeInBytes(size)
+                .withPartition(partition)
+                .withMetrics(parquet_util.fileMetrics(inp, data_metrics))
+                .build()
+            )
+            return "data", built, []
+
+        # The files are independent: written on threads (each its own py4j connection), so their
+        # uploads and footer reads overlap.
+        jobs = [(fn, b) for b in sorted(buckets) for fn in (delete_file, data_file)]
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(jobs)))) as pool:
+            made = list(pool.map(lambda job: job[0](job[1]), jobs))
+        for item in made:
+            if item is None:
+                continue
+            kind, built, files = item
+            if kind == "deletes":
+                delta = delta.addDeletes(built)
                 for f in files:
                     referenced.add(f)
-            bucket_writes = writes.filter(pc.equal(writes.column(BUCKET), b)) if writes is not None else None
-            if bucket_writes is not None and bucket_writes.num_rows:
-                data = _rows_for_schema(bucket_writes, schema).sort_by([(k, "ascending") for k in pk])
-                partition, path, size, inp = put(b, "data", data)
-                delta = delta.addRows(
-                    data_files.builder(spec)
-                    .withPath(path)
-                    .withFormat("parquet")
-                    .withFileSizeInBytes(size)
-                    .withPartition(partition)
-                    .withMetrics(parquet_util.fileMetrics(inp, metrics_config.forTable(table)))
-                    .build()
-                )
+            else:
+                delta = delta.addRows(built)
         outcome.files = len(written)
         expressions = jvm_class(spark, "org.apache.iceberg.expressions.Expressions")
         delta = delta.conflictDetectionFilter(expressions.alwaysTrue())

@@ -21,7 +21,17 @@ from loader.iceberg import watermark
 from loader.load.history import HistoryLoad
 from loader.merge.current import CurrentMerge
 from loader.tables import SUMMARY_MERGED_THROUGH, TableNames
-from tests.harness import TABLE, Txn, change, current_rows, generate, lake_settings, load_and_merge, write_files
+from tests.harness import (
+    TABLE,
+    Env,
+    Txn,
+    change,
+    current_rows,
+    generate,
+    lake_settings,
+    load_and_merge,
+    write_files,
+)
 
 
 class _Counting:
@@ -167,3 +177,23 @@ def test_increments_that_are_not_plain_go_to_spark(spark: Any, base_settings: Lo
             load_and_merge(spark, settings_)
     assert counting.calls == 0
     assert current_rows(spark, settings_) == expected
+
+
+def test_a_widened_key_column_is_read_from_older_files(env: Env) -> None:
+    env.sql("CREATE TABLE public.w (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.w SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    env.run_all()
+    env.sql("ALTER TABLE public.w ALTER COLUMN id TYPE bigint")  # a rewrite: the table is resynced
+    env.sql("UPDATE public.w SET v = 'x' WHERE id <= 10")
+    env.run_all()
+    env.assert_reconciled()
+    # Current files from before the widening hold the key as int, later ones as bigint.
+    env.sql("UPDATE public.w SET v = 'y' WHERE id BETWEEN 5 AND 20")
+    env.sql("DELETE FROM public.w WHERE id = 30")
+    env.sql("INSERT INTO public.w VALUES (3000000000, 'big')")
+    counting = _Counting()
+    with mock.patch.object(current_mod, "commit_rows", counting):
+        env.run_all()
+    assert counting.calls == 1, "a plain increment after the widening must be merged on the driver"
+    env.assert_reconciled()
