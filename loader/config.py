@@ -256,6 +256,16 @@ class MergeSettings(BaseModel):
     driver_max_rows: int = Field(default=200_000, ge=0)
 
 
+class LoadSettings(BaseModel):
+    """The history load (see README: Performance, the eighth round)."""
+
+    # Batches of up to this many bytes of landing text in which nothing is unusual (see
+    # loader.load.driver: intact files, row changes only, values Arrow types as Spark does) are read,
+    # typed and appended on the driver with Arrow, without a Spark job; the driver holds about
+    # twice this in memory. Anything else, or a larger batch, goes to the Spark path. 0: never.
+    driver_max_bytes: int = Field(default=512 << 20, ge=0)
+
+
 class DbtSettings(BaseModel):
     """The dbt project run by ``loader dbt`` (views, change-log, SCD2, compliance audits)."""
 
@@ -294,6 +304,7 @@ class LoaderSettings(BaseSettings):
     landing: LandingSettings = Field(default_factory=LandingSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    load: LoadSettings = Field(default_factory=LoadSettings)
     merge: MergeSettings = Field(default_factory=MergeSettings)
     locks: LockSettings = Field(default_factory=LockSettings)
     follow: FollowSettings = Field(default_factory=FollowSettings)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -238,6 +239,13 @@ class HistoryLoad:
         self.spark.sparkContext.environment.update(executor_environment(self.settings))
         spans = sorted((f.first, f.last) for f in batch)
         self._positions_unique = all(a[1] < b[0] for a, b in itertools.pairwise(spans))
+        if row_filter is None and not dry_run:
+            plain = self._driver_load(batch, result)
+            if plain is not None:
+                result.files = [f.name for f in batch]
+                if ledger:
+                    self._write_ledger(batch, self._ledger_rows(plain, batch), result)
+                return
         files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
         parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
         decoded = files_df.repartition(parallelism).mapInArrow(
@@ -294,26 +302,104 @@ class HistoryLoad:
                     result.absorb(part)
                 ledger_rows = self._ledger_rows(batch_survey, batch)
             result.files = [f.name for f in batch]
-            if not ledger:
-                return
-            loaded_through = self._loaded_through(batch)
-            checkpoint("load-before-ledger")
-            (
-                self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
-                .writeTo(self.names.ledger)
-                .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
-                .append()
-            )
-            checkpoint("load-after-ledger")
-            # The watermark again, as a property: snapshot expiry or compaction can take the
-            # summary away, never this (see loader.iceberg).
-            props = {SUMMARY_LOADED_THROUGH: loaded_through}
-            if self._newest_ts is not None:
-                props[PROP_LOADED_THROUGH_TS] = self._newest_ts
-            update_properties(self.spark, self.names.ledger, props)
-            result.loaded_through = loaded_through
+            if ledger:
+                self._write_ledger(batch, ledger_rows, result)
         finally:
             decoded.unpersist()
+
+    def _write_ledger(self, batch: list[LandingFile], ledger_rows: list[tuple[Any, ...]], result: LoadResult) -> None:
+        """Mark the batch loaded: the ledger's rows, with the loaded-through watermark."""
+        loaded_through = self._loaded_through(batch)
+        checkpoint("load-before-ledger")
+        (
+            self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
+            .writeTo(self.names.ledger)
+            .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
+            .append()
+        )
+        checkpoint("load-after-ledger")
+        # The watermark again, as a property: snapshot expiry or compaction can take the
+        # summary away, never this (see loader.iceberg).
+        props = {SUMMARY_LOADED_THROUGH: loaded_through}
+        if self._newest_ts is not None:
+            props[PROP_LOADED_THROUGH_TS] = self._newest_ts
+        update_properties(self.spark, self.names.ledger, props)
+        result.loaded_through = loaded_through
+
+    def _driver_load(self, batch: list[LandingFile], result: LoadResult) -> BatchSurvey | None:
+        """Load a plain batch on the driver (loader.load.driver): its survey, or None when the
+        batch is not plain (nothing was appended; the Spark path loads it)."""
+        from loader.catalog import open_catalog
+        from loader.load.driver import NotPlain, PlainBatch
+
+        max_bytes = self.settings.load.driver_max_bytes
+        if not max_bytes or not self._positions_unique:
+            return None
+        prepared: list[tuple[SourceTable, str, Any, ChangePosition, ChangePosition]] = []
+        started = time.perf_counter()
+        try:
+            plain = PlainBatch(self.store, batch, max_bytes)
+            read = time.perf_counter()
+            for table, (columns, pk) in sorted(plain.survey.tables().items()):
+                prepared.append(self._driver_prepare(plain, table, columns, pk, result))
+        except NotPlain as exc:
+            log.debug("load: the batch goes to Spark: %s", exc)
+            return None
+        typed = time.perf_counter()
+        catalog = open_catalog(self.settings)
+        last_file = batch[-1]
+
+        def append_one(item: tuple[SourceTable, str, Any, ChangePosition, ChangePosition]) -> LoadResult:
+            from loader.load.driver import append_rows
+
+            table, ident, rows, first, last = item
+            part = LoadResult()
+            self._before_append(table, ident, first, last)
+            file_io = catalog.load_table((self.names.history_ns, table.iceberg_name)).io
+            summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
+            append_rows(self.spark, file_io, ident, rows, summary)
+            part.rows_per_table[table.qualified] = rows.num_rows
+            checkpoint("load-after-table")
+            return part
+
+        for part in each_table(prepared, append_one, self.settings.spark.table_threads, "load"):
+            result.absorb(part)
+        log.debug(
+            "load on the driver: %d changes read %.2fs, tables prepared %.2fs, appended %.2fs",
+            plain.num_rows,
+            read - started,
+            typed - read,
+            time.perf_counter() - typed,
+        )
+        return plain.survey
+
+    def _driver_prepare(
+        self, plain: Any, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], result: LoadResult
+    ) -> tuple[SourceTable, str, Any, ChangePosition, ChangePosition]:
+        """One table of a plain batch: its history table created or evolved, its rows typed.
+        NotPlain (nothing appended yet) for what only the Spark path does."""
+        from loader.load.driver import NotPlain
+
+        ident = self.names.history(table)
+        erased = self._erased_keys()
+        if erased and erased[1].get(table.qualified):
+            raise NotPlain(f"{table.qualified}: erased subjects")
+        if table_exists(self.spark, ident):
+            existing = json.loads(table_properties(self.spark, ident).get(PROP_PG_TYPES, "{}"))
+            if plan_evolution(table.qualified, existing, columns).retire:
+                raise NotPlain(f"{table.qualified}: a column retyped incompatibly")
+        hist_columns, _ = self._ensure_history_table(table, columns, pk, None, result)  # type: ignore[arg-type]
+        if self._dropped_columns(ident, table, plain.survey, hist_columns):
+            raise NotPlain(f"{table.qualified}: columns dropped at the source")
+        rows_at = plain.table_rows(table)
+        first = ChangePosition(int(plain.lsn[rows_at[0]]), int(plain.seq[rows_at[0]]))
+        last = ChangePosition(int(plain.lsn[rows_at[-1]]), int(plain.seq[rows_at[-1]]))
+        if not self._all_new(ident, first):
+            raise NotPlain(f"{table.qualified}: history may hold some of these changes")
+        from loader.merge.rowdelta import _iceberg_arrow_schema
+
+        target = _iceberg_arrow_schema(self.spark, iceberg_table(self.spark, ident))
+        return table, ident, plain.history_rows(table, hist_columns, target), first, last
 
     def _loaded_through(self, batch: list[LandingFile]) -> str:
         """The watermark never moves back: a late file below it leaves it where it was."""

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from loader.capture.landing import LandingFile, open_landing
-from loader.config import LoaderSettings
+from loader.config import LoaderSettings, LoadSettings
 from loader.load.history import HistoryLoad
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
@@ -44,29 +44,37 @@ def _two_tables(settings: LoaderSettings) -> list[Txn]:
     return [*txns, other]
 
 
+@pytest.mark.parametrize("path", ["spark", "driver"])
 def test_load_twice_crash_midway_and_rerun(
-    spark: Any, base_settings: LoaderSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     settings = lake_settings(base_settings, tmp_path)
+    if path == "spark":
+        settings = settings.model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     txns = _two_tables(settings)
     write_files(settings, txns, max_changes=3)
     total = sum(len(t.changes) for t in txns)
     names = TableNames(settings)
 
     # Crash after the first table's history append committed, before the second and the ledger.
-    real = HistoryLoad._load_table
+    import loader.load.driver as driver
+
+    owner, attr = (HistoryLoad, "_load_table") if path == "spark" else (driver, "append_rows")
+    real = getattr(owner, attr)
     calls = {"n": 0}
 
-    def crashing(self: HistoryLoad, *args: Any, **kwargs: Any) -> None:
+    def crashing(*args: Any, **kwargs: Any) -> Any:
         if calls["n"] == 1:
             raise Crash("after one table")
         calls["n"] += 1
-        real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(HistoryLoad, "_load_table", crashing)
+    monkeypatch.setattr(owner, attr, crashing)
+    monkeypatch.setattr(settings.spark, "table_threads", 1)  # one table after the other
     with pytest.raises(Crash):
         HistoryLoad(spark, settings).run()
-    monkeypatch.setattr(HistoryLoad, "_load_table", real)
+    monkeypatch.setattr(owner, attr, real)
+    assert calls["n"] == 1, "one table was appended before the crash"
     assert spark.table(names.ledger).count() == 0, "the ledger is written last"
     first = HistoryLoad(spark, settings).run()
     assert first.duplicates_skipped > 0, "the re-run saw the rows the crashed run had appended"

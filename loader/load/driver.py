@@ -1,0 +1,589 @@
+"""A plain load batch read, checked and typed on the driver with Arrow, appended without a Spark job.
+
+The Spark path (:mod:`loader.load.history`) decodes landing lines in Python workers, one record
+at a time, and then runs a survey, a typing query and a write over them: a 1M-change load took
+~16 s, of which the decoding alone ~9.5 s. For a batch in which nothing is unusual, the same result
+comes from Arrow's C++ JSON reader (all lines of a file at once, with the landing schema's types:
+a number where text belongs, a missing required field, a duplicated key all fail the read), a few
+vectorised checks, and Arrow casts.
+
+*Plain* means everything the Spark path would accept as it is: every file intact (gzip readable,
+UTF-8, every line a version-1 landing record, no header count short), only inserts, updates,
+deletes and snapshot reads, positions inside each file's name range and strictly increasing, the
+files' ranges disjoint, commit times in the UTC form capture writes, every record's shape (the
+checks of :func:`loader.load.decode._shape_problem`) valid, no column retyped incompatibly or
+dropped at the source, no erased subject, every change after what history holds (no dedupe
+needed), and every value typed by an Arrow cast that accepts no text Spark's ``try_cast`` would
+read differently (anything else, e.g. arrays or bytea, is not plain). Whatever is not plain raises
+:class:`NotPlain` before anything is committed, and the Spark path loads the batch, with its
+rejects, parks and exact reasons. Both paths write the same history rows (a property test holds
+them to each other on random batches).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loader.capture.landing import LandingFile, LandingStore
+from loader.capture.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
+from loader.load.decode import _TIMESTAMP, _shape_problem
+from loader.load.sql import HistoryColumn
+from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
+from loader.load.typemap import never_toasted, spark_type
+from loader.lsn import ChangePosition
+from loader.names import lake_column
+from loader.tables import SourceTable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+
+class NotPlain(Exception):
+    """The batch goes to the Spark path, which says exactly what is wrong (this only says what is
+    not plain, for the debug log)."""
+
+
+_KINDS = {"I": ROW, "R": ROW, "U": UPDATE, "D": OTHER}
+# Separators of the per-row shape key; names holding them are not plain.
+_SEP_FIELD, _SEP_ITEM = "\x1e", "\x1f"
+_UTC_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?\+00$"
+_NTZ_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?$"
+_DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+_DECIMAL_RE = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
+# What Spark's to_json escapes in a string (Jackson): quote, backslash, control characters.
+_JSON_ESCAPED = r'["\\\x00-\x1f]'
+
+
+def _landing_schema() -> pa.Schema:
+    """Landing format v1 (schemas/landing-change.v1.json) as Arrow reads it: the types msgspec's
+    decoder insists on (a field of another JSON type fails the read)."""
+    import pyarrow as pa
+
+    s = pa.string()
+    columns = pa.list_(pa.list_(s))
+    return pa.schema(
+        [
+            ("v", pa.int64()),
+            ("op", s),
+            ("lsn", pa.uint64()),
+            ("seq", pa.int64()),
+            ("xid", pa.int64()),
+            ("ts", s),
+            ("change_lsn", pa.int64()),
+            ("schema", s),
+            ("table", s),
+            ("columns", columns),
+            ("identity", columns),
+            ("pk", pa.list_(s)),
+            ("reason", s),
+            ("raw", s),
+        ]
+    )
+
+
+def _read_text(name: str, data: bytes) -> tuple[bytes, FileHeader | None]:
+    """One intact landing file's record lines (header line removed, ending in a newline)."""
+    from isal import igzip
+
+    if not name.endswith(".gz"):
+        raise NotPlain(f"{name}: not a gzip landing file")
+    try:
+        text = igzip.decompress(data)
+    except Exception as exc:  # damaged: the Spark path salvages what is readable
+        raise NotPlain(f"{name}: damaged ({exc})") from None
+    if not text.isascii():
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise NotPlain(f"{name}: not UTF-8") from None
+    # The shape key's separators (control characters) can only arrive escaped (\u001e, \u001F).
+    if b"\\u001" in text:
+        raise NotPlain(f"{name}: text holding control characters")
+    end = text.find(b"\n")
+    first_line = text if end < 0 else text[:end]
+    header = None
+    if b'"op":"H"' in first_line:
+        header = parse_header(first_line.decode("utf-8"))
+        if header is None:
+            raise NotPlain(f"{name}: unreadable header")
+        text = b"" if end < 0 else text[end + 1 :]
+    if text and not text.endswith(b"\n"):
+        text += b"\n"
+    return text, header
+
+
+def _entries(chunked: Any, what: str) -> tuple[np.ndarray, pa.Array, pa.Array, pa.Array]:
+    """A ``list<[name, type, value]>`` column as (row offsets, names, types, values), flat; an
+    absent list reads as empty (msgspec's default)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lengths, names, types, values = [], [], [], []
+    for chunk in chunked.chunks:
+        lengths.append(pc.fill_null(pc.list_value_length(chunk), 0).to_numpy())
+        flat = chunk.flatten()
+        if flat.null_count:
+            raise NotPlain(f"a {what} entry that is null")
+        if len(flat):
+            entry_len = pc.list_value_length(flat)
+            if pc.min(entry_len).as_py() != 3 or pc.max(entry_len).as_py() != 3:
+                raise NotPlain(f"a {what} entry that is not [name, type, value]")
+        names.append(pc.list_element(flat, 0))
+        types.append(pc.list_element(flat, 1))
+        values.append(pc.list_element(flat, 2))
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [])]).astype(np.int64)
+
+    def concat(parts: list[Any]) -> Any:
+        return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
+
+    n, t = concat(names), concat(types)
+    if n.null_count or t.null_count:
+        raise NotPlain(f"a {what} entry without a name or type")
+    return offsets, n, t, concat(values)
+
+
+def _text_lists(chunked: Any) -> tuple[np.ndarray, pa.Array]:
+    """A ``list<string>`` column (the key) as (row offsets, items)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lengths = [pc.fill_null(pc.list_value_length(c), 0).to_numpy() for c in chunked.chunks]
+    items = [c.flatten() for c in chunked.chunks]
+    flat = pa.concat_arrays(items) if items else pa.array([], pa.string())
+    if flat.null_count:
+        raise NotPlain("a key column that is null")
+    return np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [])]).astype(np.int64), flat
+
+
+@dataclass
+class _ShapeInfo:
+    op: str
+    schema: str
+    table: str
+    names: list[str]
+    types: list[str]
+    key_names: list[str]
+    pk: list[str]
+
+
+class PlainBatch:
+    """A plain batch in Arrow: its survey (as the Spark path's survey job would give it) and, per
+    table, its history rows."""
+
+    def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+
+        bodies, lines, headers, size = [], [], [], 0
+        for f in batch:
+            body, header = _read_text(f.name, store.open_bytes(f.name))
+            size += len(body)
+            if size > max_bytes:
+                raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of landing text")
+            bodies.append(body)
+            lines.append(body.count(b"\n"))
+            headers.append(header)
+        text = b"".join(bodies)
+        del bodies
+        schema = _landing_schema()
+        if not text:
+            rows = schema.empty_table()
+        else:
+            try:  # the files in one read: Arrow parses blocks of it on every core
+                rows = pj.read_json(
+                    io.BytesIO(text),
+                    read_options=pj.ReadOptions(block_size=min(16 << 20, max(1 << 20, len(text) // 4 + 1))),
+                    parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+                )
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise NotPlain(f"landing files {batch[0].name}..: {str(exc)[:200]}") from None
+        del text
+        if rows.num_rows != sum(lines):
+            raise NotPlain("blank lines in a landing file")
+        for required in ("v", "op", "lsn", "seq", "xid", "ts"):
+            if rows.column(required).null_count:
+                raise NotPlain(f"a record without {required}")
+        if rows.num_rows and pc.any(pc.not_equal(rows.column("v"), 1)).as_py():
+            raise NotPlain("a record of another landing format version")
+        ops = set(pc.unique(rows.column("op")).to_pylist())
+        if not ops <= set(_KINDS) | {"C"}:
+            raise NotPlain(f"control records ({sorted(ops - set(_KINDS) - {'C'})})")
+        if (
+            rows.column("reason").null_count != rows.num_rows
+            and pc.any(pc.not_equal(pc.fill_null(rows.column("reason"), ""), "")).as_py()
+        ):
+            raise NotPlain("a record carries a note")
+        file_of = np.repeat(np.arange(len(batch)), lines)
+        lsn_u = rows.column("lsn").to_numpy()
+        seq = rows.column("seq").to_numpy()
+        if len(lsn_u) and (lsn_u.max() >= 1 << 63 or seq.min() < 0):
+            raise NotPlain("a position out of range")
+        lsn = lsn_u.astype(np.int64)
+        change = pc.not_equal(rows.column("op"), "C").to_numpy(zero_copy_only=False)
+        # Positions: strictly increasing within each file, inside the file's name range.
+        c_lsn, c_seq, c_file = lsn[change], seq[change], file_of[change]
+        same = c_file[1:] == c_file[:-1]
+        up = (c_lsn[1:] > c_lsn[:-1]) | ((c_lsn[1:] == c_lsn[:-1]) & (c_seq[1:] > c_seq[:-1]))
+        if not up[same].all():
+            raise NotPlain("positions not strictly increasing in a file")
+        lo_l = np.array([f.first.commit_lsn for f in batch], np.int64)[c_file]
+        lo_s = np.array([f.first.seq for f in batch], np.int64)[c_file]
+        hi_l = np.array([f.last.commit_lsn for f in batch], np.int64)[c_file]
+        hi_s = np.array([f.last.seq for f in batch], np.int64)[c_file]
+        below = (c_lsn < lo_l) | ((c_lsn == lo_l) & (c_seq < lo_s))
+        above = (c_lsn > hi_l) | ((c_lsn == hi_l) & (c_seq > hi_s))
+        if below.any() or above.any():
+            raise NotPlain("a position outside its file's range")
+        self.batch, self.headers = batch, headers
+        self.num_rows = rows.num_rows
+        self.change = change
+        self.file_of = file_of
+        self.lsn, self.seq = lsn, seq
+        self.xid = rows.column("xid").combine_chunks()
+        self.change_lsn = pc.fill_null(rows.column("change_lsn").combine_chunks(), 0)
+        self.op = rows.column("op").combine_chunks()
+        self.ts = rows.column("ts").combine_chunks()
+        for value in pc.unique(pc.filter(self.ts, pa.array(change))).to_pylist():
+            if not _TIMESTAMP.match(value) or not re.match(_UTC_TEXT, value):
+                raise NotPlain(f"commit time {value[:40]!r} not in capture's UTC form")
+        schema_col = pc.fill_null(rows.column("schema").combine_chunks(), "")
+        table_col = pc.fill_null(rows.column("table").combine_chunks(), "")
+        self.col_offsets, names, types, self.values = _entries(rows.column("columns"), "column")
+        self.id_offsets, id_names, _, self.id_values = _entries(rows.column("identity"), "old-key")
+        pk_offsets, pk_items = _text_lists(rows.column("pk"))
+        del rows
+
+        def joined(offsets: Any, items: Any) -> Any:
+            return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items), _SEP_ITEM)
+
+        key = pc.binary_join_element_wise(
+            self.op,
+            schema_col,
+            table_col,
+            joined(self.col_offsets, names),
+            joined(self.col_offsets, types),
+            joined(self.id_offsets, id_names),
+            joined(pk_offsets, pk_items),
+            _SEP_FIELD,
+        )
+        encoded = pc.dictionary_encode(key)
+        self.shape = np.asarray(encoded.indices).astype(np.int64)
+        uniq, first_row = np.unique(self.shape, return_index=True)
+        self.shapes: list[_ShapeInfo | None] = [None] * len(encoded.dictionary)
+        for s, r in zip(uniq.tolist(), first_row.tolist(), strict=True):
+            if not change[r]:
+                continue  # commit markers: no shape
+            c0, c1 = int(self.col_offsets[r]), int(self.col_offsets[r + 1])
+            i0, i1 = int(self.id_offsets[r]), int(self.id_offsets[r + 1])
+            p0, p1 = int(pk_offsets[r]), int(pk_offsets[r + 1])
+            info = _ShapeInfo(
+                self.op[r].as_py(),
+                schema_col[r].as_py(),
+                table_col[r].as_py(),
+                names.slice(c0, c1 - c0).to_pylist(),
+                types.slice(c0, c1 - c0).to_pylist(),
+                id_names.slice(i0, i1 - i0).to_pylist(),
+                pk_items.slice(p0, p1 - p0).to_pylist(),
+            )
+            rec = ChangeRecord(
+                info.op,
+                0,
+                0,
+                0,
+                "",
+                info.schema,
+                info.table,
+                columns=[Column(n, t, None) for n, t in zip(info.names, info.types, strict=True)],
+                identity=[Column(n, "", None) for n in info.key_names],
+                pk=info.pk,
+            )
+            problem = _shape_problem(rec, info.names, info.key_names)
+            if problem:
+                raise NotPlain(f"{info.schema}.{info.table}: {problem}")
+            self.shapes[s] = info
+        self.survey = self._survey()
+
+    def _survey(self) -> BatchSurvey:
+        """The Spark path's survey of this batch (loader.load.survey), from the shapes."""
+        import numpy as np
+
+        file_names = [f.name for f in self.batch]
+        n_shapes = max(1, len(self.shapes))
+        group = (self.file_of.astype(np.int64) * n_shapes + self.shape)[self.change]
+        at = np.flatnonzero(self.change)
+        keys, first = np.unique(group, return_index=True)
+        _, last_rev, counts = np.unique(group[::-1], return_index=True, return_counts=True)
+        first, last = at[first], at[len(group) - 1 - last_rev]
+        seen: dict[tuple[int, str], int] = {}
+        merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for g, a, b, n in zip(keys.tolist(), first.tolist(), last.tolist(), counts.tolist(), strict=True):
+            info = self.shapes[g % n_shapes]
+            assert info is not None
+            file = file_names[g // n_shapes]
+            where = (g // n_shapes, f"{info.schema}.{info.table}")
+            seen[where] = seen.get(where, 0) + n
+            k = (file, info.schema, info.table, _KINDS[info.op], tuple(info.names), tuple(info.types))
+            pos_a = ChangePosition(int(self.lsn[a]), int(self.seq[a]))
+            pos_b = ChangePosition(int(self.lsn[b]), int(self.seq[b]))
+            m = merged.setdefault(k, {"changes": 0, "first": pos_a, "last": pos_b, "newest": b, "pk": None})
+            m["changes"] += n
+            m["first"] = min(m["first"], pos_a)
+            if pos_b >= m["last"]:
+                m["last"], m["newest"] = pos_b, b
+            if info.pk and (m["pk"] is None or pos_b > m["pk"][1]):
+                m["pk"] = (tuple(info.pk), pos_b)
+        for i, header in enumerate(self.headers):
+            if header is not None and any(n > seen.get((i, t), 0) for t, n in header.tables.items()):
+                raise NotPlain(f"{file_names[i]}: fewer records than its header counts")
+        shapes = []
+        for (file, schema, table, kind, names, types), m in merged.items():
+            b = m["newest"]
+            shapes.append(
+                Shape(
+                    landing_file=file,
+                    table=SourceTable(schema, table),
+                    kind=kind,
+                    col_names=names,
+                    col_types=types,
+                    changes=m["changes"],
+                    first=m["first"],
+                    last=m["last"],
+                    newest=(int(self.lsn[b]), int(self.seq[b]), self.ts[b].as_py()),
+                    pk=m["pk"][0] if m["pk"] else None,
+                    pk_at=m["pk"][1] if m["pk"] else None,
+                )
+            )
+        return BatchSurvey(shapes)
+
+    def table_rows(self, table: SourceTable) -> np.ndarray:
+        import numpy as np
+
+        ids = [
+            i for i, s in enumerate(self.shapes) if s is not None and (s.schema, s.table) == (table.schema, table.table)
+        ]
+        return np.flatnonzero(np.isin(self.shape, ids))
+
+    def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
+        """The table's history rows in ``target``'s columns and types (the Iceberg table's schema)."""
+        import numpy as np
+        import pyarrow as pa
+
+        rows = self.table_rows(table)
+        shape = self.shape[rows]
+        out: dict[str, Any] = {}
+        row_offsets = self.col_offsets[rows]
+        for col in columns:
+            where = np.full(len(self.shapes), -1, np.int64)
+            for s, info in enumerate(self.shapes):
+                if info is None or (info.schema, info.table) != (table.schema, table.table):
+                    continue
+                if col.source in info.names:
+                    if info.types[info.names.index(col.source)] != col.pg_type:
+                        raise NotPlain(f"{table.qualified}: column {col.source} changes type in the batch")
+                    where[s] = info.names.index(col.source)
+            j = where[shape]
+            idx = pa.array(row_offsets + j, pa.int64(), mask=j < 0)
+            out[col.lake] = _typed(self.values.take(idx), col, table)
+        ts = _typed(self.ts.take(pa.array(rows)), HistoryColumn("", "timestamp with time zone"), table)
+        ops = self.op.take(pa.array(rows))
+        out.update(
+            pg_lsn=pa.array(self.lsn[rows]),
+            pg_seq=pa.array(self.seq[rows]),
+            pg_txn_id=self.xid.take(pa.array(rows)),
+            pg_operation=_operation_names(ops),
+            pg_txn_timestamp=ts,
+            pg_change_lsn=self.change_lsn.take(pa.array(rows)),
+            pg_old_key=self._old_keys(rows, shape),
+            pg_absent_columns=self._absent(shape, columns),
+            pg_landing_file=pa.array([f.name for f in self.batch], pa.string()).take(pa.array(self.file_of[rows])),
+            pg_note=pa.nulls(len(rows), pa.string()),
+        )
+        arrays = []
+        for f in target:
+            if f.name not in out:
+                arrays.append(pa.nulls(len(rows), f.type))
+                continue
+            arr = out[f.name]
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            arrays.append(arr.cast(f.type))
+        return pa.Table.from_arrays(arrays, schema=target)
+
+    def _old_keys(self, rows: np.ndarray, shape: np.ndarray) -> pa.Array:
+        """pg_old_key: the old key as Spark's ``to_json(map(lake name -> text value))`` writes it."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        pieces, places = [], []
+        for s in np.unique(shape).tolist():
+            info = self.shapes[s]
+            at = np.flatnonzero(shape == s)
+            if not info.key_names:
+                pieces.append(pa.nulls(len(at), pa.string()))
+                places.append(at)
+                continue
+            base = self.id_offsets[rows[at]]
+            items = []
+            for j, name in enumerate(info.key_names):
+                lake = lake_column(name)
+                value = self.id_values.take(pa.array(base + j))
+                for text in (pa.array([lake]), value.drop_null()):
+                    if len(text) and pc.any(pc.match_substring_regex(text, _JSON_ESCAPED)).as_py():
+                        raise NotPlain("an old key that JSON must escape")
+                quoted = pc.fill_null(pc.binary_join_element_wise('"', value, '"', ""), "null")
+                items.append(pc.binary_join_element_wise(f'"{lake}":', quoted, ""))
+            joined = pc.binary_join_element_wise(*items, ",") if len(items) > 1 else items[0]
+            pieces.append(pc.binary_join_element_wise("{", joined, "}", ""))
+            places.append(at)
+        if not pieces:
+            return pa.nulls(0, pa.string())
+        values = pa.concat_arrays([p.cast(pa.string()) for p in pieces])
+        return values.take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
+
+    def _absent(self, shape: np.ndarray, columns: list[HistoryColumn]) -> pa.Array:
+        """pg_absent_columns: per update, the varlena columns it did not send (unchanged TOAST)."""
+        import pyarrow as pa
+
+        lists: list[list[str]] = []
+        for info in self.shapes:
+            if info is None or info.op != "U":
+                lists.append([])
+                continue
+            sent = set(info.names)
+            lists.append([c.lake for c in columns if not never_toasted(c.pg_type) and c.source not in sent])
+        return pa.array(lists, pa.list_(pa.string())).take(pa.array(shape))
+
+
+def _operation_names(ops: pa.Array) -> pa.Array:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(ops)
+    names = pa.array([OPERATIONS[c] for c in encoded.dictionary.to_pylist()], pa.string())
+    return names.take(encoded.indices)
+
+
+def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array:
+    """A column's text values typed as the Spark path types them; NotPlain for anything it would
+    reject or that Arrow might read differently from Spark."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    st = spark_type(col.pg_type)
+    if st.lossless_text:
+        return values
+    sql = st.sql
+    present = values.drop_null()
+
+    def all_match(regex: str) -> None:
+        if len(present) and not pc.all(pc.match_substring_regex(present, regex)).as_py():
+            raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value outside the plain form")
+
+    m = _DECIMAL_RE.match(sql)
+    if m:
+        target: Any = pa.decimal128(int(m.group(1)), int(m.group(2)))
+        all_match(r"^-?[0-9]+(\.[0-9]+)?$")
+    elif sql in ("INT", "BIGINT"):
+        target = pa.int32() if sql == "INT" else pa.int64()
+        all_match(r"^-?[0-9]+$")
+    elif sql in ("FLOAT", "DOUBLE"):
+        target = pa.float32() if sql == "FLOAT" else pa.float64()
+        all_match(r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|-?Infinity)$")
+    elif sql == "BOOLEAN":
+        target = pa.bool_()
+        all_match(r"^(true|false)$")
+    elif sql == "DATE":
+        target = pa.date32()
+        all_match(_DATE_TEXT)
+    elif sql == "TIMESTAMP_NTZ":
+        target = pa.timestamp("us")
+        all_match(_NTZ_TEXT)
+    elif sql == "TIMESTAMP":
+        all_match(_UTC_TEXT)
+        try:
+            naive = pc.utf8_slice_codeunits(values, 0, -3).cast(pa.timestamp("us"))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise NotPlain(f"{table.qualified}.{col.source}: a timestamp Arrow cannot read") from None
+        return naive.cast(pa.timestamp("us", tz="UTC"))
+    else:
+        raise NotPlain(f"{table.qualified}.{col.source}: {col.pg_type} is typed by Spark only")
+    try:
+        return values.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
+
+
+def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, summary: dict[str, str]) -> int:
+    """Write ``rows`` (sorted by position) as one zstd Parquet file per day partition, through
+    ``file_io`` (pyiceberg's, for the table's location), and commit them in one Iceberg append with
+    ``summary`` in the snapshot summary. Returns the files written. Files of a failed commit are
+    removed unless the commit's outcome is unknown (orphan cleanup takes those)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from loader.iceberg import iceberg_table
+    from loader.merge.rowdelta import _parquet_bytes
+    from loader.spark import jvm_class
+
+    table = iceberg_table(spark, ident)
+    spec = table.spec()
+    fields = spec.fields()
+    if table.specs().size() != 1 or fields.size() != 1 or str(fields.get(0).transform()) != "day":
+        raise AssertionError(f"{ident}: a driver append needs the history table's day partitioning")
+    part_name = str(fields.get(0).name())
+    data_files = jvm_class(spark, "org.apache.iceberg.DataFiles")
+    parquet_util = jvm_class(spark, "org.apache.iceberg.parquet.ParquetUtil")
+    metrics = jvm_class(spark, "org.apache.iceberg.MetricsConfig").forTable(table)
+    fio, locations = table.io(), table.locationProvider()
+    days = rows["pg_txn_timestamp"].cast(pa.date32())
+    stem = uuid.uuid4().hex
+    written: list[str] = []
+    append = table.newAppend()
+    try:
+        for i, day in enumerate(pc.unique(days).to_pylist()):
+            part = rows.filter(pc.equal(days, pa.scalar(day, pa.date32())))
+            partition = data_files.data(spec, f"{part_name}={day.isoformat()}")
+            path = str(locations.newDataLocation(spec, partition, f"{stem}-{i:05d}.parquet"))
+            data = _parquet_bytes(part)
+            written.append(path)
+            with file_io.new_output(path).create(overwrite=True) as out:
+                out.write(data)
+            built = (
+                data_files.builder(spec)
+                .withPath(path)
+                .withFormat("parquet")
+                .withFileSizeInBytes(len(data))
+                .withPartition(partition)
+                .withSortOrder(table.sortOrder())
+                .withMetrics(parquet_util.fileMetrics(fio.newInputFile(path), metrics))
+                .build()
+            )
+            append = append.appendFile(built)
+        for k, v in summary.items():
+            append = append.set(k, v)
+        try:
+            append.commit()
+        except Exception as exc:
+            if "CommitStateUnknownException" in str(exc):
+                written.clear()  # it may have landed: the files must stay
+            raise
+        n = len(written)
+        written.clear()
+        return n
+    finally:
+        for path in written:
+            try:
+                fio.deleteFile(path)
+            except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
+                pass

@@ -1,0 +1,225 @@
+"""The driver load (loader.load.driver) writes exactly the history the Spark path writes, or leaves
+the batch to the Spark path.
+
+Oracle: the same landing files loaded twice, into two lakes, once with the driver path allowed and
+once with it off (``load.driver_max_bytes = 0``); history (every column of every row), rejects,
+the ledger and the load results must be equal. The random batches mix plain values with the
+forms only Spark reads (or rejects): arrays, bytea, misfits, other zones, infinities, escapes.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import loader.load.driver as driver
+from loader.capture.records import ChangeRecord, Column
+from loader.config import LoaderSettings, LoadSettings
+from loader.load.history import HistoryLoad
+from loader.tables import SourceTable, TableNames
+from tests.harness import TS, Txn, lake_settings, write_files
+
+ACCT = SourceTable("public", "acct")
+CODES = SourceTable("public", "codes")
+
+# type -> (plain values, values only the Spark path takes or rejects)
+VALUES: dict[str, tuple[list[str], list[str]]] = {
+    "bigint": (["0", "-7", "9223372036854775807", "012"], ["+5", " 7", "1.0", "99999999999999999999"]),
+    "numeric(10,2)": (["1.50", "-0.01", "12345678.99", "0.00", "7"], ["1.234", "NaN", "123456789.00"]),
+    "text": (["x", "", "dü ñ", 'quo"te', "back\\slash", "tab\there"], ["bell\x07", "\x1e"]),
+    "timestamp with time zone": (
+        ["2024-03-01 10:00:00+00", "2024-03-01 10:00:00.5+00", "1999-12-31 23:59:59.999999+00"],
+        ["infinity", "2024-03-01 10:00:00+02", "0044-03-15 12:00:00+00 BC"],
+    ),
+    "timestamp without time zone": (
+        ["2024-03-01 10:00:00", "2000-02-29 00:00:00.25"],
+        ["infinity", "2024-02-30 00:00:00"],
+    ),
+    "date": (["2024-03-01", "1970-01-01"], ["infinity", "2024-02-30", "12024-01-01"]),
+    "boolean": (["true", "false"], ["t", "yes"]),
+    "double precision": (["1.5", "-0", "NaN", "Infinity", "-Infinity", "1e+300", "0.1"], ["abc", "1.5d"]),
+    "real": (["3.4028235e+38", "1.1754944e-38", "0.1", "-2.5"], ["1e+50"]),
+    "bytea": ([], ["\\x00ff", "zz"]),
+    "integer[]": ([], ["{1,2,NULL}", "{{1}}"]),
+    "jsonb": (['{"a": 1}', "[]"], []),
+}
+OPTIONAL = sorted(VALUES)
+
+
+def _value(rnd: random.Random, pg_type: str, odd: float) -> str | None:
+    plain, special = VALUES[pg_type]
+    if rnd.random() < 0.15:
+        return None
+    if special and (not plain or rnd.random() < odd):
+        return rnd.choice(special)
+    return rnd.choice(plain)
+
+
+def _batch(seed: int, columns: list[str], odd: float, text_keys: bool) -> list[Txn]:
+    """Random transactions over public.acct (integer key) and, optionally, public.codes (text key)."""
+    rnd = random.Random(seed)
+    txns: list[Txn] = []
+    live: dict[str, set[str]] = {"acct": set(), "codes": set()}
+    for t in range(rnd.randint(2, 6)):
+        txn = Txn(commit_lsn=0x1000 * (t + 1))
+        for _ in range(rnd.randint(1, 6)):
+            table = "codes" if text_keys and rnd.random() < 0.3 else "acct"
+            key_type = "text" if table == "codes" else "integer"
+            keys = live[table]
+            op = rnd.choice(["I", "I", "U", "D"]) if keys else "I"
+            if op == "I":
+                key = rnd.choice(['k"1', "k\\2", "k-3", "k4", "ü5"]) if table == "codes" else str(rnd.randint(1, 50))
+                keys.add(key)
+            else:
+                key = rnd.choice(sorted(keys))
+                if op == "D":
+                    keys.discard(key)
+            cols = [Column("id", key_type, key)]
+            if op != "D":
+                for name in columns:
+                    # Updates may leave a varlena value out (unchanged TOAST); fixed-length ones never.
+                    if op == "U" and name in ("text", "jsonb", "numeric(10,2)") and rnd.random() < 0.4:
+                        continue
+                    cols.append(
+                        Column(
+                            name.replace(" ", "_")
+                            .replace("(", "")
+                            .replace(")", "")
+                            .replace(",", "_")
+                            .replace("[]", "_arr"),
+                            name,
+                            _value(rnd, name, odd),
+                        )
+                    )
+            seq = len(txn.changes) + 1
+            txn.changes.append(
+                ChangeRecord(
+                    op=op,
+                    commit_lsn=txn.commit_lsn,
+                    seq=seq,
+                    xid=txn.commit_lsn,
+                    ts=TS,
+                    schema="public",
+                    table=table,
+                    change_lsn=txn.commit_lsn - 100 + seq,
+                    columns=[] if op == "D" else cols,
+                    identity=[Column("id", key_type, key)] if op in ("U", "D") else [],
+                    pk=["id"],
+                )
+            )
+        txns.append(txn)
+    return txns
+
+
+def _snapshot(spark: Any, settings: LoaderSettings) -> dict[str, Any]:
+    names = TableNames(settings)
+    out: dict[str, Any] = {}
+    for table in (ACCT, CODES):
+        ident = names.history(table)
+        if spark.catalog.tableExists(ident):
+            df = spark.table(ident)
+            out[table.qualified] = (df.columns, sorted(repr(tuple(r)) for r in df.collect()))
+    out["rejects"] = sorted(repr(tuple(r)) for r in spark.table(names.rejects).drop("rejected_at").collect())
+    out["ledger"] = sorted(
+        repr(tuple(r)) for r in spark.table(names.ledger).select("file", "changes", "rejects").collect()
+    )
+    return out
+
+
+@pytest.fixture
+def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tables the driver path appended (the oracle must not pass by never using it)."""
+    count: list[int] = []
+    real = driver.append_rows
+
+    def counting(*args: Any, **kwargs: Any) -> int:
+        count.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "append_rows", counting)
+    return count
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    columns=st.lists(st.sampled_from(OPTIONAL), max_size=5, unique=True),
+    odd=st.sampled_from([0.0, 0.0, 0.05, 0.3]),
+    text_keys=st.booleans(),
+    max_changes=st.integers(2, 12),
+)
+def test_driver_and_spark_paths_write_the_same_history(
+    spark: Any,
+    base_settings: LoaderSettings,
+    tmp_path: Path,
+    used: list[int],
+    seed: int,
+    columns: list[str],
+    odd: float,
+    text_keys: bool,
+    max_changes: int,
+) -> None:
+    txns = _batch(seed, sorted(columns), odd, text_keys)
+    with_driver = lake_settings(base_settings, tmp_path)
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    results = []
+    for s in (with_driver, spark_only):
+        write_files(s, txns[: len(txns) // 2], max_changes)
+        first = HistoryLoad(spark, s).run()
+        write_files(s, txns[len(txns) // 2 :], max_changes)  # a second batch onto existing tables
+        second = HistoryLoad(spark, s).run()
+        results.append(
+            [
+                (sorted(r.rows_per_table.items()), r.duplicates_skipped, r.rejects, sorted(r.parked))
+                for r in (first, second)
+            ]
+        )
+    assert results[0] == results[1]
+    assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+
+
+def test_the_oracle_used_the_driver_path(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+) -> None:
+    """A plain batch of every plain type is appended by the driver, with the Spark path's rows."""
+    plain_types = [t for t, (plain, _) in VALUES.items() if plain]
+    txns = _batch(7, plain_types, 0.0, text_keys=False)
+    with_driver = lake_settings(base_settings, tmp_path)
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    for s in (with_driver, spark_only):
+        write_files(s, txns, 5)
+        HistoryLoad(spark, s).run()
+    assert used, "the plain batch went to Spark"
+    assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+
+
+def test_a_misfit_sends_the_batch_to_spark(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+) -> None:
+    """A value only the Spark path can judge: nothing is appended by the driver, the Spark path
+    rejects it and parks the table, exactly as with the driver path off."""
+    txn = Txn(commit_lsn=0x1000)
+    for seq, value in enumerate(["5", "not a number"], start=1):
+        txn.changes.append(
+            ChangeRecord(
+                op="I",
+                commit_lsn=0x1000,
+                seq=seq,
+                xid=1,
+                ts=TS,
+                schema="public",
+                table="acct",
+                columns=[Column("id", "integer", str(seq)), Column("n", "bigint", value)],
+                pk=["id"],
+            )
+        )
+    s = lake_settings(base_settings, tmp_path)
+    write_files(s, [txn], 10)
+    res = HistoryLoad(spark, s).run()
+    assert not used
+    assert res.rejects == 1 and ACCT.qualified in res.parked
