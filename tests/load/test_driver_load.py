@@ -24,6 +24,7 @@ from loader.load.history import HistoryLoad
 from loader.tables import SourceTable, TableNames
 from tests.harness import TS, Txn, lake_settings, write_files
 
+ON = LoadSettings(driver_max_bytes=512 << 20)
 ACCT = SourceTable("public", "acct")
 CODES = SourceTable("public", "codes")
 
@@ -165,7 +166,7 @@ def test_driver_and_spark_paths_write_the_same_history(
     max_changes: int,
 ) -> None:
     txns = _batch(seed, sorted(columns), odd, text_keys)
-    with_driver = lake_settings(base_settings, tmp_path)
+    with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     results = []
     for s in (with_driver, spark_only):
@@ -189,7 +190,7 @@ def test_the_oracle_used_the_driver_path(
     """A plain batch of every plain type is appended by the driver, with the Spark path's rows."""
     plain_types = [t for t, (plain, _) in VALUES.items() if plain]
     txns = _batch(7, plain_types, 0.0, text_keys=False)
-    with_driver = lake_settings(base_settings, tmp_path)
+    with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     for s in (with_driver, spark_only):
         write_files(s, txns, 5)
@@ -218,7 +219,7 @@ def test_a_misfit_sends_the_batch_to_spark(
                 pk=["id"],
             )
         )
-    s = lake_settings(base_settings, tmp_path)
+    s = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     write_files(s, [txn], 10)
     res = HistoryLoad(spark, s).run()
     assert not used

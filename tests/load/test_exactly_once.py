@@ -49,8 +49,8 @@ def test_load_twice_crash_midway_and_rerun(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     settings = lake_settings(base_settings, tmp_path)
-    if path == "spark":
-        settings = settings.model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    on = 0 if path == "spark" else 512 << 20
+    settings = settings.model_copy(update={"load": LoadSettings(driver_max_bytes=on)})
     txns = _two_tables(settings)
     write_files(settings, txns, max_changes=3)
     total = sum(len(t.changes) for t in txns)
