@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from loader.config import LoaderSettings, secret_text
+from loader.config import LoaderSettings, redact, secret_text
 from loader.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def catalog_scheme(settings: LoaderSettings) -> str:
     scheme = urlparse(settings.catalog.uri).scheme.split("+")[0]
     if scheme not in ("postgresql", "sqlite"):
         raise ConfigError(
-            f"catalog uri {settings.catalog.uri!r} is neither postgresql:// nor sqlite://",
+            f"catalog uri {redact(settings.catalog.uri)!r} is neither postgresql:// nor sqlite://",
             hint="set LOADER_CATALOG__URI",
         )
     return scheme
@@ -80,7 +80,10 @@ def jdbc_catalog_properties(settings: LoaderSettings, reveal: bool = True) -> di
     props = {"type": "jdbc", "warehouse": spark_path(settings.catalog.warehouse)}
     if catalog_scheme(settings) == "postgresql":
         port = f":{u.port}" if u.port else ""
-        props["uri"] = f"jdbc:postgresql://{u.hostname}{port}{u.path}"
+        # Connection options (sslmode, sslrootcert, ...) carry over: the JDBC driver takes the
+        # same names as libpq for TLS, and dropping them would silently connect without TLS checks.
+        query = f"?{u.query}" if u.query else ""
+        props["uri"] = f"jdbc:postgresql://{u.hostname}{port}{u.path}{query}"
         if u.username:
             props["jdbc.user"] = unquote(u.username)
         secret = settings.catalog.secret()
@@ -175,14 +178,66 @@ def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> S
         # spark-submit already started the JVM with its own master, jars and static confs;
         # only runtime (SQL) settings can still be applied here.
         conf = {k: v for k, v in conf.items() if k.startswith("spark.sql.") and k != "spark.sql.extensions"}
+        for k, v in conf.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
     else:
-        builder = builder.master(settings.spark.master).config("spark.driver.memory", settings.spark.driver_memory)
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+        conf = {"spark.master": settings.spark.master, "spark.driver.memory": settings.spark.driver_memory, **conf}
+        spark = _launch_with_properties_file(builder, conf)
     spark.sparkContext.setLogLevel("ERROR")
     _import_hot_classes(spark)
     return spark
+
+
+def _launch_with_properties_file(builder: Any, conf: dict[str, str]) -> SparkSession:
+    """Start the JVM with every setting in a 0600 properties file, none as an argument.
+
+    PySpark turns each builder setting into a ``--conf k=v`` argument of spark-submit, and every
+    local user can read a process's arguments (``ps``, ``/proc/*/cmdline``): the catalog password
+    and the S3 secret key would be on show for as long as the command runs. spark-submit reads a
+    ``--properties-file`` instead (it replaces ``spark-defaults.conf``, whose settings are copied in
+    first, ours winning); the file lives in a private directory removed once the JVM has read it.
+    """
+    import shlex
+    import shutil
+    import tempfile
+
+    merged = {**spark_defaults(), **conf}
+    private = tempfile.mkdtemp(prefix="loader-spark-")  # mode 0700
+    props = Path(private) / "spark.properties"
+    write_properties_file(merged, props)
+    previous = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    args = shlex.split(previous) if previous else ["pyspark-shell"]
+    os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(["--properties-file", str(props), *args])
+    try:
+        return builder.getOrCreate()  # type: ignore[no-any-return]
+    finally:
+        if previous is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = previous
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def spark_defaults() -> dict[str, str]:
+    """The settings of ``spark-defaults.conf`` (``$SPARK_CONF_DIR`` or ``$SPARK_HOME/conf``), if any."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    if not conf_dir:
+        return {}
+    path = Path(conf_dir) / "spark-defaults.conf"
+    if not path.is_file():
+        return {}
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            out[parts[0]] = parts[1].strip()
+    return out
 
 
 # --- py4j: name lookups without class-path scans ---------------------------------------------

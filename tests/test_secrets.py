@@ -6,6 +6,7 @@ import stat
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import psycopg
 import pytest
@@ -166,3 +167,58 @@ def test_errors_from_deep_inside_redact_dsns() -> None:
     with pytest.raises(SourceError) as err:
         slots.connect(f"host=127.0.0.1 port=1 user=x password={SECRET} dbname=x connect_timeout=2")
     assert SECRET not in err.value.one_line()
+
+
+def _command_lines() -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue  # the process ended meanwhile
+    return found
+
+
+def test_spark_starting_commands_put_no_secret_on_any_command_line(env: Any) -> None:
+    """`ps` shows every process's arguments to every local user: the catalog password given to a
+    command that starts Spark must reach the JVM through a private file, never as an argument."""
+    import time
+
+    from tests.harness import finish, loader_process
+
+    env.capture()  # the slot
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO public.t SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    uri = urlparse(env.settings.catalog.uri)
+    with_password = uri._replace(netloc=f"{uri.username}:{SECRET}@{uri.hostname}:{uri.port}").geturl()
+    seen_jvm = False
+    proc = loader_process(env, "run", LOADER_CATALOG__URI=with_password)
+    while proc.poll() is None:
+        lines = _command_lines()
+        leaked = [line for line in lines if SECRET in line]
+        assert not leaked, f"secret on a command line: {leaked[0][:300]}"
+        seen_jvm = seen_jvm or any("org.apache.spark.deploy.SparkSubmit" in line for line in lines)
+        time.sleep(0.05)
+    code, out = finish(proc)
+    assert code == 0, out
+    assert seen_jvm, "the command never started Spark: the test proved nothing"
+    assert SECRET not in out
+    env.assert_reconciled(["public.t"])
+
+
+def test_a_bad_catalog_uri_is_reported_without_its_password() -> None:
+    s = LoaderSettings(catalog={"uri": f"mysql://iceberg:{SECRET}@catalog.example/iceberg"})
+    with pytest.raises(ConfigError) as err:
+        spark_conf(s)
+    assert SECRET not in err.value.one_line() and "catalog.example" in err.value.one_line()
+
+
+def test_tls_options_of_the_catalog_uri_reach_the_jdbc_url() -> None:
+    s = LoaderSettings(
+        catalog={"uri": "postgresql://iceberg@catalog.example:5432/iceberg?sslmode=verify-full&sslrootcert=/ca.pem"}
+    )
+    assert (
+        spark_conf(s)["spark.sql.catalog.lakehouse.uri"]
+        == "jdbc:postgresql://catalog.example:5432/iceberg?sslmode=verify-full&sslrootcert=/ca.pem"
+    )
