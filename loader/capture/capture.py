@@ -28,7 +28,7 @@ import psycopg
 from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
-from loader.capture.source_tables import KeyLookup, SourceTableInfo
+from loader.capture.source_tables import KeyLookup
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
@@ -610,10 +610,7 @@ class Capture:
             cached = self._keys_of[qualified] = (origin, info, list(info.key))
         _, info, rec.pk = cached
         if not rec.pk:
-            table_info = SourceTableInfo(
-                rec.schema, rec.table, info.replica_identity, info.primary_key, info.identity_index_columns
-            )
-            result.limited_tables.setdefault(rec.qualified_table, table_info.downstream)
+            result.limited_tables.setdefault(rec.qualified_table, info.downstream)
 
     def _wanted(self, rec: ChangeRecord, qualified: str) -> bool:
         if rec.op == "X" and not rec.table:

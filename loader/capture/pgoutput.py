@@ -42,6 +42,7 @@ import psycopg
 from psycopg import sql
 
 from loader.capture.records import ChangeRecord, Column, OpenTransaction
+from loader.capture.source_tables import IDENTITY_OK_SQL, USABLE_IDENTITY_INDEX
 from loader.errors import SourceError
 from loader.lsn import format_lsn
 
@@ -537,16 +538,14 @@ def publication_exists(conn: psycopg.Connection, name: str) -> bool:
     return bool(row and row[0])
 
 
-_BLOCKED_TABLES_SQL = """
+_BLOCKED_TABLES_SQL = f"""
 SELECT n.nspname, c.relname
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind = 'r' AND c.relpersistence = 'p'
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
-  AND (c.relreplident = 'n'
-       OR (c.relreplident = 'd'
-           AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))
-       OR (c.relreplident = 'i'
-           AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident)))
+  AND (c.relreplident = 'n' OR c.relreplident = 'i' AND NOT {IDENTITY_OK_SQL}
+       OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
+                                                AND i.indisprimary AND {USABLE_IDENTITY_INDEX})))
 ORDER BY 1, 2
 """
 

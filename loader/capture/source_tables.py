@@ -24,6 +24,10 @@ class SourceTableInfo:
     replica_identity: str  # default / full / nothing / index
     primary_key: list[str] = field(default_factory=list)
     identity_index_columns: list[str] = field(default_factory=list)
+    # False when PostgreSQL's own rule finds no row identity where the declared one suggests
+    # there is one: a DEFERRABLE (or invalid) primary key under REPLICA IDENTITY DEFAULT, or, for
+    # a partitioned table, a partition that cannot identify its rows.
+    identity_ok: bool = True
 
     @property
     def qualified(self) -> str:
@@ -45,10 +49,20 @@ class SourceTableInfo:
 
     @property
     def updates_deletes_captured(self) -> bool:
-        """wal2json skips UPDATE/DELETE of tables with no identity to print (verified on 2.5)."""
-        if self.replica_identity == "nothing":
+        """Whether the WAL carries this table's updates and deletes with an old key.
+
+        PostgreSQL decides (``RelationGetIndexList``): FULL sends the old row; DEFAULT the primary
+        key, if it is immediate and valid (a DEFERRABLE key is no identity: wal2json then sends
+        nothing for updates and deletes, only a server WARNING); USING INDEX the chosen index while
+        it is valid (dropped or invalid, it is NOTHING); NOTHING nothing.
+        """
+        if not self.identity_ok or self.replica_identity == "nothing":
             return False
-        return bool(self.primary_key) or self.replica_identity in ("full", "index")
+        if self.replica_identity == "full":
+            return True
+        if self.replica_identity == "index":
+            return bool(self.identity_index_columns)
+        return bool(self.primary_key)
 
     @property
     def downstream(self) -> str:
@@ -56,13 +70,23 @@ class SourceTableInfo:
         if not self.updates_deletes_captured:
             return (
                 "history of inserts only, no current table: PostgreSQL does not decode updates/deletes of this "
-                f"table (REPLICA IDENTITY {self.replica_identity.upper()}{'' if self.primary_key else ', no primary key'}); "
-                "set REPLICA IDENTITY DEFAULT with a primary key, FULL or USING INDEX (the loader then resyncs it)"
+                f"table (REPLICA IDENTITY {self.replica_identity.upper()}{self._why_no_identity()}); "
+                "set REPLICA IDENTITY DEFAULT with an immediate primary key, FULL or USING INDEX "
+                "(the loader then resyncs it)"
             )
         if self.key:
             via = "primary key" if self.primary_key else "replica identity index"
             return f"current + history (key {', '.join(self.key)} from the {via})"
         return "history only: no key, so no current table (updates/deletes carry the full old row)"
+
+    def _why_no_identity(self) -> str:
+        if self.replica_identity == "index" and not self.identity_index_columns:
+            return ", its index dropped or invalid"
+        if not self.identity_ok and self.replica_identity == "default" and self.primary_key:
+            return ", the primary key is DEFERRABLE or invalid, which PostgreSQL never uses as replica identity"
+        if not self.identity_ok:
+            return ", a partition without a replica identity"
+        return "" if self.primary_key else ", no primary key"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -70,20 +94,43 @@ class SourceTableInfo:
             "replica_identity": self.replica_identity,
             "primary_key": self.primary_key,
             "identity_index_columns": self.identity_index_columns,
+            "identity_ok": self.identity_ok,
             "key": self.key,
             "updates_deletes_captured": self.updates_deletes_captured,
             "downstream": self.downstream,
         }
 
 
-_TABLES_SQL = """
-SELECT n.nspname, c.relname, c.relreplident,
-       COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
-                 WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}'),
-       COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
-                 WHERE i.indrelid = c.oid AND i.indisreplident AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}')
+# PostgreSQL's rule for an index that can identify rows in the WAL (relcache.c,
+# RelationGetIndexList): valid, unique, immediate (not DEFERRABLE) and not partial. One spelling
+# for every query that asks whether a table has a replica identity.
+USABLE_IDENTITY_INDEX = "i.indisvalid AND i.indisunique AND i.indimmediate AND i.indpred IS NULL"
+
+
+def index_columns_sql(which: str) -> str:
+    """SQL: the columns of table ``c``'s primary key (declared: ``"primary"``) or of its replica
+    identity index (as PostgreSQL uses it: ``"identity"``), as a text array."""
+    cond = "i.indisprimary" if which == "primary" else f"i.indisreplident AND {USABLE_IDENTITY_INDEX}"
+    return (
+        "COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)"
+        " FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a"
+        f" WHERE i.indrelid = c.oid AND {cond} AND a.attrelid = c.oid AND a.attnum = k.attnum), '{{}}')"
+    )
+
+
+# SQL: whether table ``c`` has the row identity PostgreSQL's rule gives it (see SourceTableInfo).
+IDENTITY_OK_SQL = (
+    "(c.relreplident IN ('f', 'n')"
+    " OR (c.relreplident = 'i' AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid"
+    f" AND i.indisreplident AND {USABLE_IDENTITY_INDEX}))"
+    " OR (c.relreplident = 'd' AND (NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"
+    " OR EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid"
+    f" AND i.indisprimary AND {USABLE_IDENTITY_INDEX}))))"
+)
+
+_TABLES_SQL = f"""
+SELECT n.nspname, c.relname, c.relreplident, {index_columns_sql("primary")}, {index_columns_sql("identity")},
+       {IDENTITY_OK_SQL}
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
 """
@@ -105,7 +152,9 @@ def list_tables(
         sql += " AND n.nspname = %s AND c.relname = %s"
         params = [schema, table]
     rows = conn.execute(sql + " ORDER BY 1, 2", params).fetchall()
-    return [SourceTableInfo(r[0], r[1], IDENTITY_NAMES.get(r[2], r[2]), list(r[3]), list(r[4])) for r in rows]
+    return [
+        SourceTableInfo(r[0], r[1], IDENTITY_NAMES.get(r[2], r[2]), list(r[3]), list(r[4]), bool(r[5])) for r in rows
+    ]
 
 
 def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTableInfo | None:
@@ -123,25 +172,6 @@ def column_types(conn: psycopg.Connection, schema: str, table: str) -> list[tupl
         (schema, table),
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
-
-
-def column_numbers(conn: psycopg.Connection, schema: str, table: str) -> dict[str, str]:
-    """attnum -> column name of the live columns (attnum survives a RENAME COLUMN)."""
-    try:
-        rows = conn.execute(
-            "SELECT a.attnum, a.attname FROM pg_attribute a"
-            " WHERE a.attrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass"
-            " AND a.attnum > 0 AND NOT a.attisdropped",
-            (schema, table),
-        ).fetchall()
-    except psycopg.Error:
-        return {}  # the table was dropped since
-    return {str(r[0]): r[1] for r in rows}
-
-
-def detect_renames(before: dict[str, str], after: dict[str, str]) -> list[tuple[str, str]]:
-    """(old name, new name) for every attnum whose name changed."""
-    return [(before[n], after[n]) for n in sorted(before, key=int) if n in after and after[n] != before[n]]
 
 
 class KeyLookup:

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from loader.capture.source_tables import IDENTITY_NAMES, SourceTableInfo
+from loader.capture.source_tables import IDENTITY_NAMES, IDENTITY_OK_SQL, SourceTableInfo, index_columns_sql
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,13 @@ class TableFacts:
     identity_index_columns: list[str]
     columns: dict[str, Column]  # attnum (text) -> column
     partitions: list[str] = field(default_factory=list)  # a partitioned table's leaf partitions
+    identity_ok: bool = True  # see SourceTableInfo.identity_ok
 
     @property
     def info(self) -> SourceTableInfo:
-        return SourceTableInfo("", "", self.replica_identity, self.primary_key, self.identity_index_columns)
+        return SourceTableInfo(
+            "", "", self.replica_identity, self.primary_key, self.identity_index_columns, self.identity_ok
+        )
 
     @property
     def key(self) -> list[str]:
@@ -82,6 +85,7 @@ class TableFacts:
             identity_index_columns=list(doc["identity_index_columns"]),
             columns={n: Column(str(c[0]), str(c[1]), bool(c[2])) for n, c in doc["columns"].items()},
             partitions=list(doc.get("partitions", [])),
+            identity_ok=bool(doc.get("identity_ok", True)),
         )
 
 
@@ -203,20 +207,17 @@ def plan_watch(
     return plan
 
 
-_FACTS_SQL = """
+_FACTS_SQL = f"""
 SELECT n.nspname, c.relname, c.oid::bigint, c.relfilenode::bigint, c.relpersistence, c.relreplident,
-       COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
-                 WHERE i.indrelid = c.oid AND i.indisprimary AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}'),
-       COALESCE((SELECT array_agg(a.attname ORDER BY k.ord)
-                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord), pg_attribute a
-                 WHERE i.indrelid = c.oid AND i.indisreplident AND a.attrelid = c.oid AND a.attnum = k.attnum), '{}'),
+       {index_columns_sql("primary")},
+       {index_columns_sql("identity")},
        COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing)
                          ORDER BY a.attnum)
                  FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'),
        c.relkind, c.relispartition,
        (SELECT rn.nspname || '.' || r.relname FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace
-         WHERE c.relispartition AND r.oid = pg_partition_root(c.oid))
+         WHERE c.relispartition AND r.oid = pg_partition_root(c.oid)),
+       {IDENTITY_OK_SQL}
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND c.relpersistence IN ('p', 'u')
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
@@ -243,7 +244,7 @@ def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogVie
     facts: dict[str, TableFacts] = {}
     roots: dict[str, str] = {}
     leaves: dict[str, list[tuple[str, TableFacts]]] = {}
-    for schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root in rows:
+    for schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root, ident_ok in rows:
         table = f"{schema}.{name}"
         f = TableFacts(
             oid=int(oid),
@@ -253,6 +254,7 @@ def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogVie
             primary_key=list(pk),
             identity_index_columns=list(idx),
             columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3])) for a in cols},
+            identity_ok=bool(ident_ok),
         )
         if partitions == "leaf":
             if kind == "r":
@@ -275,5 +277,7 @@ def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogVie
             persistence="u" if any(leaf.persistence == "u" for _, leaf in parts) else "p",
             columns={n: replace(c, has_missing=c.name in missing) for n, c in base.columns.items()},
             partitions=sorted(t for t, _ in parts),
+            # Each partition's changes are decoded with its own identity: the weakest one decides.
+            identity_ok=base.identity_ok and all(leaf.info.updates_deletes_captured for _, leaf in parts),
         )
     return CatalogView(facts, roots)

@@ -789,11 +789,14 @@ def test_ensure_publication_refuses_to_block_updates_of_tables_without_identity(
         "ALTER TABLE nothing REPLICA IDENTITY NOTHING",
         "CREATE TABLE full_ok (a int)",
         "ALTER TABLE full_ok REPLICA IDENTITY FULL",
+        "CREATE TABLE deferred_key (id int PRIMARY KEY DEFERRABLE)",
+        "CREATE TABLE deferrable_full (id int PRIMARY KEY DEFERRABLE)",
+        "ALTER TABLE deferrable_full REPLICA IDENTITY FULL",
         "INSERT INTO keyless VALUES (1)",
     )
-    assert tables_without_replica_identity(src.conn) == ["public.keyless", "public.nothing"]
+    assert tables_without_replica_identity(src.conn) == ["public.deferred_key", "public.keyless", "public.nothing"]
     pub = f"pub_{src.uid}"
-    with pytest.raises(SourceError, match=r"public\.keyless, public\.nothing") as err:
+    with pytest.raises(SourceError, match=r"public\.deferred_key, public\.keyless, public\.nothing") as err:
         ensure_publication(src.conn, pub)
     assert "REPLICA IDENTITY FULL" in err.value.hint
     assert not publication_exists(src.conn, pub)

@@ -7,6 +7,8 @@ and value for value (or, for a parked table, says so with its repair).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loader.capture import slot as slots
@@ -152,6 +154,43 @@ def test_replica_identity_nothing_never_builds_a_current_table(env: Env) -> None
     cap, _, _ = env.run_all()
     assert "carries updates and deletes again" in cap.resynced["public.k"]
     env.assert_reconciled()
+
+
+def test_a_deferrable_primary_key_is_no_replica_identity(env: Env) -> None:
+    """PostgreSQL never uses a DEFERRABLE key as replica identity: wal2json sends nothing for the
+    table's updates and deletes. No current table may be built from its inserts; once the key is
+    immediate (or the identity FULL), the table is resynced and then kept exact."""
+    from click.testing import CliRunner
+
+    from loader.cli import main
+
+    env.sql("CREATE TABLE public.d (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED, v text)")
+    env.sql("CREATE TABLE public.u (id int NOT NULL, v text)")
+    env.sql("CREATE UNIQUE INDEX u_id ON public.u (id) WHERE id > 0")  # partial: no identity either
+    env.capture()
+    env.sql("INSERT INTO public.d SELECT g, 'v' FROM generate_series(1, 5) g")
+    env.sql("UPDATE public.d SET v = 'changed' WHERE id = 1")  # not decoded
+    env.sql("DELETE FROM public.d WHERE id = 2")  # not decoded
+    env.transaction("UPDATE public.d SET id = id + 10 WHERE id IN (3, 4)")  # a deferred key move
+    env.sql("INSERT INTO public.u VALUES (1, 'a')")
+    cap, _, merge = env.run_all()
+    assert "DEFERRABLE" in cap.limited_tables["public.d"], cap.limited_tables
+    skipped = {t.table: t.skipped_reason for t in merge.tables}
+    assert skipped["public.d"] == "no primary key: history only", skipped
+    assert {r.table: r for r in env.reconcile()}["public.d"].note.startswith("no primary key")
+    out = CliRunner().invoke(main, ["slot", "tables", "--json"], env=settings_env(env.settings))
+    assert out.exit_code == 0, out.output
+    tables = {t["table"]: t for t in json.loads(out.output)}
+    assert tables["public.d"]["key"] == [] and not tables["public.d"]["updates_deletes_captured"]
+    assert "DEFERRABLE" in tables["public.d"]["downstream"]
+    # The key made immediate: now PostgreSQL decodes updates and deletes, and capture resyncs it.
+    env.sql("ALTER TABLE public.d DROP CONSTRAINT d_pkey, ADD PRIMARY KEY (id)")
+    env.sql("UPDATE public.d SET v = 'seen' WHERE id = 5")
+    cap, _, _ = env.run_all()
+    assert "public.d" in cap.resynced, cap.resynced
+    env.sql("DELETE FROM public.d WHERE id = 13")
+    env.run_all()
+    env.assert_reconciled(["public.d"])
 
 
 def test_replica_identity_changes_mid_stream(env: Env) -> None:
