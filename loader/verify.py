@@ -22,7 +22,7 @@ from typing import Any
 from loader.capture import slot as slots
 from loader.catalog import open_catalog
 from loader.config import LoaderSettings
-from loader.load.typemap import spark_type
+from loader.load.typemap import NON_FINITE, spark_type
 from loader.names import lake_column
 from loader.tables import PROP_PARKED, PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
 
@@ -93,13 +93,52 @@ def _as_float32(value: Any) -> Any:
     return value
 
 
+# Dates and timestamps compare as integers (days, microseconds since 1970-01-01 UTC): Python's
+# datetime cannot hold BC values, years past 9999 or the limits +/-infinity are stored as
+# (typemap.NON_FINITE); computed by PostgreSQL on the source side, read from the column's physical
+# integers on the lake side.
+_EPOCH_UNITS = {"DATE": "days", "TIMESTAMP": "us", "TIMESTAMP_NTZ": "us"}
+
+
+def _source_epoch_sql(ident: Any, sql_type: str) -> Any:
+    from psycopg import sql
+
+    plus, minus = NON_FINITE[sql_type]
+    finite = (
+        sql.SQL("({} - DATE '1970-01-01')").format(ident)
+        if sql_type == "DATE"
+        else sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint").format(ident)
+    )
+    return sql.SQL("CASE WHEN {0} = 'infinity' THEN {1} WHEN {0} = '-infinity' THEN {2} ELSE {3} END AS {0}").format(
+        ident, sql.Literal(plus), sql.Literal(minus), finite
+    )
+
+
+def _lake_rows(arrow: Any) -> list[dict[str, Any]]:
+    """Rows of a pyarrow table, dates and timestamps as their integers (see _EPOCH_UNITS)."""
+    import pyarrow as pa
+
+    columns = {}
+    for name in arrow.column_names:
+        col = arrow.column(name)
+        if pa.types.is_date32(col.type):
+            col = col.cast(pa.int32())
+        elif pa.types.is_timestamp(col.type):
+            col = col.cast(pa.int64())
+        columns[name] = col
+    return pa.table(columns).to_pylist() if columns else arrow.to_pylist()
+
+
 def _source_rows(conn: Any, table: SourceTable, pg_types: dict[str, str]) -> list[dict[str, Any]]:
     from psycopg import sql
 
     cols: list[sql.Composable] = []
     for name, pg_type in pg_types.items():
         ident = sql.Identifier(name)
-        if spark_type(pg_type).lossless_text and not _BPCHAR_RE.match(pg_type):
+        st = spark_type(pg_type)
+        if st.sql in _EPOCH_UNITS:
+            cols.append(_source_epoch_sql(ident, st.sql))
+        elif st.lossless_text and not _BPCHAR_RE.match(pg_type):
             cols.append(sql.SQL("{}::text AS {}").format(ident, ident))
         else:
             cols.append(ident)
@@ -147,7 +186,7 @@ def reconcile_table(
     lake_arrow = cur_table.scan(selected_fields=tuple(lake_names)).to_arrow()
     lake = [
         {lake_names[k]: normalize_column(compared[lake_names[k]], v) for k, v in r.items()}
-        for r in lake_arrow.to_pylist()
+        for r in _lake_rows(lake_arrow)
     ]
     res.source_rows, res.lake_rows = len(source), len(lake)
 

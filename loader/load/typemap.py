@@ -12,9 +12,12 @@ Mapping (PostgreSQL as wal2json prints it -> Iceberg):
   numeric(p,s), p <= 38                  -> decimal(p,s)
   numeric(p,s), p > 38; numeric          -> string (exact text: unconstrained numeric has up to 131072 digits)
   boolean                                -> boolean
-  date                                   -> date          (infinity / BC dates are rejected)
+  date                                   -> date
   timestamp[(n)] without time zone       -> timestamp (without zone, Spark TIMESTAMP_NTZ)
   timestamp[(n)] with time zone          -> timestamptz (UTC instant, Spark TIMESTAMP)
+    Every value is kept (see ``NON_FINITE``): BC values become astronomical years (1 BC is year 0,
+    as in ISO 8601 and Spark), years past 9999 stay as they are, and +/-infinity map to the last /
+    first value Spark holds (int32 days and int64 microseconds at their limits).
   bytea                                  -> binary
   1-D arrays of int/bigint/real/double/numeric(p,s)/boolean/date/text/varchar/char/uuid
                                          -> list<element>  (multi-dimensional values are rejected)
@@ -42,7 +45,7 @@ _UNESCAPE_REGEX = r"(?s)\\(.)"
 _BYTEA_REGEX = r"^(\\x)?([0-9a-fA-F]{2})*$"
 _BYTEA_PREFIX_REGEX = r"^\\x"
 _TZ_HOURS_REGEX = r"([+-][0-9]{2})$"
-_DATE_REGEX = r"^[0-9]{4,}-[0-9]{2}-[0-9]{2}$"
+_DATE_REGEX = r"^-?[0-9]{4,}-[0-9]{2}-[0-9]{2}$"
 
 
 def quote_ident(name: str) -> str:
@@ -78,6 +81,40 @@ def _cast(sql: str) -> SparkType:
     return SparkType(sql, f"try_cast({{v}} AS {sql})")
 
 
+# +/-infinity of date, timestamp and timestamptz, as the limits of the storage types: int32 days and
+# int64 microseconds since 1970-01-01 (UTC). PostgreSQL's own finite range (4713 BC to 5874897 AD
+# for dates, to 294276 AD for timestamps) lies strictly inside for dates and for -infinity, so those
+# read back unambiguously; +infinity of a timestamp is Spark's last instant, 294247-01-10
+# 04:00:54.775807, which a finite PostgreSQL timestamp could also be (nothing later fits at all).
+NON_FINITE = {
+    "DATE": (2147483647, -2147483648),
+    "TIMESTAMP": (9223372036854775807, -9223372036854775808),
+    "TIMESTAMP_NTZ": (9223372036854775807, -9223372036854775808),
+}
+_NTZ_LIMITS = ("+294247-01-10 04:00:54.775807", "-290308-12-21 19:59:05.224192")
+
+
+def _astronomical_year(v: str) -> str:
+    """SQL: PostgreSQL's text of a BC date or timestamp ('0044-03-15 BC') in the signed,
+    astronomical-year form Spark parses ('-0043-03-15'); any other text unchanged."""
+    year = f"substring_index({v}, '-', 1)"
+    return (
+        f"IF(endswith({v}, ' BC'), concat(IF({year} = '0001', '', '-'), "
+        f"lpad(CAST(CAST({year} AS INT) - 1 AS STRING), 4, '0'), "
+        f"substr({v}, length({year}) + 1, length({v}) - length({year}) - 3)), {v})"
+    )
+
+
+def _temporal(sql_type: str, finite: str, plus: str, minus: str) -> SparkType:
+    """A date/time type: +/-infinity to its limits, BC to astronomical years, the rest by ``finite``
+    (a template typing ``{v}``, given the value with its BC suffix already rewritten)."""
+    return SparkType(
+        sql_type,
+        f"CASE {{v}} WHEN 'infinity' THEN {plus} WHEN '-infinity' THEN {minus}"
+        f" ELSE {finite.replace('{v}', '(' + _astronomical_year('{v}') + ')')} END",
+    )
+
+
 # Timestamps: wal2json prints timestamptz with a '+00' style offset; Spark parses '+00:00'.
 # The UTC form capture always prints ('...+00', TimeZone=UTC) takes a faster road with the same
 # result: Spark resolves an explicit zone in a timestamp string by compiling two regular
@@ -91,7 +128,18 @@ _TSTZ_UTC = (
     "timestamp_micros(timestampdiff(MICROSECOND, TIMESTAMP_NTZ'1970-01-01 00:00:00',"
     " try_cast(substr({v}, 1, length({v}) - 3) AS TIMESTAMP_NTZ)))"
 )
-_TSTZ = SparkType("TIMESTAMP", f"IF({{v}} RLIKE {sql_regex(_UTC_TEXT_REGEX)}, {_TSTZ_UTC}, {_TSTZ_ANY})")
+_TSTZ = _temporal(
+    "TIMESTAMP",
+    f"IF({{v}} RLIKE {sql_regex(_UTC_TEXT_REGEX)}, {_TSTZ_UTC}, {_TSTZ_ANY})",
+    f"timestamp_micros({NON_FINITE['TIMESTAMP'][0]})",
+    f"timestamp_micros({NON_FINITE['TIMESTAMP'][1]})",
+)
+_TIMESTAMP_NTZ = _temporal(
+    "TIMESTAMP_NTZ",
+    "try_cast({v} AS TIMESTAMP_NTZ)",
+    f"CAST('{_NTZ_LIMITS[0]}' AS TIMESTAMP_NTZ)",
+    f"CAST('{_NTZ_LIMITS[1]}' AS TIMESTAMP_NTZ)",
+)
 
 _SIMPLE: dict[str, SparkType] = {
     "smallint": _cast("INT"),
@@ -108,9 +156,13 @@ _SIMPLE: dict[str, SparkType] = {
     "float8": _cast("DOUBLE"),
     "boolean": _cast("BOOLEAN"),
     "bool": _cast("BOOLEAN"),
-    # 'infinity' and BC dates do not fit Spark's DATE: try_cast yields NULL -> reject.
-    "date": SparkType("DATE", "IF({v} RLIKE " + sql_regex(_DATE_REGEX) + ", try_cast({v} AS DATE), NULL)"),
-    "timestamp": _cast("TIMESTAMP_NTZ"),
+    "date": _temporal(
+        "DATE",
+        "IF({v} RLIKE " + sql_regex(_DATE_REGEX) + ", try_cast({v} AS DATE), NULL)",
+        f"date_from_unix_date({NON_FINITE['DATE'][0]})",
+        f"date_from_unix_date({NON_FINITE['DATE'][1]})",
+    ),
+    "timestamp": _TIMESTAMP_NTZ,
     "timestamptz": _TSTZ,
     # wal2json renders bytea as hex without the leading \x (PostgreSQL's own text form has it).
     "bytea": SparkType(
@@ -147,7 +199,7 @@ def _scalar_type(t: str) -> SparkType:
         return _SIMPLE[t]
     m = _TS_RE.match(t)
     if m:
-        return _TSTZ if m.group(1) == "with" else _cast("TIMESTAMP_NTZ")
+        return _TSTZ if m.group(1) == "with" else _TIMESTAMP_NTZ
     m = _NUMERIC_RE.match(t) or _NUMERIC_P_RE.match(t)
     if m:
         precision = int(m.group(1))
