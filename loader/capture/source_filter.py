@@ -24,7 +24,6 @@ all and a table created at any moment is sent.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -219,7 +218,3 @@ def may_select(conn: psycopg.Connection, qualified: str) -> bool | None:
         (schema, table),
     ).fetchone()
     return None if row is None else bool(row[0])
-
-
-def fnmatch_any(name: str, globs: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, g) for g in globs)

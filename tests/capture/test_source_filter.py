@@ -232,3 +232,15 @@ def test_pgoutput_publication_lists_the_captured_tables_and_follows_the_configur
     rows = {cols(r)["id"]: r.op for r in src.changes("c") if r.op in ("I", "U", "D", "R")}
     assert rows == {"1": "R", "2": "R", "3": "R", "4": "I"}, rows
     assert MARK.encode() not in landing_bytes(src)
+
+
+def test_the_every_table_default_warns_once_per_slot(src: Src, caplog: pytest.LogCaptureFixture) -> None:
+    src.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    with caplog.at_level("WARNING", logger="loader.capture"):
+        first = src.capture()
+        src.capture()
+    notices = [r for r in caplog.records if "every current and future table" in r.getMessage()]
+    assert len(notices) == 1 and any("every current and future table" in n for n in first.notes)
+    with caplog.at_level("WARNING", logger="loader.capture"):
+        Capture(with_source(src.settings, include=["public.*"], slot=src.settings.source.slot + "_b")).run()
+    assert len([r for r in caplog.records if "every current and future table" in r.getMessage()]) == 1
