@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from loader.capture.capture import SOURCE_STATE
 from loader.capture.landing import open_landing
 from loader.catalog import latest_summary, open_catalog, row_count, watermark
 from loader.config import LoaderSettings
@@ -72,6 +73,8 @@ class Status:
     tables: list[TableStatus] = field(default_factory=list)
     loaded_as_of: str | None = None
     lag_seconds: float | None = None  # the oldest table's (overall freshness)
+    # Source tables the configuration includes that capture never reads, with why (as of the last capture).
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -101,6 +104,9 @@ class Status:
                 f"parked tables ({len(parked)}): their current tables wait for a resync; every other table advances",
             ]
             lines += [f"  {t.table}: {t.parked}" for t in parked]
+        if self.skipped:
+            lines += ["", f"skipped source tables ({len(self.skipped)}): never read from the source, not in the lake"]
+            lines += [f"  {table}: {why}" for table, why in sorted(self.skipped.items())]
         return "\n".join(lines)
 
 
@@ -108,7 +114,10 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
     now = now or datetime.now(UTC)
     catalog = open_catalog(settings)
     c = settings.catalog
-    files = open_landing(settings).files()
+    landing = open_landing(settings)
+    files = landing.files()
+    source_state = landing.read_state(SOURCE_STATE) or {}
+    skipped = source_state.get("skipped", {}) if source_state.get("slot") == settings.source.slot else {}
     loaded_token: str | None = None
     loaded_ts: str | None = None
     rejects = 0
@@ -180,4 +189,5 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
         tables=tables,
         loaded_as_of=loaded_ts,
         lag_seconds=max(lags) if lags and len(lags) == len(keyed) else None,
+        skipped=dict(skipped),
     )

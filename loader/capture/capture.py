@@ -28,6 +28,7 @@ import psycopg
 from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
+from loader.capture.source_filter import SourcePlan, current_role, may_select, plan_source, read_relations
 from loader.capture.source_tables import KeyLookup
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
@@ -46,6 +47,9 @@ SNAPSHOT_STATE = "snapshot.state.json"
 CATALOG_STATE = "catalog.state.json"
 # The last position this loader confirmed on the slot (written before each advance).
 SLOT_STATE = "slot.state.json"
+# What the source-side filter left out (skipped tables, for ``loader status``), the tables the
+# pgoutput publication listed, and whether the "every table" notice was given for this slot.
+SOURCE_STATE = "source.state.json"
 
 
 class SnapshotInProgressError(TransientError):
@@ -71,6 +75,8 @@ class CaptureResult:
     notes: list[str] = field(default_factory=list)
     messages_skipped: int = 0
     quarantined: int = 0
+    # Tables the configuration includes but capture never reads (no SELECT right, ...), with why.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         lsn = format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else "-"
@@ -86,6 +92,8 @@ class CaptureResult:
             text += f"\n  note: {table}: {what}"
         for note in self.notes:
             text += f"\n  note: {note}"
+        for table, why in sorted(self.skipped.items()):
+            text += f"\n  {why if why.startswith('skipped') else 'skipped: ' + why}: {table}"
         for table, why in sorted(self.parked.items()):
             text += f"\n  parked: {table}: {why}"
         for table, why in sorted(self.resynced.items()):
@@ -174,6 +182,12 @@ class Capture:
         self._last_confirm: int | None = None
         self._progress: Any = None  # the run's progress bar, moved as the slot is confirmed
         self._begin: int | None = None
+        # The source-side filter of this run (see loader.capture.source_filter), read after the
+        # run's upper bound is taken.
+        self.source_plan = SourcePlan()
+        self._published: list[str] | None = None  # pgoutput: the publication's tables after this run's sync
+        self._publication_resyncs: dict[str, str] = {}
+        self._role: str | None = None
 
     # --- the run ---------------------------------------------------------------------------
     def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
@@ -191,7 +205,6 @@ class Capture:
             landing_files = self.store.files()
             if not self._slot_ready(conn, create_slot, landing_files, result):
                 return self._recover_slot(result)
-            self._choose_options(conn, result)
             self.keys = KeyLookup(conn)
             if upto_lsn is None:
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
@@ -199,6 +212,10 @@ class Capture:
                 upto = row[0]
             else:
                 upto = format_lsn(upto_lsn)
+            # After the bound: a table the listing misses was created after it, so every change it
+            # has lies past the bound and the next run (which lists it) decodes it.
+            self._plan_source(conn, result)
+            self._choose_options(conn, result)
             landed = landing_files[-1].last if landing_files else None
             self.controls = _Controls(landed, not landing_files or landing_files[-1].complete)
             start = slots.slot_info(conn, src.slot)
@@ -222,6 +239,7 @@ class Capture:
             if plan is not None:
                 self._save_catalog_state(plan)
                 self._resync(result)
+                self._save_source_state(result)
             info = slots.slot_info(conn, src.slot)
             if info is not None:
                 result.confirmed_lsn = info.confirmed_flush_lsn
@@ -242,7 +260,8 @@ class Capture:
                 from loader.capture import pgoutput
 
                 # Before the slot: pgoutput reads the publication as of each change it decodes.
-                pgoutput.ensure_publication(conn, src.publication)
+                plan = publication_plan(conn, self.settings)
+                pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
             created_at = slots.create_slot(conn, src.slot, src.plugin)
             record_confirmed(self.store, src.slot, created_at)
             result.slot_created = True
@@ -282,6 +301,73 @@ class Capture:
         if slots.plugin_supports(conn, src.slot, *NUMERIC_AS_STRING_OPTION):
             self.options = WAL2JSON_OPTIONS + NUMERIC_AS_STRING_OPTION
             result.numeric_special_values = True
+        # Every read of the slot (peeks and the fetcher's COPY) passes these.
+        self.options += self.source_plan.wal2json_options()
+
+    # --- the source-side filter ------------------------------------------------------------
+    def _plan_source(self, conn: psycopg.Connection, result: CaptureResult) -> None:
+        """List the tables, decide what the server may send, and (pgoutput) keep the publication in step."""
+        src = self.settings.source
+        self._role = current_role(conn)
+        if src.plugin == "pgoutput":
+            self.source_plan = publication_plan(conn, self.settings, self._role)
+            if self.watch:
+                self._sync_publication(conn, result)
+        else:
+            self.source_plan = plan_source(
+                read_relations(conn, src.partitions), self.filter, src.include, src.exclude, self._role
+            )
+        result.skipped.update(self.source_plan.skipped)
+
+    def _sync_publication(self, conn: psycopg.Connection, result: CaptureResult) -> None:
+        """The publication lists exactly the captured tables; a table it did not list at the last
+        run had its changes withheld until now, so it is resynced."""
+        from loader.capture import pgoutput
+
+        src = self.settings.source
+        try:
+            pgoutput.sync_publication(conn, src.publication, self.source_plan.wanted)
+        except pgoutput.PublicationNotSynced as exc:
+            log.warning("%s; %s", exc, exc.hint)
+            result.notes.append(f"{exc} ({exc.hint})")
+        self._published = pgoutput.published_tables(conn, src.publication)
+        state = self.store.read_state(SOURCE_STATE) or {}
+        before = state.get("published") if state.get("slot") == src.slot else None
+        if self._published is None or before is None:
+            return  # FOR ALL TABLES sends everything; first run: the slot starts after the publication
+        for table in sorted(set(self._published) - set(before)):
+            self._publication_resyncs[table] = (
+                f"added to publication {src.publication}: changes made before that were not sent"
+            )
+
+    def _captured(self, table: str) -> bool:
+        """The configuration includes it and the source-side filter did not skip it."""
+        return self.filter(table) and table not in self.source_plan.skipped
+
+    def _save_source_state(self, result: CaptureResult) -> None:
+        """What ``loader status`` shows as skipped; the publication's list; the one-time notice."""
+        src = self.settings.source
+        state = self.store.read_state(SOURCE_STATE) or {}
+        if state.get("slot") != src.slot:
+            state = {"slot": src.slot}
+        doc = dict(state)
+        doc["skipped"] = dict(sorted(self.source_plan.skipped.items()))
+        if self._published is not None:
+            doc["published"] = sorted(self._published)
+        if src.plugin == "wal2json" and self.source_plan.add_tables is None and not state.get("every_table_notice"):
+            msg = (
+                f"source.include {src.include!r} captures every current and future table of the source that "
+                f"role {self._role} may SELECT (except source.exclude {src.exclude!r}); restrict it "
+                'with source.include (e.g. ["public.*"]) or revoke SELECT from the role'
+            )
+            log.warning(msg)
+            result.notes.append(msg)
+            doc["every_table_notice"] = True
+        for table, why in sorted(self.source_plan.skipped.items()):
+            if state.get("skipped", {}).get(table) != why:
+                log.warning("%s: %s", table, why)
+        if doc != state:
+            self.store.write_state(SOURCE_STATE, doc)
 
     def _finish_unfinished_snapshot(self) -> None:
         """A snapshot or resync that was interrupted resumes before streaming (it must land first)."""
@@ -316,13 +402,15 @@ class Capture:
         plan = plan_watch(
             before,
             self.facts,
-            self.filter,
+            self._captured,
             lambda t: t in included_before,
             src.resync_on_table_rewrite,
             roots_before=dict(state.get("partition_roots", {})) if state else {},
             roots_now=self.roots,
         )
         pending = dict(state.get("pending_resyncs", {})) if state else {}
+        for table, why in self._publication_resyncs.items():
+            plan.resync.setdefault(table, why)
         if src.auto_resync:
             pending.update(plan.resync)
         else:
@@ -347,7 +435,7 @@ class Capture:
             {
                 "version": 1,
                 "tables": {t: f.to_doc() for t, f in sorted(self.facts.items())},
-                "included": sorted(t for t in self.facts if self.filter(t)),
+                "included": sorted(t for t in self.facts if self._captured(t)),
                 "partition_roots": dict(sorted(self.roots.items())),
                 "pending_resyncs": dict(sorted(self._pending_resyncs.items())),
             },
@@ -357,7 +445,7 @@ class Capture:
         """Run the pending resyncs (a consistent snapshot of each table through a temporary slot)."""
         from loader.capture.snapshot import Snapshot
 
-        pending = {t: r for t, r in self._pending_resyncs.items() if t in self.facts and self.filter(t)}
+        pending = {t: r for t, r in self._pending_resyncs.items() if t in self.facts and self._captured(t)}
         if not pending:
             if self._pending_resyncs:
                 self._pending_resyncs = {}
@@ -612,10 +700,41 @@ class Capture:
         if not rec.pk:
             result.limited_tables.setdefault(rec.qualified_table, info.downstream)
 
-    def _wanted(self, rec: ChangeRecord, qualified: str) -> bool:
+    def _wanted(self, conn: psycopg.Connection, rec: ChangeRecord, qualified: str, result: CaptureResult) -> bool:
+        """Asked once per table and run (``_Lander.routes``), after the server's own filter: a
+        table created or renamed since this run's listing is checked for the role's right here."""
         if rec.op == "X" and not rec.table:
             return True  # its table is unknown: the load must see it to park what may have lost a change
-        return self.filter(qualified)
+        if not self._captured(qualified):
+            return False
+        if qualified not in self.source_plan.known and may_select(conn, qualified) is False:
+            why = f"skipped: role {self._role or current_role(conn)} lacks SELECT"
+            self.source_plan.skipped[qualified] = result.skipped[qualified] = why
+            return False
+        return True
+
+
+def publication_plan(conn: psycopg.Connection, settings: LoaderSettings, role: str | None = None) -> SourcePlan:
+    """The captured set for pgoutput: what the publication lists. A table without a replica
+    identity stays out of it (publishing it would make PostgreSQL reject its UPDATE and DELETE)."""
+    src = settings.source
+    relations = read_relations(conn, src.partitions)
+    plan = plan_source(
+        relations,
+        TableFilter(src.include, src.exclude),
+        src.include,
+        src.exclude,
+        role or current_role(conn),
+    )
+    for rel in relations:
+        if rel.qualified == rel.logical and rel.logical in plan.wanted and not rel.has_identity:
+            plan.wanted.discard(rel.logical)
+            plan.skipped[rel.logical] = (
+                "skipped: no replica identity, and a publication listing it would make PostgreSQL reject its "
+                "UPDATE and DELETE (add a primary key or REPLICA IDENTITY FULL)"
+            )
+    plan.add_tables, plan.filter_tables = None, []  # wal2json's options: not used with pgoutput
+    return plan
 
 
 def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
@@ -697,7 +816,7 @@ class _Lander:
         else:
             rec = capture._to_root(self.conn, rec, result)
             qualified = rec.qualified_table
-            if not capture._wanted(rec, qualified):
+            if not capture._wanted(self.conn, rec, qualified, self.result):
                 return
             if not self.txn_has_output:
                 capture.controls.flush(writer, rec.ts)
@@ -718,7 +837,7 @@ class _Lander:
         rec = capture._to_root(self.conn, rec, self.result)
         qualified = rec.qualified_table
         route: _Route | None = None
-        if capture._wanted(rec, qualified):
+        if capture._wanted(self.conn, rec, qualified, self.result):
             stream_pk = rec.pk
             capture._complete_key(rec, qualified, self.result)
             route = (rec.schema, rec.table, qualified, None if rec.pk is stream_pk else rec.pk)

@@ -42,7 +42,7 @@ import psycopg
 from psycopg import sql
 
 from loader.capture.records import ChangeRecord, Column, OpenTransaction
-from loader.capture.source_tables import IDENTITY_OK_SQL, USABLE_IDENTITY_INDEX
+from loader.capture.source_tables import HAS_IDENTITY_SQL
 from loader.errors import SourceError
 from loader.lsn import format_lsn
 
@@ -543,9 +543,7 @@ SELECT n.nspname, c.relname
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind = 'r' AND c.relpersistence = 'p'
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
-  AND (c.relreplident = 'n' OR c.relreplident = 'i' AND NOT {IDENTITY_OK_SQL}
-       OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
-                                                AND i.indisprimary AND {USABLE_IDENTITY_INDEX})))
+  AND NOT {HAS_IDENTITY_SQL}
 ORDER BY 1, 2
 """
 
@@ -566,8 +564,13 @@ def ensure_publication(
     *,
     captured_tables: Iterable[str] = (),
     allow_blocked_tables: bool = False,
+    tables: Iterable[str] | None = None,
 ) -> None:
-    """Create ``CREATE PUBLICATION <name> FOR ALL TABLES`` unless a publication of that name exists.
+    """Create ``CREATE PUBLICATION <name> FOR TABLE <tables>`` (``FOR ALL TABLES`` when ``tables``
+    is None) unless a publication of that name exists.
+
+    Capture passes ``tables``: exactly the captured tables (included by the configuration, readable
+    by the role, with a replica identity); :func:`sync_publication` keeps the list in step.
 
     Run it before creating the pgoutput slot: changes decoded from before the publication existed
     make pgoutput fail. An existing publication is checked to publish every action without row
@@ -580,9 +583,19 @@ def ensure_publication(
     if publication_exists(conn, name):
         _check_publication(conn, name)
         return
-    stmt = sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
+    listed = sorted(tables) if tables is not None else None
+    if listed is None:
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
+    elif listed:
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
+            _qualified_sql(t) for t in listed
+        )
+    else:
+        stmt = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
     if not allow_blocked_tables:
         blocked = tables_without_replica_identity(conn)
+        if listed is not None:
+            blocked = [t for t in blocked if t in listed]
         if blocked:
             shown = ", ".join(blocked[:10]) + (f" and {len(blocked) - 10} more" if len(blocked) > 10 else "")
             raise SourceError(
@@ -598,9 +611,11 @@ def ensure_publication(
         _check_publication(conn, name)
     except psycopg.errors.InsufficientPrivilege as exc:
         alternative = ""
-        tables = [_qualified_sql(t) for t in captured_tables]
-        if tables:
-            alt = sql.SQL("CREATE PUBLICATION {} FOR TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(tables)
+        shown_tables = [_qualified_sql(t) for t in (listed if listed is not None else captured_tables)]
+        if shown_tables:
+            alt = sql.SQL("CREATE PUBLICATION {} FOR TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
+                shown_tables
+            )
             alternative = f", or: {alt.as_string(conn)};"
         else:
             quoted = sql.Identifier(name).as_string(conn)
@@ -610,6 +625,70 @@ def ensure_publication(
             hint=f"an administrator must run: {stmt.as_string(conn)};{alternative}"
             " (before the pgoutput slot is created)",
         ) from exc
+
+
+class PublicationNotSynced(SourceError):
+    """The publication could not be made to list exactly the captured tables (capture goes on)."""
+
+
+def published_tables(conn: psycopg.Connection, name: str) -> list[str] | None:
+    """The tables the publication lists by name (``schema.table``); None for ``FOR ALL TABLES``."""
+    row = conn.execute("SELECT oid, puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    if row is None:
+        return []
+    if row[1]:
+        return None
+    rows = conn.execute(
+        "SELECT n.nspname || '.' || c.relname FROM pg_publication_rel pr JOIN pg_class c ON c.oid = pr.prrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s ORDER BY 1",
+        (row[0],),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def sync_publication(conn: psycopg.Connection, name: str, tables: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Make the publication list exactly ``tables`` (``ALTER PUBLICATION ... SET TABLE``); returns
+    (added, removed). ``PublicationNotSynced`` when it is ``FOR ALL TABLES`` or the role may not
+    alter it (altering needs ownership of the publication and of each table), with the statement
+    an administrator can run.
+
+    A table added here was not published before: its changes up to now were never decoded, so the
+    caller resyncs it.
+    """
+    want = sorted(set(tables))
+    before = published_tables(conn, name)
+    if before is None:
+        raise PublicationNotSynced(
+            f"publication {name!r} is FOR ALL TABLES: every table's changes are sent, including tables not "
+            "captured (the loader drops them)",
+            hint="an administrator replaces it, in one transaction: DROP PUBLICATION "
+            f"{sql.Identifier(name).as_string(conn)}; CREATE PUBLICATION {sql.Identifier(name).as_string(conn)} "
+            f"FOR TABLE {', '.join(sql.Identifier(*t.split('.', 1)).as_string(conn) for t in want) or '...'}",
+        )
+    added = sorted(set(want) - set(before))
+    removed = sorted(set(before) - set(want))
+    if not added and not removed:
+        return [], []
+    stmt = _set_table_sql(conn, name, want, before)
+    try:
+        conn.execute(stmt)
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectNotInPrerequisiteState) as exc:
+        raise PublicationNotSynced(
+            f"cannot update publication {name!r} ({len(added)} table(s) to add, {len(removed)} to remove): "
+            f"{str(exc).strip()}",
+            hint=f"an administrator runs: {stmt.as_string(conn)};",
+        ) from exc
+    return added, removed
+
+
+def _set_table_sql(conn: psycopg.Connection, name: str, want: list[str], before: list[str]) -> sql.Composed:
+    if want:
+        return sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
+            _qualified_sql(t) for t in want
+        )
+    return sql.SQL("ALTER PUBLICATION {} DROP TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
+        _qualified_sql(t) for t in before
+    )
 
 
 def _qualified_sql(table: str) -> sql.Composable:

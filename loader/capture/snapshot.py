@@ -39,6 +39,7 @@ from loader.capture import slot as slots
 from loader.capture.capture import SNAPSHOT_STATE, Capture, TableFilter
 from loader.capture.landing import LandingFile, LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord, Column
+from loader.capture.source_filter import current_role, plan_source, read_relations
 from loader.capture.source_tables import column_types, list_tables, table_info
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, LandingError
@@ -126,8 +127,10 @@ class Snapshot:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
                 if src.plugin == "pgoutput":
                     from loader.capture import pgoutput
+                    from loader.capture.capture import publication_plan
 
-                    pgoutput.ensure_publication(conn, src.publication)
+                    plan = publication_plan(conn, self.settings)
+                    pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
                 exported = slots.create_slot_exporting_snapshot(src.conninfo(), src.slot, plugin=src.plugin)
                 from loader.capture.capture import record_confirmed
 
@@ -205,6 +208,11 @@ class Snapshot:
 
     def _select_tables(self, conn: psycopg.Connection) -> list[str]:
         available = [t.qualified for t in list_tables(conn, partitions=self.settings.source.partitions)]
+        # Tables the role may not read are never captured (loader.capture.source_filter).
+        src = self.settings.source
+        skipped = plan_source(
+            read_relations(conn, src.partitions), self.filter, src.include, src.exclude, current_role(conn)
+        ).skipped
         if self.requested and not self.recover:  # a lost slot lost changes of every table
             missing = [t for t in self.requested if t not in available]
             if missing:
@@ -218,8 +226,14 @@ class Snapshot:
                     f"cannot snapshot {', '.join(refused)}: excluded by source.include/exclude, so capture would drop its changes",
                     hint="adjust LOADER_SOURCE__INCLUDE / LOADER_SOURCE__EXCLUDE first",
                 )
+            unreadable = [t for t in self.requested if t in skipped]
+            if unreadable:
+                raise ConfigError(
+                    f"cannot snapshot {', '.join(unreadable)}: {skipped[unreadable[0]]}",
+                    hint="GRANT SELECT on it to the loader's role first",
+                )
             return list(self.requested)
-        return [t for t in available if self.filter(t)]
+        return [t for t in available if self.filter(t) and t not in skipped]
 
     def _copy(
         self,

@@ -128,6 +128,16 @@ IDENTITY_OK_SQL = (
     f" AND i.indisprimary AND {USABLE_IDENTITY_INDEX}))))"
 )
 
+# SQL: whether PostgreSQL decodes table ``c``'s updates and deletes with an old key or row
+# (SourceTableInfo.updates_deletes_captured, as one expression for queries over many tables).
+HAS_IDENTITY_SQL = (
+    "(c.relreplident = 'f'"
+    " OR (c.relreplident = 'd' AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid"
+    f" AND i.indisprimary AND {USABLE_IDENTITY_INDEX}))"
+    " OR (c.relreplident = 'i' AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid"
+    f" AND i.indisreplident AND {USABLE_IDENTITY_INDEX})))"
+)
+
 _TABLES_SQL = f"""
 SELECT n.nspname, c.relname, c.relreplident, {index_columns_sql("primary")}, {index_columns_sql("identity")},
        {IDENTITY_OK_SQL}
