@@ -732,29 +732,110 @@ def dbt_sources(ctx: Context, project: str | None, check: bool) -> None:
         click.echo(f"wrote {target / rel}")
 
 
-@main.command("sql-server")
+@main.group("sql-server", invoke_without_command=True)
 @click.option("--port", type=int, default=None, help="Port (default: sql_server.port, 10000).")
 @click.option("--host", default=None, help="Bind address (default: sql_server.host, 127.0.0.1).")
 @click.option("--background", is_flag=True, help="Start, wait until it accepts connections, return.")
 @click.option("--stop", is_flag=True, help="Stop a server started with --background.")
-@pass_ctx
+@click.option(
+    "--self-signed-tls",
+    is_flag=True,
+    help="TLS with a self-signed certificate made on first use under the state directory (the "
+    "truststore to give clients is printed).",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Start WITHOUT authentication and TLS: anyone who reaches the port reads and changes everything. "
+    "A local test only.",
+)
+@click.pass_context
 @catch_errors
-def sql_server(ctx: Context, port: int | None, host: str | None, background: bool, stop: bool) -> None:
-    """Spark Thrift Server (JDBC/ODBC for BI tools) on the loader's catalog; Ctrl-C stops it."""
+def sql_server(
+    click_ctx: click.Context,
+    port: int | None,
+    host: str | None,
+    background: bool,
+    stop: bool,
+    self_signed_tls: bool,
+    no_auth: bool,
+) -> None:
+    """Spark Thrift Server (JDBC/ODBC for BI tools) on the loader's catalog; Ctrl-C stops it.
+
+    It starts only with authentication (users of 'loader sql-server add-user', or LDAP) and TLS
+    (sql_server.tls_keystore, or --self-signed-tls), unless --no-auth.
+    """
     from loader import sqlserver
 
+    ctx = click_ctx.ensure_object(Context)
     settings = ctx.settings
     updates = {k: v for k, v in (("port", port), ("host", host)) if v is not None}
     if updates:
         settings = settings.model_copy(update={"sql_server": settings.sql_server.model_copy(update=updates)})
+    ctx._settings = settings
+    if click_ctx.invoked_subcommand is not None:
+        return
     if stop:
         click.echo("stopped" if sqlserver.stop_background(settings) else "no background server recorded")
         return
+    if self_signed_tls and not no_auth:
+        settings = sqlserver.with_self_signed_tls(settings, sqlserver.self_signed_tls(settings.sql_server.host))
     if background:
-        server = sqlserver.start_server(settings, background=True, echo=click.echo)
+        server = sqlserver.start_server(settings, background=True, echo=click.echo, no_auth=no_auth)
         click.echo(f"log: {server.log_path}; stop with 'loader sql-server --stop --port {settings.sql_server.port}'")
         return
-    sys.exit(sqlserver.run_foreground(settings, echo=click.echo))
+    sys.exit(sqlserver.run_foreground(settings, echo=click.echo, no_auth=no_auth))
+
+
+def _read_new_password() -> str:
+    if sys.stdin.isatty():
+        return str(click.prompt("password", hide_input=True, confirmation_prompt=True))
+    return sys.stdin.readline().rstrip("\r\n")
+
+
+@sql_server.command("add-user")
+@click.argument("name")
+@pass_ctx
+@catch_errors
+def sql_server_add_user(ctx: Context, name: str) -> None:
+    """Add a user of the SQL server, or change its password.
+
+    The password is read from a prompt, or from the first line of stdin when it is not a terminal
+    (never from an argument: command lines are visible to every user of the machine). It is kept
+    as a salted PBKDF2-HMAC-SHA256 hash in sql_server.password_file (mode 0600); a running server
+    sees the change at the next login.
+    """
+    from loader import sqlserver
+
+    path = sqlserver.password_file(ctx.settings)
+    existed = sqlserver.set_user(path, name, _read_new_password())
+    click.echo(f"{'changed the password of' if existed else 'added'} {name} in {path}")
+
+
+@sql_server.command("remove-user")
+@click.argument("name")
+@pass_ctx
+@catch_errors
+def sql_server_remove_user(ctx: Context, name: str) -> None:
+    """Remove a user of the SQL server (effective at its next login)."""
+    from loader import sqlserver
+
+    path = sqlserver.password_file(ctx.settings)
+    if not sqlserver.remove_user(path, name):
+        click.echo(f"no user {name} in {path}", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(f"removed {name} from {path}")
+
+
+@sql_server.command("users")
+@pass_ctx
+@catch_errors
+def sql_server_users(ctx: Context) -> None:
+    """List the users of the SQL server's password file."""
+    from loader import sqlserver
+
+    for name in sorted(sqlserver.read_users(sqlserver.password_file(ctx.settings))):
+        click.echo(name)
 
 
 if __name__ == "__main__":

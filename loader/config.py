@@ -288,13 +288,44 @@ class DbtSettings(BaseModel):
     subject_columns: dict[str, list[str]] = Field(default_factory=dict)
 
 
-class SqlServerSettings(BaseModel):
-    """The Spark Thrift Server started by ``loader sql-server`` (JDBC/ODBC for BI tools)."""
+class SqlServerSettings(_Redacted):
+    """The Spark Thrift Server started by ``loader sql-server`` (JDBC/ODBC for BI tools).
 
+    It starts only with authentication and TLS (or with an explicit ``--no-auth``, for a local test).
+    """
+
+    _redacted_fields = ("catalog_uri",)
     host: str = "127.0.0.1"
     port: int = 10000
+    # The user name `loader dbt --target thrift` and the printed beeline command log in as, and the
+    # password dbt sends (LOADER_SQL_SERVER__CLIENT_PASSWORD).
     user: str = "loader"
+    client_password: SecretStr | None = None
     driver_memory: str = "2g"
+    # How clients are authenticated: "password" (a file of salted PBKDF2 hashes, managed with
+    # 'loader sql-server add-user'), or "ldap" (HiveServer2's LDAP bind: ldap_url, ldap_base_dn or
+    # ldap_user_dn_pattern).
+    auth: Literal["password", "ldap"] = "password"
+    password_file: str | None = None  # default <state>/sql-server/passwords
+    ldap_url: str | None = None
+    ldap_base_dn: str | None = None
+    ldap_user_dn_pattern: str | None = None
+    # TLS: a Java keystore (PKCS12 or JKS) holding the server's key and certificate, and its password
+    # (LOADER_SQL_SERVER__TLS_KEYSTORE_PASSWORD); 'loader sql-server --self-signed-tls' makes one.
+    tls_keystore: str | None = None
+    tls_keystore_password: SecretStr | None = None
+    # The truststore Java clients verify the server with (only shown in the printed connection commands).
+    tls_truststore: str | None = None
+    # PEM certificate(s) Python clients (`loader dbt --target thrift`) verify the server with; unset:
+    # the system's CAs. For --self-signed-tls: <state>/sql-server/tls/server.pem.
+    tls_ca_file: str | None = None
+    # A catalog login for the server that can read but not write (see README, "SQL for BI tools"):
+    # a PostgreSQL role with SELECT on the Iceberg catalog tables. Unset: the loader's own login.
+    catalog_uri: str | None = None
+    catalog_password: SecretStr | None = None
+    # Read-only S3 credentials for the warehouse. Unset: the loader's own (s3.*).
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
 
 
 class LoaderSettings(BaseSettings):

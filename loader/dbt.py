@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from loader.config import LoaderSettings, redact, state_dir
+from loader.config import LoaderSettings, redact, secret_text, state_dir
 from loader.dbtgen import GENERATED_DIR, project_vars, read_catalog, read_comments, render_generated
 from loader.errors import ConfigError
 
@@ -164,6 +164,7 @@ def profile_env(settings: LoaderSettings, target: str | None = None) -> dict[str
         "DBT_LAKEHOUSE_THRIFT_HOST": s.host,
         "DBT_LAKEHOUSE_THRIFT_PORT": str(s.port),
         "DBT_LAKEHOUSE_THRIFT_USER": s.user,
+        "DBT_LAKEHOUSE_THRIFT_PASSWORD": secret_text(s.client_password) or "",
     }
 
 
@@ -201,6 +202,10 @@ def invoke_dbt(settings: LoaderSettings, args: list[str], echo: Callable[[str], 
 
         # Created before dbt so that dbt-spark's getOrCreate() returns this configured session.
         get_spark(settings, "lakehouse-dbt")
+    if target == "thrift":
+        from loader.sqlserver import use_verified_tls_in_dbt
+
+        use_verified_tls_in_dbt(settings.sql_server.tls_ca_file)
     project = prepare_project(settings, echo)
     os.environ.update(env)
     return dbtRunner().invoke(dbt_args(args, project))
