@@ -27,6 +27,7 @@ from isal import igzip
 
 from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
 from loader.lsn import ChangePosition
+from loader.names import lake_column
 
 CHANGE_ROW_DDL = (
     "landing_file STRING, line INT, op STRING, commit_lsn BIGINT, seq BIGINT, change_lsn BIGINT,"
@@ -392,6 +393,18 @@ def _invalid_position(rec: ChangeRecord) -> str | None:
 _TS_SEEN: dict[str, bool] = {}
 
 
+def _case_clash(names: list[str]) -> tuple[str, str] | None:
+    """Two column names whose lake names are equal but for case (PostgreSQL's quoted identifiers
+    tell "Value" and value apart; Spark's and Iceberg's case-insensitive resolution cannot)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        folded = lake_column(name).casefold()
+        if folded in seen:
+            return seen[folded], name
+        seen[folded] = name
+    return None
+
+
 def _shape_problem(rec: ChangeRecord, names: list[str], key_names: list[str]) -> str | None:
     """The checks that depend on the record's shape only (see _Shape)."""
     if not rec.schema or not rec.table:
@@ -406,6 +419,13 @@ def _shape_problem(rec: ChangeRecord, names: list[str], key_names: list[str]) ->
         return "delete without the old key (replica identity): cannot tell which row went"
     if len(set(names)) != len(names):
         return "a column appears twice in one change"
+    clash = _case_clash(names)
+    if clash:
+        return (
+            f"columns {clash[0]!r} and {clash[1]!r} differ only in case: the lake's engines (Spark, most BI "
+            "tools) resolve column names case-insensitively and cannot hold both; rename one at the source, "
+            f"then 'loader resync --table {rec.schema}.{rec.table}'"
+        )
     if len(set(key_names)) != len(key_names):
         return "a column appears twice in the old key"
     if rec.op in ("I", "U", "R") and rec.pk and not set(rec.pk) <= set(names):

@@ -224,6 +224,27 @@ def test_replica_identity_changes_mid_stream(env: Env) -> None:
 # --- names -------------------------------------------------------------------------------------
 
 
+def test_columns_differing_only_in_case_park_their_table_alone(env: Env) -> None:
+    env.sql('CREATE TABLE public.cased (id int PRIMARY KEY, "Value" text, value text)')
+    env.sql("CREATE TABLE public.plain (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.cased VALUES (1, 'upper', 'lower')")
+    env.sql("INSERT INTO public.plain VALUES (1, 'a')")
+    _, load, merge = env.run_all()
+    assert "differ only in case" in load.parked["public.cased"], load.parked
+    assert "public.plain" not in load.parked and "public.plain" not in merge.parked
+    results = {r.table: r for r in env.reconcile()}
+    assert results["public.plain"].ok and results["public.cased"].parked
+    # The repair the reason names: rename at the source, resync.
+    env.sql('ALTER TABLE public.cased RENAME COLUMN "Value" TO value_upper')
+    env.resync(["public.cased"])
+    env.load()
+    env.merge()
+    env.sql("UPDATE public.cased SET value = 'changed' WHERE id = 1")
+    env.run_all()
+    env.assert_reconciled()
+
+
 def test_names_that_need_quoting_or_look_like_ours(env: Env) -> None:
     long_name = "t" + "é" * 31  # 63 bytes
     env.sql('CREATE SCHEMA "a__b"')
