@@ -38,6 +38,10 @@ class Column:
     name: str
     type: str
     has_missing: bool  # ADD COLUMN ... DEFAULT filled existing rows without writing them
+    # What of the column's type decides how its stored values read (see _TYPE_SIGNATURE_SQL):
+    # {"enum": {label oid: label}} or {"composite": [[attnum, name, type], ...]}; None for other
+    # types, and in a picture an older version of the loader saved.
+    type_sig: Any = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class TableFacts:
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["columns"] = {n: [c.name, c.type, c.has_missing] for n, c in self.columns.items()}
+        doc["columns"] = {n: [c.name, c.type, c.has_missing, c.type_sig] for n, c in self.columns.items()}
         return doc
 
     @classmethod
@@ -83,10 +87,27 @@ class TableFacts:
             replica_identity=str(doc["replica_identity"]),
             primary_key=list(doc["primary_key"]),
             identity_index_columns=list(doc["identity_index_columns"]),
-            columns={n: Column(str(c[0]), str(c[1]), bool(c[2])) for n, c in doc["columns"].items()},
+            columns={
+                n: Column(str(c[0]), str(c[1]), bool(c[2]), c[3] if len(c) > 3 else None)
+                for n, c in doc["columns"].items()
+            },
             partitions=list(doc.get("partitions", [])),
             identity_ok=bool(doc.get("identity_ok", True)),
         )
+
+
+def _changed_since_created(facts: TableFacts, resync_on_rewrite: bool) -> str | None:
+    """What a table first seen now went through since it was created, without row changes in the
+    WAL: no earlier picture to compare with, so the catalog's own traces tell. A fast default leaves
+    its "missing value" on the column; a rewrite gives the table a relfilenode other than its oid
+    (a new table's first relfilenode is its oid). Partitioned tables' filenode is a digest of their
+    partitions': only the missing values count there."""
+    filled = [c.name for c in facts.columns.values() if c.has_missing]
+    if filled:
+        return f"column {', '.join(filled)} was added with a default that filled the existing rows"
+    if resync_on_rewrite and not facts.partitions and facts.relfilenode != facts.oid:
+        return "rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE): its rows may have changed without row changes in the WAL"
+    return None
 
 
 @dataclass
@@ -131,6 +152,10 @@ def plan_watch(
                 plan.resync[table] = "dropped and created again at the source: the old rows are gone"
             elif facts.persistence == "u":
                 plan.notes.append(f"{table}: UNLOGGED, its changes are not in the WAL and cannot be captured")
+            else:
+                reason = _changed_since_created(facts, resync_on_rewrite)
+                if reason:
+                    plan.resync[table] = f"created since the last look, then {reason}"
             continue
         if not was_included(table):
             plan.resync[table] = "included in capture again: changes made while it was excluded were not captured"
@@ -184,6 +209,10 @@ def plan_watch(
                 reasons.append(f"column {prev.name} was renamed to {col.name}")
             elif prev.type != col.type and rewritten:
                 reasons.append(f"column {col.name} changed type from {prev.type} to {col.type} with a table rewrite")
+            else:
+                changed = type_change(prev.type_sig, col.type_sig)
+                if changed:
+                    reasons.append(f"column {col.name}'s type {col.type}: {changed}, which every stored value shows")
         if rewritten and not reasons:
             if added_plain:
                 reasons.append(f"column {', '.join(added_plain)} was added with a table rewrite (volatile default)")
@@ -207,11 +236,43 @@ def plan_watch(
     return plan
 
 
+# Type-level DDL changes stored values without a row change in the WAL: ALTER TYPE ... RENAME
+# VALUE changes every stored enum value's text; adding, dropping or retyping an attribute of a
+# composite type changes every stored value's text. The column's type (an array's element, a
+# domain's base) is described by what those statements change; ADD VALUE changes no stored value.
+_TYPE_SIGNATURE_SQL = """(SELECT CASE et.typtype
+      WHEN 'e' THEN json_build_object('enum', (SELECT json_object_agg(e.oid, e.enumlabel) FROM pg_enum e
+                                               WHERE e.enumtypid = et.oid))
+      WHEN 'c' THEN json_build_object('composite', (SELECT json_agg(json_build_array(ca.attnum, ca.attname,
+                                                        format_type(ca.atttypid, ca.atttypmod)) ORDER BY ca.attnum)
+                                                    FROM pg_attribute ca WHERE ca.attrelid = et.typrelid
+                                                      AND ca.attnum > 0 AND NOT ca.attisdropped))
+      END
+    FROM pg_type t0 JOIN pg_type et ON et.oid = CASE WHEN t0.typcategory = 'A' THEN t0.typelem
+                                                     WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
+    WHERE t0.oid = a.atttypid)"""
+
+
+def type_change(before: Any, after: Any) -> str | None:
+    """How a column's type changed the text of values already stored, if it did (None also when
+    either picture has no signature: an older picture, or a type whose values DDL cannot change)."""
+    if not before or not after:
+        return None
+    if "enum" in before and "enum" in after:
+        old, new = before["enum"] or {}, after["enum"] or {}
+        renamed = [f"{old[k]!r} -> {new[k]!r}" for k in sorted(old) if k in new and new[k] != old[k]]
+        return f"enum value renamed ({', '.join(renamed)})" if renamed else None
+    if before != after:
+        return "composite type's attributes changed"
+    return None
+
+
 _FACTS_SQL = f"""
 SELECT n.nspname, c.relname, c.oid::bigint, c.relfilenode::bigint, c.relpersistence, c.relreplident,
        {index_columns_sql("primary")},
        {index_columns_sql("identity")},
-       COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing)
+       COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing,
+                                                  {_TYPE_SIGNATURE_SQL})
                          ORDER BY a.attnum)
                  FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'),
        c.relkind, c.relispartition,
@@ -253,7 +314,7 @@ def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogVie
             replica_identity=IDENTITY_NAMES.get(ident, ident),
             primary_key=list(pk),
             identity_index_columns=list(idx),
-            columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3])) for a in cols},
+            columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None) for a in cols},
             identity_ok=bool(ident_ok),
         )
         if partitions == "leaf":

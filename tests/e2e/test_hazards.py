@@ -52,6 +52,57 @@ def test_add_column_with_a_default_that_fills_existing_rows(env: Env) -> None:
     assert "added with a default" in note or "rewrite" in note
 
 
+def test_a_table_created_and_altered_between_two_captures(env: Env) -> None:
+    """The catalog watch never saw these tables before their DDL: the catalog's own traces (a
+    column's "missing value", a relfilenode other than the oid) say rows changed outside the WAL."""
+    env.sql("CREATE TABLE public.seen (id int PRIMARY KEY)")
+    env.capture()
+    env.sql("CREATE TABLE public.fresh (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO public.fresh SELECT g, 'v' FROM generate_series(1, 20) g")
+    env.sql("ALTER TABLE public.fresh ADD COLUMN b text DEFAULT 'dflt'")  # fills the 20 rows, no WAL rows
+    env.sql("INSERT INTO public.fresh VALUES (21, 'w', 'own')")
+    env.sql("CREATE TABLE public.retyped (id int PRIMARY KEY, n int)")
+    env.sql("INSERT INTO public.retyped SELECT g, g FROM generate_series(1, 20) g")
+    env.sql("ALTER TABLE public.retyped ALTER COLUMN n TYPE bigint USING n * 1000")  # a rewrite
+    env.sql("CREATE TABLE public.untouched (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO public.untouched VALUES (1, 'a')")
+    cap, _, _ = env.run_all()
+    assert "b was added with a default" in cap.resynced["public.fresh"], cap.resynced
+    assert "rewritten" in cap.resynced["public.retyped"], cap.resynced
+    assert "public.untouched" not in cap.resynced  # nothing happened outside the WAL: no resync
+    env.assert_reconciled()
+    assert {r["b"] for r in env.current("public.fresh").where("id <= 20").collect()} == {"dflt"}
+
+
+def test_type_level_ddl_reaches_every_table_using_the_type(env: Env) -> None:
+    """ALTER TYPE changes stored values of every table using the type, without a row change in the
+    WAL: a renamed enum label, a composite type's new attribute. Adding a label changes nothing."""
+    env.sql("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+    env.sql("CREATE TYPE pair AS (a int, b text)")
+    env.sql("CREATE DOMAIN mood_d AS mood")
+    env.sql("CREATE TABLE public.m1 (id int PRIMARY KEY, m mood, ms mood[])")
+    env.sql("CREATE TABLE public.m2 (id int PRIMARY KEY, m mood_d)")
+    env.sql("CREATE TABLE public.p (id int PRIMARY KEY, p pair)")
+    env.sql("CREATE TABLE public.other (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.m1 VALUES (1, 'sad', '{sad,ok}'), (2, 'ok', '{}')")
+    env.sql("INSERT INTO public.m2 VALUES (1, 'sad')")
+    env.sql("INSERT INTO public.p VALUES (1, ROW(1, 'x'))")
+    env.sql("INSERT INTO public.other VALUES (1, 'a')")
+    env.run_all()
+    env.assert_reconciled()
+    env.sql("ALTER TYPE mood ADD VALUE 'meh'")  # no stored value changes: no resync
+    cap, _, _ = env.run_all()
+    assert not cap.resynced, cap.resynced
+    env.sql("ALTER TYPE mood RENAME VALUE 'sad' TO 'blue'")
+    env.sql("ALTER TYPE pair ADD ATTRIBUTE c date")  # every stored value now reads (1,x,)
+    cap, _, _ = env.run_all()
+    assert "'sad' -> 'blue'" in cap.resynced["public.m1"] and "'sad' -> 'blue'" in cap.resynced["public.m2"]
+    assert "composite" in cap.resynced["public.p"] and "public.other" not in cap.resynced
+    env.assert_reconciled()
+    assert {r["m"] for r in env.current("public.m1").collect()} == {"blue", "ok"}
+
+
 def test_rename_column_and_rename_table(env: Env) -> None:
     env.sql("CREATE TABLE public.old_name (id int PRIMARY KEY, a text)")
     env.capture()
