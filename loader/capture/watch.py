@@ -105,7 +105,7 @@ def _changed_since_created(facts: TableFacts, resync_on_rewrite: bool) -> str | 
     filled = [c.name for c in facts.columns.values() if c.has_missing]
     if filled:
         return f"column {', '.join(filled)} was added with a default that filled the existing rows"
-    if resync_on_rewrite and not facts.partitions and facts.relfilenode != facts.oid:
+    if resync_on_rewrite and facts.keeps_current and not facts.partitions and facts.relfilenode != facts.oid:
         return "rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE): its rows may have changed without row changes in the WAL"
     return None
 
@@ -216,6 +216,11 @@ def plan_watch(
         if rewritten and not reasons:
             if added_plain:
                 reasons.append(f"column {', '.join(added_plain)} was added with a table rewrite (volatile default)")
+            elif resync_on_rewrite and not facts.keeps_current:
+                # No current table to keep exact: its history already holds the stream's
+                # changes (a TRUNCATE among them), and re-reading every row as a snapshot would
+                # add nothing but copies (pgbench_history after pgbench's TRUNCATE).
+                plan.notes.append(f"{table}: rewritten; history only, so not resynced")
             elif resync_on_rewrite:
                 reasons.append(
                     "the table was rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): "

@@ -103,6 +103,22 @@ def test_type_level_ddl_reaches_every_table_using_the_type(env: Env) -> None:
     assert {r["m"] for r in env.current("public.m1").collect()} == {"blue", "ok"}
 
 
+def test_a_keyless_table_truncated_or_rewritten_is_not_copied_again(env: Env) -> None:
+    """pgbench starts with TRUNCATE pgbench_history: the stream says what happened, and a keyless
+    table has no current table to rebuild, so no resync copies its rows into history again."""
+    env.sql("CREATE TABLE public.log (aid int, delta int)")
+    env.capture()
+    env.sql("INSERT INTO public.log SELECT g, g FROM generate_series(1, 30) g")
+    env.run_all()
+    env.sql("TRUNCATE public.log")
+    env.sql("INSERT INTO public.log VALUES (1, 1)")
+    env.sql("VACUUM FULL public.log")
+    cap, _, _ = env.run_all()
+    assert "public.log" not in cap.resynced, cap.resynced
+    history_ops = ops(env, "public.log")
+    assert "read" not in history_ops and history_ops.count("insert") == 31 and "truncate" in history_ops
+
+
 def test_rename_column_and_rename_table(env: Env) -> None:
     env.sql("CREATE TABLE public.old_name (id int PRIMARY KEY, a text)")
     env.capture()
