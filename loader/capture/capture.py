@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -191,6 +192,7 @@ class Capture:
         # a nested run never does (its bound is a snapshot's consistent point).
         self.heartbeat = watch and (settings.source.heartbeat_interval_s > 0 if heartbeat is None else heartbeat)
         self._heartbeats: list[heartbeats.Seen] = []
+        self._emitted: tuple[int, int, float] | None = None  # (seq, lsn, when) of this run's heartbeat
         self.controls = _Controls(None, True)
         self._pending_resyncs: dict[str, str] = {}
         self._last_confirm: int | None = None
@@ -287,7 +289,11 @@ class Capture:
                 exc,
             )
             return False
-        heartbeats.note_emitted(self.store, src.slot, seq, lsn)
+        self._emitted = (
+            seq,
+            lsn,
+            time.time(),
+        )  # recorded with what came back, in one state write at the end of the run
         return True
 
     def _note_heartbeat(self, info: slots.SlotInfo, result: CaptureResult) -> None:
@@ -298,11 +304,12 @@ class Capture:
             for b in self._heartbeats
             if b.slot == src.slot and info.confirmed_flush_lsn is not None and b.end_lsn <= info.confirmed_flush_lsn
         ]
-        if ours:
-            last = max(ours, key=lambda b: b.end_lsn)
-            heartbeats.note_seen(self.store, last, info.confirmed_flush_lsn or last.end_lsn)
-            state = heartbeats.read_state(self.store, src.slot)
-            result.heartbeat_lag_s = float(state.get("seen_lag_s", 0.0))
+        last = max(ours, key=lambda b: b.end_lsn) if ours else None
+        if self._emitted is None and last is None:
+            return
+        state = heartbeats.note(self.store, src.slot, self._emitted, last)
+        if last is not None:
+            result.heartbeat_lag_s = float(state["seen_lag_s"])
             result.heartbeat_seen_at = float(state["seen_at"])
 
     def _warn_unbounded_wal(self, conn: psycopg.Connection, result: CaptureResult) -> None:

@@ -89,27 +89,25 @@ def read_state(store: Any, slot: str) -> dict[str, Any]:
     return doc if doc.get("slot") == slot else {"slot": slot}
 
 
-def note_emitted(store: Any, slot: str, seq: int, lsn: int) -> None:
+def note(store: Any, slot: str, emitted: tuple[int, int, float] | None, seen: Seen | None) -> dict[str, Any]:
+    """At the end of a run, in one state write: the heartbeat it emitted (seq, LSN, when), and the newest
+    one that came back and that the slot is now confirmed past (when, and how long that took)."""
     state = read_state(store, slot)
-    state.update({"emitted_seq": seq, "emitted_at": time.time(), "emitted_lsn": lsn})
-    store.write_state(HEARTBEAT_STATE, state)
-
-
-def note_seen(store: Any, seen: Seen, confirmed: int) -> None:
-    """After the slot was confirmed past ``seen``: when it came back and how long that took."""
-    state = read_state(store, seen.slot)
     now = time.time()
-    state.update(
-        {
-            "seen_seq": seen.seq,
-            "seen_emitted_at": seen.emitted_at,
-            "seen_at": now,
-            "seen_lag_s": max(0.0, now - seen.emitted_at),
-            "seen_lsn": seen.lsn,
-            "confirmed": confirmed,
-        }
-    )
+    if emitted is not None:
+        state.update({"emitted_seq": emitted[0], "emitted_lsn": emitted[1], "emitted_at": emitted[2]})
+    if seen is not None:
+        state.update(
+            {
+                "seen_seq": seen.seq,
+                "seen_emitted_at": seen.emitted_at,
+                "seen_at": now,
+                "seen_lag_s": max(0.0, now - seen.emitted_at),
+                "seen_lsn": seen.lsn,
+            }
+        )
     store.write_state(HEARTBEAT_STATE, state)
+    return state
 
 
 def describe(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
