@@ -124,6 +124,12 @@ class SourceSettings(_Redacted):
     # When the slot is lost (dropped, invalidated by max_slot_wal_keep_size, consumed elsewhere): "fail"
     # (exit 1 naming 'loader resync'), or "resync" (re-create it and resync every table, unattended).
     on_slot_loss: Literal["fail", "resync"] = "fail"
+    # A heartbeat (a transactional logical message, loader.capture.heartbeat) sent through the slot:
+    # every ``loader capture`` run emits one, follow mode at most this often (seconds) and also
+    # when nothing else happens. Capture confirms the slot past it, so the slot stops holding WAL
+    # that other databases or excluded tables wrote; status shows when the last one came back.
+    # 0: off (the slot is then confirmed only up to the last change captured).
+    heartbeat_interval_s: float = Field(default=10.0, ge=0)
 
     def conninfo(self) -> str:
         """The connection string with the password merged in (for connecting, never for showing)."""

@@ -111,16 +111,25 @@ class Follower:
         from loader.capture.capture import Capture
 
         interval = self.settings.follow.capture_interval_s
+        beat_every = self.settings.source.heartbeat_interval_s
+        last_beat: float | None = None
         while not self.stop.is_set():
             self._wake.clear()
             with self._capture_cond:
                 started, finished = self._capture_runs
                 self._capture_runs = (started + 1, finished)
+            # The heartbeat on its timer: a run emits one when the last is beat_every seconds old.
+            beat = beat_every > 0 and (last_beat is None or time.monotonic() - last_beat >= beat_every)
             try:
-                res = Capture(self.settings).run()
+                if beat:
+                    last_beat = time.monotonic()
+                res = Capture(self.settings, heartbeat=beat).run()
                 self.stats.captured_changes += res.changes
                 self.metrics.changes.labels(stage="capture").inc(res.changes)
                 self.metrics.slot_lag.set(res.lag_bytes)
+                self.metrics.note_slot(res.retained_wal_bytes, res.wal_status)
+                if res.heartbeat_seen_at is not None:
+                    self.metrics.note_heartbeat(res.heartbeat_seen_at)
                 for table, why in res.parked.items():
                     log.warning("capture parked %s: %s", table, why)
             except SlotLostError as exc:
@@ -142,7 +151,10 @@ class Follower:
                     started, finished = self._capture_runs
                     self._capture_runs = (started, finished + 1)
                     self._capture_cond.notify_all()
-            self._wake.wait(interval)
+            wait = interval
+            if beat_every > 0 and last_beat is not None:
+                wait = min(interval, max(0.0, beat_every - (time.monotonic() - last_beat)))
+            self._wake.wait(wait)
 
     def capture_now(self, timeout: float) -> bool:
         """Ask the capture thread for a run that starts after this call and wait for its end (at

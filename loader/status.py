@@ -3,6 +3,11 @@
 Everything comes from table metadata (properties and the current snapshot's summary): no scan, no
 Spark, so it answers in seconds however large the tables are, and it keeps answering after any
 snapshot expiry or compaction (the watermarks are table properties).
+
+The replication slot is read from the source (one query, ``connect_timeout`` 5 s): the WAL it
+retains, its ``wal_status``, the server's ``max_slot_wal_keep_size`` and whether the slot is lost;
+and the landing area says when the loader's last heartbeat came back out of it (idle or stuck).
+An unreachable source is reported, not fatal.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from loader.capture.capture import SOURCE_STATE
+from loader.capture import heartbeat
+from loader.capture.capture import SLOT_STATE, SOURCE_STATE
 from loader.capture.landing import open_landing
 from loader.catalog import latest_summary, open_catalog, row_count, watermark
 from loader.config import LoaderSettings
@@ -75,6 +81,9 @@ class Status:
     lag_seconds: float | None = None  # the oldest table's (overall freshness)
     # Source tables the configuration includes that capture never reads, with why (as of the last capture).
     skipped: dict[str, str] = field(default_factory=dict)
+    # The replication slot on the source (see SlotStatus), and the last heartbeat (heartbeat.describe).
+    slot: SlotStatus | None = None
+    heartbeat: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -82,6 +91,7 @@ class Status:
     def render(self) -> str:
         lag = f" (freshness lag {self.lag_seconds:.1f} s)" if self.lag_seconds is not None else ""
         lines = [
+            *self._slot_lines(),
             f"landed through:   {self.landed or '-'} ({self.landing_files} landing files)",
             f"loaded through:   {self.loaded or '-'}"
             + (f", committed {self.loaded_as_of}" if self.loaded_as_of else ""),
@@ -108,6 +118,94 @@ class Status:
             lines += ["", f"skipped source tables ({len(self.skipped)}): never read from the source, not in the lake"]
             lines += [f"  {table}: {why}" for table, why in sorted(self.skipped.items())]
         return "\n".join(lines)
+
+    def _slot_lines(self) -> list[str]:
+        s = self.slot
+        if s is None:
+            return []
+        lines = []
+        if s.error:
+            lines.append(f"slot:             {s.name}: {s.error}")
+        else:
+            keep = s.max_slot_wal_keep_size or "?"
+            lines.append(
+                f"slot:             {s.name}: retains {_mb(s.retained_wal_bytes)} of WAL (wal_status "
+                f"{s.wal_status or '-'}), lag {_mb(s.lag_bytes)}; max_slot_wal_keep_size {keep}"
+            )
+        hb = self.heartbeat
+        if hb.get("seen_age_s") is not None:
+            lines.append(f"heartbeat:        seen {hb['seen_age_s']:.1f} s ago, lag {hb['lag_s']:.3f} s")
+        elif hb.get("emitted_age_s") is not None:
+            lines.append(
+                f"heartbeat:        emitted {hb['emitted_age_s']:.1f} s ago, never seen back: capture is stuck?"
+            )
+        else:
+            lines.append("heartbeat:        none yet (source.heartbeat_interval_s = 0, or no capture ran)")
+        lines += [f"warning:          {w}" for w in s.warnings]
+        return [*lines, ""]
+
+
+@dataclass
+class SlotStatus:
+    name: str
+    retained_wal_bytes: int | None = None
+    lag_bytes: int | None = None
+    wal_status: str | None = None
+    max_slot_wal_keep_size: str | None = None
+    lost: bool = False
+    error: str | None = None  # the slot could not be read (source unreachable, slot missing)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1024 * 1024):.1f} MB"
+
+
+def slot_status(settings: LoaderSettings, landing: Any, landed: str | None) -> SlotStatus:
+    """The slot as the source sees it: retained WAL, wal_status, the server's limit, loss."""
+    from loader.capture import slot as slots
+    from loader.errors import LoaderError, SlotLostError
+
+    src = settings.source
+    out = SlotStatus(src.slot)
+    try:
+        with slots.connect(src.conninfo(), connect_timeout=5) as conn:
+            info = slots.slot_info(conn, src.slot)
+            row = conn.execute("SELECT current_setting('max_slot_wal_keep_size')").fetchone()
+    except LoaderError as exc:
+        out.error = f"source not reachable: {exc.one_line()}"
+        return out
+    except Exception as exc:  # status answers whatever the source does
+        out.error = f"source not readable: {str(exc).strip()}"
+        return out
+    out.max_slot_wal_keep_size = row[0] if row else None
+    if out.max_slot_wal_keep_size == "-1":
+        out.warnings.append(
+            "max_slot_wal_keep_size is -1 (unlimited): a slot left behind keeps WAL until the source's "
+            "disk is full; set a limit and alert on the retained WAL (README 'WAL safety')"
+        )
+    state = landing.read_state(SLOT_STATE) or {}
+    confirmed_by_us = int(state["confirmed"]) if state.get("slot") == src.slot and "confirmed" in state else None
+    if info is None and landed is None:
+        out.error = "no such replication slot (the first 'loader capture' creates it)"
+        return out
+    if info is not None:
+        out.retained_wal_bytes = info.retained_wal_bytes
+        out.lag_bytes = info.lag_bytes
+        out.wal_status = info.wal_status
+        if info.wal_status == "unreserved":
+            out.warnings.append(
+                "the slot retains more than max_wal_size and will be invalidated at the next checkpoint past "
+                "max_slot_wal_keep_size unless capture catches up"
+            )
+    try:
+        slots.check_not_lost(info, src.slot, landed, confirmed_by_us)
+    except SlotLostError as exc:
+        out.lost = True
+        out.warnings.append(f"slot lost: {exc}; {exc.hint}" if exc.hint else f"slot lost: {exc}")
+        if info is None:
+            out.error = "replication slot is gone"
+    return out
 
 
 def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Status:
@@ -180,8 +278,9 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
     keyed = [t for t in tables if t.primary_key]
     consistent = min(merged_positions) if merged_positions and len(merged_positions) == len(keyed) else None
     lags = [t.lag_seconds for t in keyed if t.lag_seconds is not None]
+    landed = str(files[-1].last) if files else None
     return Status(
-        landed=str(files[-1].last) if files else None,
+        landed=landed,
         landing_files=len(files),
         loaded=_pos(loaded_token),
         consistent=_pos(consistent),
@@ -190,4 +289,6 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
         loaded_as_of=loaded_ts,
         lag_seconds=max(lags) if lags and len(lags) == len(keyed) else None,
         skipped=dict(skipped),
+        slot=slot_status(settings, landing, landed),
+        heartbeat=heartbeat.describe(heartbeat.read_state(landing, settings.source.slot), now.timestamp()),
     )

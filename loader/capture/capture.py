@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -25,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from loader.capture import heartbeat as heartbeats
 from loader.capture import slot as slots
 from loader.capture.landing import LandingStore, LandingWriter, open_landing
 from loader.capture.records import COMMIT, ChangeRecord
@@ -65,6 +67,12 @@ class CaptureResult:
     confirmed_lsn: int | None = None
     lag_bytes: int = 0
     retained_wal_bytes: int = 0
+    wal_status: str | None = None  # the slot's (reserved / extended / unreserved / lost)
+    # The loader's heartbeat (loader.capture.heartbeat): emitted this run, and how long the last one
+    # seen took to come back out of the slot (None: none seen in this run).
+    heartbeat_emitted: bool = False
+    heartbeat_lag_s: float | None = None
+    heartbeat_seen_at: float | None = None  # epoch seconds
     slot_created: bool = False
     # Tables seen in this run whose changes cannot give a current table, with the reason.
     limited_tables: dict[str, str] = field(default_factory=dict)
@@ -84,6 +92,8 @@ class CaptureResult:
             f"captured {self.changes} changes in {self.transactions} transactions into "
             f"{len(self.files)} landing files; slot confirmed at {lsn}; lag {self.lag_bytes} bytes, "
             f"retained WAL {self.retained_wal_bytes} bytes"
+            + (f" (wal_status {self.wal_status})" if self.wal_status else "")
+            + (f"; heartbeat back after {self.heartbeat_lag_s:.3f} s" if self.heartbeat_lag_s is not None else "")
             + (f"; skipped {self.skipped_already_landed} already landed" if self.skipped_already_landed else "")
             + (f"; {self.messages_skipped} logical messages skipped" if self.messages_skipped else "")
             + (f"; {self.quarantined} undecodable rows quarantined" if self.quarantined else "")
@@ -162,6 +172,7 @@ class Capture:
         on_published: Callable[[str], None] | None = None,
         round_changes: int | None = None,
         watch: bool = True,
+        heartbeat: bool | None = None,
     ) -> None:
         self.settings = settings
         self.store = store or open_landing(settings)
@@ -177,6 +188,11 @@ class Capture:
         self._not_partitions: set[str] = set()
         # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
         self.watch = watch
+        # Emit a heartbeat at the start of the run (None: when source.heartbeat_interval_s > 0);
+        # a nested run never does (its bound is a snapshot's consistent point).
+        self.heartbeat = watch and (settings.source.heartbeat_interval_s > 0 if heartbeat is None else heartbeat)
+        self._heartbeats: list[heartbeats.Seen] = []
+        self._emitted: tuple[int, int, float] | None = None  # (seq, lsn, when) of this run's heartbeat
         self.controls = _Controls(None, True)
         self._pending_resyncs: dict[str, str] = {}
         self._last_confirm: int | None = None
@@ -206,6 +222,12 @@ class Capture:
             if not self._slot_ready(conn, create_slot, landing_files, result):
                 return self._recover_slot(result)
             self.keys = KeyLookup(conn)
+            if self.watch:
+                self._warn_unbounded_wal(conn, result)
+            if self.heartbeat and upto_lsn is None:
+                # Before the bound: this run decodes it, and confirms the slot to its end once
+                # everything before it is landed, however quiet the captured tables are.
+                result.heartbeat_emitted = self._emit_heartbeat(conn)
             if upto_lsn is None:
                 row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
                 assert row is not None
@@ -245,7 +267,64 @@ class Capture:
                 result.confirmed_lsn = info.confirmed_flush_lsn
                 result.lag_bytes = info.lag_bytes
                 result.retained_wal_bytes = info.retained_wal_bytes
+                result.wal_status = info.wal_status
+                self._note_heartbeat(info, result)
         return result
+
+    # --- WAL safety: the heartbeat and the server's limit ------------------------------------
+    def _emit_heartbeat(self, conn: psycopg.Connection) -> bool:
+        """One heartbeat into the stream; False (warned once per process) if the source refuses it."""
+        src = self.settings.source
+        state = heartbeats.read_state(self.store, src.slot)
+        seq = int(state.get("emitted_seq", 0)) + 1
+        try:
+            lsn = heartbeats.emit(conn, src.slot, seq)
+        except heartbeats.Refused as exc:
+            _warn_once(
+                ("heartbeat", src.slot),
+                "the source refused the loader's heartbeat (%s): the slot is confirmed only up to the last "
+                "change captured, so WAL written elsewhere stays held while the captured tables are quiet; "
+                "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <loader role>, "
+                "or set source.heartbeat_interval_s = 0 to silence this",
+                exc,
+            )
+            return False
+        self._emitted = (
+            seq,
+            lsn,
+            time.time(),
+        )  # recorded with what came back, in one state write at the end of the run
+        return True
+
+    def _note_heartbeat(self, info: slots.SlotInfo, result: CaptureResult) -> None:
+        """Remember the newest of our heartbeats that came back and that the slot is confirmed past."""
+        src = self.settings.source
+        ours = [
+            b
+            for b in self._heartbeats
+            if b.slot == src.slot and info.confirmed_flush_lsn is not None and b.end_lsn <= info.confirmed_flush_lsn
+        ]
+        last = max(ours, key=lambda b: b.end_lsn) if ours else None
+        if self._emitted is None and last is None:
+            return
+        state = heartbeats.note(self.store, src.slot, self._emitted, last)
+        if last is not None:
+            result.heartbeat_lag_s = float(state["seen_lag_s"])
+            result.heartbeat_seen_at = float(state["seen_at"])
+
+    def _warn_unbounded_wal(self, conn: psycopg.Connection, result: CaptureResult) -> None:
+        """max_slot_wal_keep_size = -1: a slot left behind can fill the source's disk."""
+        row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'").fetchone()
+        if row is None or row[0] != "-1":
+            return
+        msg = (
+            "the source's max_slot_wal_keep_size is -1 (unlimited): if capture stops, replication slot "
+            f"{self.settings.source.slot!r} keeps WAL until the source's disk is full; set it (e.g. "
+            "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf()) and alert on "
+            "the slot's retained WAL (see README 'WAL safety')"
+        )
+        result.notes.append(msg)
+        _warn_once(("max_slot_wal_keep_size", self.settings.source.slot), "%s", msg)
 
     def _slot_ready(
         self, conn: psycopg.Connection, create_slot: bool, landing_files: list[Any], result: CaptureResult
@@ -294,7 +373,8 @@ class Capture:
         if src.plugin == "pgoutput":
             from loader.capture import pgoutput
 
-            self.options = pgoutput.peek_options(src.publication)
+            # Logical messages (the heartbeat) need the messages option, PostgreSQL 14+.
+            self.options = pgoutput.peek_options(src.publication, messages=conn.info.server_version >= 140000)
             result.numeric_special_values = True
             return
         self.options = WAL2JSON_OPTIONS
@@ -526,6 +606,7 @@ class Capture:
             writer.abort()
             raise
         result.messages_skipped += decoder.messages_skipped
+        self._heartbeats += decoder.heartbeats
         confirm = decoder.confirm_lsn
         if not rows:
             return 0, landed
@@ -591,6 +672,7 @@ class Capture:
         finally:
             fetcher.close()  # its copy of the slot goes with it
         result.messages_skipped += decoder.messages_skipped
+        self._heartbeats += decoder.heartbeats
         self._confirm(conn, decoder.confirm_lsn)
         return True
 
@@ -735,6 +817,16 @@ def publication_plan(conn: psycopg.Connection, settings: LoaderSettings, role: s
             )
     plan.add_tables, plan.filter_tables = None, []  # wal2json's options: not used with pgoutput
     return plan
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(key: tuple[str, str], msg: str, *args: Any) -> None:
+    """A warning given once per process (a follow-mode process runs capture every few seconds)."""
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
 
 
 def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:

@@ -23,8 +23,9 @@ both alike. Differences from the wal2json path, all verified against a PostgreSQ
 - generated columns are not sent by pgoutput in PostgreSQL 15 (wal2json prints them).
 - transactions with nothing to publish (DDL only, a transactional logical message) produce no
   Begin/Commit at all in PostgreSQL 15, so there is no commit record for them (wal2json gives one).
-- logical decoding messages (``pg_logical_emit_message``) are not decoded: pgoutput only sends them
-  with the ``messages`` option, and this decoder counts and skips them (``messages_skipped``).
+- logical decoding messages (``pg_logical_emit_message``): capture passes the ``messages`` option
+  (PostgreSQL 14+) so the loader's own heartbeat comes through (``loader.capture.heartbeat``);
+  every other message is counted and skipped (``messages_skipped``).
 - type names come from ``format_type(oid, typmod)`` on the current catalog (wal2json uses the
   historic one), so a type dropped or renamed after the change prints differently.
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from loader.capture import heartbeat
 from loader.capture.records import ChangeRecord, Column, OpenTransaction
 from loader.capture.source_tables import HAS_IDENTITY_SQL
 from loader.errors import SourceError
@@ -70,15 +72,16 @@ _MESSAGE_NAMES = {
 }
 
 
-def peek_options(publication: str) -> tuple[str, ...]:
-    """Plugin options for ``pg_logical_slot_peek_binary_changes`` (after slot, upto_lsn, upto_nchanges)."""
+def peek_options(publication: str, messages: bool = False) -> tuple[str, ...]:
+    """Plugin options for ``pg_logical_slot_peek_binary_changes`` (after slot, upto_lsn, upto_nchanges);
+    ``messages``: also send logical messages (PostgreSQL 14+), which carry the loader's heartbeat."""
     # publication_names is parsed as an identifier list: unquoted names are folded to lower case.
     quoted = (
         publication
         if publication.isidentifier() and publication.islower()
         else ('"' + publication.replace('"', '""') + '"')
     )
-    return ("proto_version", "1", "publication_names", quoted)
+    return ("proto_version", "1", "publication_names", quoted) + (("messages", "true") if messages else ())
 
 
 def format_timestamptz(usecs: int) -> str:
@@ -232,6 +235,9 @@ class PgOutputDecoder:
         self.confirm_lsn: int | None = None
         self.messages_skipped = 0
         self.quarantined_outside_transaction = 0
+        # Loader heartbeats seen in committed transactions (see loader.capture.heartbeat), in order.
+        self.heartbeats: list[heartbeat.Seen] = []
+        self._txn_heartbeats: list[heartbeat.Seen] = []
         # Why the last message outside a transaction was quarantined (for the capture's report).
         self.last_outside_reason: str | None = None
 
@@ -287,14 +293,18 @@ class PgOutputDecoder:
             r.end()
             return []
         if kind == "M":
-            r.int8("flags")
-            r.uint64("message LSN")
-            r.string("prefix")
+            flags = r.int8("flags")
+            message_lsn = r.uint64("message LSN")
+            prefix = r.string("prefix")
             length = r.int32("content length")
             if length < 0:
                 raise _Malformed(f"Message message has a negative content length {length}")
-            r.take(length, "content")
+            body = r.take(length, "content")
             r.end()
+            beat = heartbeat.parse(prefix, body, message_lsn)
+            if beat is not None and flags & 1 and self._txn is not None:
+                self._txn_heartbeats.append(beat)  # counted once its transaction commits
+                return []
             self.messages_skipped += 1
             return []
         if kind == "T":
@@ -346,6 +356,10 @@ class PgOutputDecoder:
         out.append(txn.commit())
         if end_lsn >= 0:
             self.confirm_lsn = end_lsn
+            for beat in self._txn_heartbeats:
+                beat.end_lsn = end_lsn
+            self.heartbeats += self._txn_heartbeats
+        self._txn_heartbeats = []
         self._txn = None
         return out
 

@@ -42,10 +42,12 @@ class SlotInfo:
 
     @property
     def retained_wal_bytes(self) -> int:
-        """WAL the server keeps for this slot: how far behind the consumer is."""
-        if self.restart_lsn is None:
+        """WAL the server keeps for this slot: from the lesser of restart_lsn and confirmed_flush_lsn
+        to the current position (what max_slot_wal_keep_size is measured against)."""
+        held = [p for p in (self.restart_lsn, self.confirmed_flush_lsn) if p is not None]
+        if not held:
             return 0
-        return max(0, self.current_wal_lsn - self.restart_lsn)
+        return max(0, self.current_wal_lsn - min(held))
 
     @property
     def lag_bytes(self) -> int:

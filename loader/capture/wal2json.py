@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from loader.capture import heartbeat
 from loader.capture.records import ChangeRecord, Column, OpenTransaction
 from loader.errors import DecodeError
 from loader.lsn import parse_lsn
@@ -151,6 +152,9 @@ class Wal2JsonDecoder:
         self.messages_skipped = 0
         self.quarantined = 0
         self.quarantined_outside_transaction = 0
+        # Loader heartbeats seen in committed transactions (see loader.capture.heartbeat), in order.
+        self.heartbeats: list[heartbeat.Seen] = []
+        self._txn_heartbeats: list[heartbeat.Seen] = []
 
     @property
     def last_commit_end_lsn(self) -> int | None:
@@ -202,8 +206,7 @@ class Wal2JsonDecoder:
                 [p.name for p in row.pk] if row.pk else [],
             )
         if action == "C" and txn is not None:
-            self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
-            self.txn = None
+            self._committed(txn)
             return txn.commit()
         if action == "B" and txn is None and row.lsn and row.nextlsn and row.timestamp:
             try:
@@ -253,6 +256,10 @@ class Wal2JsonDecoder:
                 ) from exc
             return
         if action == "M":
+            beat = heartbeat.parse(doc.get("prefix"), doc.get("content"), _lsn_or_zero(doc.get("lsn")))
+            if beat is not None and self.txn is not None and doc.get("transactional", True):
+                self._txn_heartbeats.append(beat)  # counted once its transaction commits
+                return
             self.messages_skipped += 1
             if self.txn is None and not doc.get("transactional", True):
                 # A non-transactional message (heartbeats, Debezium signals) sits between
@@ -276,8 +283,7 @@ class Wal2JsonDecoder:
             return
         if action == "C":
             yield txn.commit()
-            self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
-            self.txn = None
+            self._committed(txn)
             return
         if action in ("I", "U", "D", "T"):
             try:
@@ -302,6 +308,16 @@ class Wal2JsonDecoder:
             return
         yield from self._quarantine(raw, f"unknown wal2json action {action!r}", doc)
 
+    def _committed(self, txn: OpenTransaction) -> None:
+        """The transaction's commit: the slot may move to its end once its records are durable."""
+        self.confirm_lsn = max(self.confirm_lsn or 0, txn.end_lsn)
+        self.txn = None
+        if self._txn_heartbeats:
+            for beat in self._txn_heartbeats:
+                beat.end_lsn = txn.end_lsn
+            self.heartbeats += self._txn_heartbeats
+            self._txn_heartbeats = []
+
     def _quarantine(self, raw: str, reason: str, doc: Any) -> Iterator[ChangeRecord]:
         txn = self.txn
         if txn is None:
@@ -320,3 +336,10 @@ class Wal2JsonDecoder:
     @property
     def in_transaction(self) -> bool:
         return self.txn is not None
+
+
+def _lsn_or_zero(text: Any) -> int:
+    try:
+        return parse_lsn(text) if isinstance(text, str) else 0
+    except ValueError:
+        return 0

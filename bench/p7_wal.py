@@ -1,0 +1,175 @@
+"""P7 WAL held by the slot in follow mode while another database of the cluster writes.
+
+A source database whose captured table (``public.a``) stays idle; ``loader run --follow`` as its
+own process (heartbeat every ``BENCH_WAL_HEARTBEAT_S``, default 10 s, the documented default);
+meanwhile another database of the same cluster writes ``BENCH_WAL_TOTAL_MB`` (default 1024) of
+WAL evenly over ``BENCH_WAL_SECONDS`` (default 600), and the slot's retained WAL
+(``pg_current_wal_lsn()`` minus the lesser of restart_lsn and confirmed_flush_lsn) is sampled every
+``BENCH_WAL_SAMPLE_S`` (default 10). Without the heartbeat the slot would hold everything written
+(the rival figure); with it, the slot holds what was written since the last heartbeat that passed a
+running-transactions record (the background writer logs one every 15 s while WAL is written).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+
+from bench.common import PG, Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+
+MB = 1024 * 1024
+ROWS_PER_MB = 1000  # ~1 kB of WAL per row of the filler below
+
+
+def _env(settings: object, heartbeat_s: float) -> dict[str, str]:
+    s = settings  # LoaderSettings
+    env = dict(os.environ)
+    env.update(
+        {
+            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__INCLUDE": '["public.a"]',
+            "LOADER_SOURCE__HEARTBEAT_INTERVAL_S": str(heartbeat_s),
+            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
+            "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
+            "LOADER_SPARK__DRIVER_MEMORY": "1g",
+        }
+    )
+    return env
+
+
+def _writer(dsn: str, total_mb: int, seconds: int, stop: threading.Event, written: list[int]) -> None:
+    """Write ``total_mb`` of WAL evenly over ``seconds`` through a logged table (truncated now and then)."""
+    per_second = max(1, total_mb * ROWS_PER_MB // max(1, seconds))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE filler (id int, v text)")
+        start = time.monotonic()
+        tick = 0
+        while not stop.is_set() and tick < seconds:
+            conn.execute(
+                "INSERT INTO filler SELECT g, repeat(md5(g::text), 30) FROM generate_series(1, %s) g", (per_second,)
+            )
+            written[0] += per_second
+            tick += 1
+            if tick % 30 == 0:
+                conn.execute("TRUNCATE filler")  # the other database's disk, not its WAL, stays small
+            stop.wait(max(0.0, start + tick - time.monotonic()))
+
+
+def _retained(slot: str) -> tuple[int, str | None]:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT (pg_current_wal_lsn() - least(restart_lsn, confirmed_flush_lsn))::bigint, wal_status"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+    if row is None:
+        raise RuntimeError(f"slot {slot} is gone")
+    return int(row[0]), row[1]
+
+
+def _wal_lsn() -> int:
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        row = conn.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def run() -> None:
+    from loader.capture.heartbeat import HEARTBEAT_STATE
+    from loader.capture.landing import open_landing
+
+    total_mb = env_int("BENCH_WAL_TOTAL_MB", 1024)
+    seconds = env_int("BENCH_WAL_SECONDS", 600)
+    sample_s = env_int("BENCH_WAL_SAMPLE_S", 10)
+    heartbeat_s = float(os.environ.get("BENCH_WAL_HEARTBEAT_S", "10"))
+    with (
+        scratch_database("bench_wal_src") as src,
+        scratch_database("bench_wal_other") as other,
+        scratch_database("bench_wal_cat") as cat,
+        scratch_dir("bench-wal-") as root,
+    ):
+        settings = lake_settings(root, cat, source_dsn=src)
+        with psycopg.connect(src, autocommit=True) as conn:
+            conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        env = _env(settings, heartbeat_s)
+        cli = [sys.executable, "-m", "loader.cli"]
+        subprocess.run([*cli, "capture"], env=env, check=True, capture_output=True)
+        log = open(root / "follow.log", "w")  # noqa: SIM115 - closed below
+        follower = subprocess.Popen([*cli, "run", "--follow"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        landing = open_landing(settings)
+        stop = threading.Event()
+        written = [0]
+        samples: list[tuple[float, int, str | None]] = []
+        try:
+            deadline = time.monotonic() + 600
+            first_seen = (landing.read_state(HEARTBEAT_STATE) or {}).get("seen_at")
+            # Follow mode is up once its own first heartbeat came back.
+            while (landing.read_state(HEARTBEAT_STATE) or {}).get("seen_at") == first_seen:
+                if follower.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"follow mode did not start: see {root / 'follow.log'}")
+                time.sleep(0.5)
+            wal_start = _wal_lsn()
+            writer = threading.Thread(target=_writer, args=(other, total_mb, seconds, stop, written), daemon=True)
+            started = time.monotonic()
+            writer.start()
+            while time.monotonic() - started < seconds:
+                time.sleep(max(0.0, started + (len(samples) + 1) * sample_s - time.monotonic()))
+                held, status = _retained(settings.source.slot)
+                samples.append((time.monotonic() - started, held, status))
+                print(f"  t={samples[-1][0]:5.0f}s retained {held / MB:8.1f} MB  wal_status {status}", flush=True)
+                if follower.poll() is not None:
+                    raise RuntimeError(f"follow mode ended: see {root / 'follow.log'}")
+            stop.set()
+            writer.join(timeout=60)
+            wal_written = _wal_lsn() - wal_start
+        finally:
+            stop.set()
+            follower.send_signal(signal.SIGTERM)
+            try:
+                follower.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                follower.kill()
+            log.close()
+        held_values = [h for _, h, _ in samples]
+        peak = max(held_values) / MB
+        med = statistics.median(held_values) / MB
+        print(
+            f"  {wal_written / MB:.0f} MB of WAL written in {seconds}s by another database; slot retained: "
+            f"median {med:.1f} MB, max {peak:.1f} MB over {len(samples)} samples"
+        )
+        record(
+            Figure(
+                "P7",
+                f"WAL held by an idle slot in follow mode, {wal_written / MB:.0f} MB written elsewhere in {seconds}s",
+                peak,
+                "MB",
+                rival=wal_written / MB,
+                rival_what="held without a heartbeat (everything written)",
+                ratio=(wal_written / MB) / peak if peak else None,
+                goal="bounded: max <= 25 s of writes + 16 MB",
+                met=peak <= (wal_written / MB) * 25 / seconds + 16,
+                extra={
+                    "median_mb": med,
+                    "samples": [(round(t, 1), h, s) for t, h, s in samples],
+                    "heartbeat_s": heartbeat_s,
+                },
+            )
+        )
+
+
+if __name__ == "__main__":
+    run()
