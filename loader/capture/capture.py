@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -109,6 +110,10 @@ class CaptureResult:
         for table, why in sorted(self.resynced.items()):
             text += f"\n  resynced: {table}: {why}"
         return text
+
+
+# Column types whose NaN/±Infinity wal2json before 2.6 prints as null (arrays of them too).
+_SPECIAL_FLOAT_TYPES = re.compile(r"^(numeric|real|double precision|float4|float8)\b")
 
 
 class TableFilter:
@@ -258,6 +263,7 @@ class Capture:
                 if fetcher is not None:
                     fetcher.close()
             self._flush_controls(result)
+            self._note_lossy_specials(result)
             if plan is not None:
                 self._save_catalog_state(plan)
                 self._resync(result)
@@ -270,6 +276,28 @@ class Capture:
                 result.wal_status = info.wal_status
                 self._note_heartbeat(info, result)
         return result
+
+    def _note_lossy_specials(self, result: CaptureResult) -> None:
+        """Flag each table whose numeric or float values may have lost NaN/±Infinity to NULL.
+
+        wal2json before 2.6 prints those as JSON null, which a NULL also is: nothing in the stream
+        tells them apart, so the loader cannot quarantine them. It says which tables are exposed,
+        every run they change, and how to be exact (pgoutput, or wal2json 2.6+); 'loader verify'
+        finds any row that differs, and a resync repairs it.
+        """
+        if result.numeric_special_values:
+            return
+        for table in sorted(result.tables):
+            facts = self.facts.get(table)
+            if facts is None:
+                continue
+            exposed = [c.name for c in facts.columns.values() if _SPECIAL_FLOAT_TYPES.match(c.type)]
+            if exposed:
+                result.notes.append(
+                    f"{table}: NaN and ±Infinity in {', '.join(exposed)} arrive as NULL from wal2json before 2.6 "
+                    '(indistinguishable from NULL in its output): set source.plugin = "pgoutput" or install '
+                    "wal2json 2.6+ to keep them; snapshots and resyncs keep them",
+                )
 
     # --- WAL safety: the heartbeat and the server's limit ------------------------------------
     def _emit_heartbeat(self, conn: psycopg.Connection) -> bool:

@@ -633,3 +633,20 @@ def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> No
     assert not any(n.startswith("_state") for n in store.names())
     state = store.read_state("snapshot.state.json")
     assert state is not None and state["done"] and not state["exact"]
+
+
+def test_tables_whose_nan_wal2json_2_5_turns_into_null_are_flagged(src: Src) -> None:
+    """wal2json before 2.6 prints numeric/float NaN and ±Infinity as null, which a NULL also is:
+    capture cannot quarantine them, so it names the exposed tables and columns, and the fix."""
+    src.sql("CREATE TABLE public.measures (id int PRIMARY KEY, n numeric, f double precision, note text)")
+    src.sql("CREATE TABLE public.words (id int PRIMARY KEY, note text)")
+    src.capture()
+    src.sql("INSERT INTO public.measures VALUES (1, 'NaN', '-Infinity', 'x')")
+    src.sql("INSERT INTO public.words VALUES (1, 'x')")
+    res = src.capture()
+    if res.numeric_special_values:
+        pytest.skip("this wal2json keeps NaN (numeric-data-types-as-string)")
+    flagged = [n for n in res.notes if n.startswith("public.measures:")]
+    assert len(flagged) == 1 and "n, f" in flagged[0] and "pgoutput" in flagged[0], res.notes
+    assert not [n for n in res.notes if n.startswith("public.words:")]
+    assert "NaN and ±Infinity" in res.summary()
