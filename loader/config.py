@@ -268,10 +268,10 @@ class LoadSettings(BaseModel):
     # Batches of up to this many bytes of landing text in which nothing is unusual (see
     # loader.load.driver: intact files, row changes only, values Arrow types as Spark does) are read,
     # typed and appended on the driver with Arrow, without a Spark job; the driver holds about
-    # twice this in memory. Anything else, or a larger batch, goes to the Spark path. 0: never.
-    # Off by default: an S3 outage during a driver append is not yet reported as the transient
-    # error the Spark path raises (tests/e2e/test_s3_outage.py).
-    driver_max_bytes: int = Field(default=0, ge=0)
+    # twice this in memory (256 MiB keeps the load's peak under 1 GB). Anything else, or a larger
+    # batch, goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
+    # a driver load are the same transient errors (exit 75) as on the Spark path.
+    driver_max_bytes: int = Field(default=256 << 20, ge=0)
 
 
 class DbtSettings(BaseModel):

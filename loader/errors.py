@@ -55,6 +55,10 @@ class LandingUnavailableError(TransientError):
     """The landing area did not answer (S3 throttling, timeouts, resets, I/O errors), even after retries."""
 
 
+class WarehouseUnavailableError(TransientError):
+    """The warehouse (the Iceberg tables' storage) did not answer, even after retries."""
+
+
 class MergeConflictError(TransientError):
     """Another writer committed to a current table while its merge ran; nothing was committed."""
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.capture.landing import LandingFile, LandingStore
 from loader.capture.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
+from loader.errors import LandingUnavailableError, WarehouseUnavailableError
 from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
@@ -524,6 +525,45 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array
         raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
 
 
+def _write_file(file_io: Any, path: str, data: bytes) -> None:
+    """One data file through the table's FileIO, retried like every other I/O of the loader; an
+    outage that outlasts the retries is the transient WarehouseUnavailableError, never bad data."""
+    from loader.retry import call_with_retry
+
+    def write() -> None:
+        with file_io.new_output(path).create(overwrite=True) as out:
+            out.write(data)
+
+    try:
+        call_with_retry(write, f"writing {path}")
+    except LandingUnavailableError as exc:  # the retry helper's "still failing" error
+        raise WarehouseUnavailableError(
+            f"the warehouse did not answer while writing {path}: {exc}",
+            hint="nothing was marked loaded; re-run 'loader load' once the warehouse answers",
+        ) from exc
+
+
+def _storage_outage(exc: BaseException) -> bool:
+    """A JVM commit that failed on storage or the network rather than on a conflict or a bug."""
+    text = str(exc)
+    return any(
+        marker in text
+        for marker in (
+            "java.net.",
+            "SocketTimeoutException",
+            "ConnectException",
+            "SdkClientException",
+            "AWSClientIOException",
+            "java.io.InterruptedIOException",
+            "UnknownHostException",
+        )
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, summary: dict[str, str]) -> int:
     """Write ``rows`` (sorted by position) as one zstd Parquet file per day partition, through
     ``file_io`` (pyiceberg's, for the table's location), and commit them in one Iceberg append with
@@ -557,8 +597,7 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
             path = str(locations.newDataLocation(spec, partition, f"{stem}-{i:05d}.parquet"))
             data = _parquet_bytes(part)
             written.append(path)
-            with file_io.new_output(path).create(overwrite=True) as out:
-                out.write(data)
+            _write_file(file_io, path, data)
             built = (
                 data_files.builder(spec)
                 .withPath(path)
@@ -577,6 +616,11 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
         except Exception as exc:
             if "CommitStateUnknownException" in str(exc):
                 written.clear()  # it may have landed: the files must stay
+            if _storage_outage(exc):
+                raise WarehouseUnavailableError(
+                    f"{ident}: the warehouse did not answer while committing an append ({_first_line(exc)})",
+                    hint="nothing was marked loaded; re-run 'loader load' once the warehouse answers",
+                ) from exc
             raise
         n = len(written)
         written.clear()

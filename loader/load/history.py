@@ -23,9 +23,10 @@ import itertools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
@@ -69,6 +70,8 @@ from loader.tables import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+T = TypeVar("T")
 
 log = logging.getLogger("loader.load")
 
@@ -338,7 +341,7 @@ class HistoryLoad:
         prepared: list[tuple[SourceTable, str, Any, ChangePosition, ChangePosition]] = []
         started = time.perf_counter()
         try:
-            plain = PlainBatch(self.store, batch, max_bytes)
+            plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes))
             read = time.perf_counter()
             for table, (columns, pk) in sorted(plain.survey.tables().items()):
                 prepared.append(self._driver_prepare(plain, table, columns, pk, result))
@@ -808,6 +811,19 @@ class HistoryLoad:
 _LEDGER_SCHEMA = (
     "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
 )
+
+
+def _landing_read_explained(read: Callable[[], T]) -> T:
+    """The driver's read of a batch's landing files, its outage said as the Spark path says it."""
+    from loader.errors import LandingUnavailableError
+
+    try:
+        return read()
+    except LandingUnavailableError as exc:
+        raise LandingUnavailableError(
+            f"load stopped while reading landing files: {exc}",
+            hint="nothing was marked loaded; re-run 'loader load' once the landing area answers",
+        ) from exc
 
 
 class _read_errors_explained:
