@@ -31,6 +31,11 @@ class TransientError(LoaderError):
     """The same call may succeed if retried later."""
 
 
+class UsageError(TerminalError):
+    """A name, time or position given on the command line that means nothing here (exit status 2,
+    like any other misuse of the command): nothing was done."""
+
+
 class ConfigError(TerminalError):
     """The configuration is missing a value or holds an invalid one."""
 
