@@ -53,7 +53,14 @@ def catch_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         ctx = click.get_current_context()
         debug = bool(ctx.find_root().params.get("debug"))
         try:
-            return fn(*args, **kwargs)
+            # A PostgreSQL outage (source or catalog) is retried: the whole command, every stage
+            # being restartable; then exit 75 naming the server (loader.retry).
+            from loader.retry import through_outages
+
+            obj = ctx.find_object(Context)
+            return through_outages(
+                lambda: fn(*args, **kwargs), lambda: obj.settings if obj is not None else load_settings()
+            )
         except LoaderError as exc:
             if debug:
                 raise

@@ -238,6 +238,15 @@ class MaintenanceSettings(_Section):
     target_file_mb: int = 128
 
 
+class RetrySettings(_Section):
+    """Outages of the source or the catalog database (refused, reset, restarting, failing over, full)."""
+
+    # A one-shot command is retried whole this many times, with exponential backoff (random, up to
+    # 0.5 s x 2^n) capped at max_wait_s, then exits 75 naming the server; follow mode keeps cycling.
+    attempts: int = Field(default=6, ge=1)
+    max_wait_s: float = Field(default=20.0, ge=0)
+
+
 class LockSettings(_Section):
     """How a stage meets another process already running it (see loader.locks)."""
 
@@ -349,6 +358,7 @@ class LoaderSettings(BaseSettings):
     load: LoadSettings = Field(default_factory=LoadSettings)
     merge: MergeSettings = Field(default_factory=MergeSettings)
     locks: LockSettings = Field(default_factory=LockSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
     follow: FollowSettings = Field(default_factory=FollowSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     dbt: DbtSettings = Field(default_factory=DbtSettings)

@@ -60,6 +60,14 @@ class LandingUnavailableError(TransientError):
     """The landing area did not answer (S3 throttling, timeouts, resets, I/O errors), even after retries."""
 
 
+class SourceUnavailableError(TransientError):
+    """The source database did not answer (refused, reset, restarting, failing over, full), even after retries."""
+
+
+class CatalogUnavailableError(TransientError):
+    """The catalog database did not answer (refused, reset, restarting, failing over, full), even after retries."""
+
+
 class MergeConflictError(TransientError):
     """Another writer committed to a current table while its merge ran; nothing was committed."""
 

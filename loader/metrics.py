@@ -11,6 +11,7 @@
 | ``loader_freshness_max_seconds`` | gauge | the largest of those (the stalest table) |
 | ``loader_rejects_total`` | counter | changes quarantined in the rejects table |
 | ``loader_parked_tables`` | gauge | tables whose current tables wait for a resync |
+| ``loader_outages_total{server}`` | counter | steps (capture runs, cycles, maintenance) that met an outage of the ``source`` or ``catalog`` database and were retried |
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Metrics:
         self.freshness_max = Gauge("loader_freshness_max_seconds", "The stalest table's freshness", registry=r)
         self.rejects = Counter("loader_rejects", "Changes quarantined in the rejects table", registry=r)
         self.parked = Gauge("loader_parked_tables", "Tables waiting for a resync", registry=r)
+        self.outages = Counter(
+            "loader_outages", "Steps that met a source or catalog database outage (retried)", ["server"], registry=r
+        )
         self._fresh_as_of: dict[str, float] = {}
         self.freshness_max.set_function(self._stalest)
 
