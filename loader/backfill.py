@@ -15,11 +15,12 @@ the time-travel SQL (a table as of a source commit time).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
-from loader.errors import ConfigError
+from loader.errors import ConfigError, UsageError
 from loader.load.typemap import quote_ident, sql_string
 from loader.lsn import ChangePosition, format_lsn
 from loader.tables import SourceTable, TableNames
@@ -49,6 +50,21 @@ class ReplayResult:
             f"replay {span}: {len(self.files)} landing files; appended {per}; {self.already_in_history} changes were "
             f"already in history" + (f"; rebuilt {', '.join(self.rebuilt)}" if self.rebuilt else "")
         )
+
+
+def parse_time(text: str) -> datetime:
+    """A source commit time as users type it: ISO 8601 (``2026-01-31``, ``2026-01-31 12:00:00+00``,
+    ``2026-01-31T12:00Z``), with or without a zone (UTC when none). ValueError for anything else."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time (ISO 8601, e.g. 2026-01-31 12:00:00+00)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def time_literal(when: datetime) -> str:
+    """SQL for an instant, the same on every engine whatever its session time zone."""
+    return f"CAST({sql_string(when.astimezone(UTC).isoformat(sep=' '))} AS TIMESTAMP)"
 
 
 def files_for_range(store: LandingStore, from_lsn: int, to_lsn: int) -> list[LandingFile]:
@@ -81,7 +97,7 @@ class Backfill:
         from loader.merge.current import CurrentMerge
 
         if to_lsn < from_lsn:
-            raise ConfigError("--to-lsn is before --from-lsn", hint="give the range in commit order")
+            raise UsageError("--to-lsn is before --from-lsn", hint="give the range in commit order")
         selected = [SourceTable.parse(t) for t in tables] if tables else None
         files = files_for_range(self.store, from_lsn, to_lsn)
         out = ReplayResult(from_lsn, to_lsn, dry_run, files=[f.name for f in files])
@@ -98,18 +114,18 @@ class Backfill:
             out.rebuilt = sorted(t.table for t in merge.tables if "rebuilt" in t.note)
         return out
 
-    def position_at(self, table: str, timestamp: str) -> ChangePosition:
+    def position_at(self, table: str, timestamp: datetime) -> ChangePosition:
         """The end of the last transaction of ``table``'s history committed at or before ``timestamp``."""
         hist = self.names.history(SourceTable.parse(table))
         row = self.spark.sql(
-            f"SELECT max(pg_lsn) FROM {hist} WHERE pg_txn_timestamp <= CAST({sql_string(timestamp)} AS TIMESTAMP)"
+            f"SELECT max(pg_lsn) FROM {hist} WHERE pg_txn_timestamp <= {time_literal(timestamp)}"
         ).collect()[0]
         if row[0] is None:
             raise ConfigError(f"{table} has no change committed at or before {timestamp}", hint="pick a later time")
         return ChangePosition.end_of(int(row[0]))
 
 
-def as_of_sql(settings: LoaderSettings, table: str, timestamp: str) -> dict[str, str]:
+def as_of_sql(settings: LoaderSettings, table: str, timestamp: datetime) -> dict[str, str]:
     """SQL for ``table`` as of a source commit time: its current rows then, and its history up to then.
 
     The current rows come from dbt's exact SCD2 table (``loader dbt build`` makes it): the version of
@@ -120,7 +136,7 @@ def as_of_sql(settings: LoaderSettings, table: str, timestamp: str) -> dict[str,
     c = settings.catalog
     t = SourceTable.parse(table)
     name = t.iceberg_name
-    ts = f"CAST({sql_string(timestamp)} AS TIMESTAMP)"
+    ts = time_literal(timestamp)
     scd2 = ".".join(quote_ident(p) for p in (c.name, settings.dbt.analytics_namespace, model_name(name) + "__scd2"))
     hist = ".".join(quote_ident(p) for p in (c.name, c.history_namespace, name))
     return {

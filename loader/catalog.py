@@ -62,6 +62,19 @@ def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str, s3_secret: 
         ) from exc
 
 
+def lake_tables(settings: LoaderSettings) -> list[str]:
+    """The source tables the lake holds (``schema.table`` of every history table), without a JVM."""
+    from pyiceberg.exceptions import NoSuchNamespaceError
+
+    from loader.tables import SourceTable
+
+    try:
+        idents = open_catalog(settings).list_tables(settings.catalog.history_namespace)
+    except NoSuchNamespaceError:
+        return []
+    return sorted(SourceTable.from_iceberg_name(i[-1]).qualified for i in idents)
+
+
 def latest_summary(table: Any, key: str) -> str | None:
     """Newest value of a snapshot-summary key along the current snapshot's ancestry."""
     meta = table.metadata

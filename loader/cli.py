@@ -2,7 +2,8 @@
 
 Errors reach the user as one line naming what failed and what to do; ``--debug`` shows the
 traceback. Exit status: 0 done; 1 error that needs a change of input or configuration; 3 the run
-finished but quarantined changes in the rejects table; 4 ``verify`` found a difference; 5 the run
+finished but quarantined changes in the rejects table; 2 a misused command (an unknown option, or a table,
+time or position that names nothing; nothing was done); 4 ``verify`` found a difference; 5 the run
 finished but some tables are parked (waiting for a resync); 75 a transient failure (another
 process holds the stage, the landing area or the source did not answer): re-run later.
 """
@@ -18,9 +19,10 @@ from typing import Any
 import click
 
 from loader.config import LoaderSettings, load_settings
-from loader.errors import LoaderError, TransientError
+from loader.errors import LoaderError, TransientError, UsageError
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2  # click's own status for a misused command
 EXIT_REJECTS = 3
 EXIT_NOT_RECONCILED = 4
 EXIT_PARKED = 5
@@ -51,13 +53,22 @@ def catch_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         ctx = click.get_current_context()
         debug = bool(ctx.find_root().params.get("debug"))
         try:
-            return fn(*args, **kwargs)
+            # A PostgreSQL outage (source or catalog) is retried: the whole command, every stage
+            # being restartable; then exit 75 naming the server (loader.retry).
+            from loader.retry import through_outages
+
+            obj = ctx.find_object(Context)
+            return through_outages(
+                lambda: fn(*args, **kwargs), lambda: obj.settings if obj is not None else load_settings()
+            )
         except LoaderError as exc:
             if debug:
                 raise
             click.echo(f"error: {exc.one_line()}", err=True)
+            if isinstance(exc, UsageError):
+                sys.exit(EXIT_USAGE)
             sys.exit(EXIT_TRANSIENT if isinstance(exc, TransientError) else EXIT_ERROR)
-        except click.exceptions.Exit:
+        except (click.exceptions.Exit, click.ClickException):
             raise
         except Exception as exc:  # unexpected: still one line unless --debug
             if debug:
@@ -127,6 +138,31 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 
 
 pass_ctx = click.make_pass_decorator(Context)
+
+
+def check_tables(ctx: Context, tables: tuple[str, ...] | list[str], option: str = "--table") -> None:
+    """Every table named must be in the lake (a history table): checked before any work, and
+    before Spark starts. An unknown one is a usage error listing the known tables, close matches first."""
+    if not tables:
+        return
+    from loader.catalog import lake_tables
+    from loader.tables import unknown_tables
+
+    problem = unknown_tables(list(tables), lake_tables(ctx.settings), "table")
+    if problem:
+        raise UsageError(f"{option}: {problem}", hint="name tables as schema.table, as 'loader status' lists them")
+
+
+def time_option(value: str | None, option: str) -> Any:
+    """A source commit time as the user typed it (ISO 8601, with or without a zone; UTC if none)."""
+    if value is None:
+        return None
+    from loader.backfill import parse_time
+
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}", hint="e.g. '2026-01-31 12:00:00+00' or 2026-01-31T12:00Z") from None
 
 
 @main.command()
@@ -199,6 +235,7 @@ def merge(ctx: Context, tables: tuple[str, ...], as_json: bool) -> None:
     """Apply the history increment since the last merge to the current tables (MERGE INTO)."""
     from loader.merge.current import CurrentMerge
 
+    check_tables(ctx, tables)
     res = CurrentMerge(ctx.spark(), ctx.settings).run(list(tables) or None)
     emit(res, as_json)
     sys.exit(_merge_exit(res))
@@ -288,6 +325,7 @@ def maintain(ctx: Context, tables: tuple[str, ...], no_expire: bool, no_orphans:
     """
     from loader.maintain import Maintenance
 
+    check_tables(ctx, tables)
     emit(Maintenance(ctx.spark(), ctx.settings).run(list(tables) or None, not no_expire, not no_orphans), as_json)
 
 
@@ -311,6 +349,7 @@ def verify(ctx: Context, tables: tuple[str, ...]) -> None:
     """Reconcile current tables with the source, row for row; exit 4 if any differs."""
     from loader.verify import reconcile
 
+    check_tables(ctx, tables)
     results = reconcile(ctx.settings, list(tables) or None)
     for r in results:
         click.echo(r.line())
@@ -478,6 +517,8 @@ def erase(ctx: Context, subject: str | None, table: str | None, key: str | None,
     """
     from loader.erase import Erasure
 
+    if table:
+        check_tables(ctx, [table])
     emit(Erasure(ctx.spark(), ctx.settings).run(subject, table, key, dry_run=dry_run), as_json)
 
 
@@ -520,7 +561,7 @@ def _lsn_option(value: str | None, name: str) -> int | None:
     try:
         return parse_lsn(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=name) from exc
+        raise UsageError(f"{name}: {exc}", hint="give an LSN as X/Y") from None
 
 
 @backfill.command("replay")
@@ -543,6 +584,9 @@ def backfill_replay(
 
     start, end = _lsn_option(from_lsn, "--from-lsn"), _lsn_option(to_lsn, "--to-lsn")
     assert start is not None and end is not None
+    if end < start:
+        raise UsageError("--to-lsn is before --from-lsn", hint="give the range in commit order")
+    check_tables(ctx, tables)
     emit(Backfill(ctx.spark(), ctx.settings).replay(start, end, list(tables) or None, dry_run), as_json)
 
 
@@ -564,10 +608,12 @@ def backfill_rebuild_current(ctx: Context, table: str, upto_lsn: str | None, as_
     if upto_lsn and as_of:
         raise click.UsageError("give --upto-lsn or --as-of, not both")
     lsn = _lsn_option(upto_lsn, "--upto-lsn")
+    at = time_option(as_of, "--as-of")
+    check_tables(ctx, [table])
     # Every change of every transaction that committed at or before the LSN.
     upto = ChangePosition.end_of(lsn) if lsn is not None else None
-    if as_of:
-        upto = Backfill(ctx.spark(), ctx.settings).position_at(table, as_of)
+    if at is not None:
+        upto = Backfill(ctx.spark(), ctx.settings).position_at(table, at)
     if dry_run:
         click.echo(f"would rebuild {table} from history as of {upto or 'everything loaded'}")
         return
@@ -589,7 +635,9 @@ def as_of(ctx: Context, table: str, at: str, run_it: bool) -> None:
     """
     from loader.backfill import as_of_sql
 
-    sqls = as_of_sql(ctx.settings, table, at)
+    when = time_option(at, "--at")
+    check_tables(ctx, [table])
+    sqls = as_of_sql(ctx.settings, table, when)
     if run_it:
         ctx.spark().sql(sqls["current"]).show(truncate=False)
         return

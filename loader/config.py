@@ -4,6 +4,7 @@ Precedence (highest first): keyword arguments, environment (``LOADER_SECTION__KE
 ``LOADER_SOURCE__DSN``), the TOML file (``--config`` or ``LOADER_CONFIG``), the defaults below.
 The defaults are the embedded setup: a private PostgreSQL on 127.0.0.1:55432 that holds both the
 source database and the Iceberg JDBC catalog, a warehouse and a landing area under ``.state/``.
+Unknown keys (every section forbids extras) and unknown ``LOADER_*`` variables are errors.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -57,7 +59,14 @@ def _merge_password(dsn: str, password: SecretStr | None) -> str:
     return make_conninfo(dsn, password=secret_text(password))
 
 
-class _Redacted(BaseModel):
+class _Section(BaseModel):
+    """A settings section: a key it does not know (a typo in the TOML file or a ``LOADER_*``
+    variable) is an error, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Redacted(_Section):
     """Settings sections whose connection strings may embed passwords: never shown in repr."""
 
     _redacted_fields: tuple[str, ...] = ()
@@ -72,7 +81,7 @@ def state_dir() -> Path:
     return Path(os.environ.get("LOADER_HOME", Path.cwd() / ".state")).resolve()
 
 
-class S3Settings(BaseModel):
+class S3Settings(_Section):
     """S3 access shared by the landing area and the warehouse (Python and JVM side)."""
 
     endpoint_url: str | None = None
@@ -136,7 +145,7 @@ class SourceSettings(_Redacted):
         return _merge_password(self.dsn, self.password)
 
 
-class LandingSettings(BaseModel):
+class LandingSettings(_Section):
     """Where capture writes landing files: a local directory or s3://bucket/prefix."""
 
     url: str = Field(default_factory=lambda: (state_dir() / "landing").as_uri())
@@ -176,7 +185,7 @@ class CatalogSettings(_Redacted):
         return _merge_password(self.uri, self.password)
 
 
-class SparkSettings(BaseModel):
+class SparkSettings(_Section):
     """How the loader starts Spark when it is not given a session by spark-submit."""
 
     master: str = "local[2]"
@@ -207,7 +216,7 @@ class SparkSettings(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
-class FollowSettings(BaseModel):
+class FollowSettings(_Section):
     """``loader run --follow``: one long-lived process cycling capture -> load -> merge."""
 
     interval_s: float = 2.0  # a load + merge cycle starts at most this often
@@ -220,7 +229,7 @@ class FollowSettings(BaseModel):
     metrics_host: str = "127.0.0.1"
 
 
-class MaintenanceSettings(BaseModel):
+class MaintenanceSettings(_Section):
     """``loader maintain``, and the policy follow mode applies on its own."""
 
     every_minutes: float = 60.0  # follow mode runs maintenance this often
@@ -235,14 +244,23 @@ class MaintenanceSettings(BaseModel):
     target_file_mb: int = 128
 
 
-class LockSettings(BaseModel):
+class RetrySettings(_Section):
+    """Outages of the source or the catalog database (refused, reset, restarting, failing over, full)."""
+
+    # A one-shot command is retried whole this many times, with exponential backoff (random, up to
+    # 0.5 s x 2^n) capped at max_wait_s, then exits 75 naming the server; follow mode keeps cycling.
+    attempts: int = Field(default=6, ge=1)
+    max_wait_s: float = Field(default=20.0, ge=0)
+
+
+class LockSettings(_Section):
     """How a stage meets another process already running it (see loader.locks)."""
 
     # Wait this long for the other 'loader load' / 'loader merge' to finish; 0 fails at once.
     wait_seconds: float = 0.0
 
 
-class MergeSettings(BaseModel):
+class MergeSettings(_Section):
     """Layout of the current tables (see README: cost follows the change)."""
 
     # Current tables are partitioned by bucket(key_buckets, first key column). Every merge writes a
@@ -262,7 +280,7 @@ class MergeSettings(BaseModel):
     driver_max_rows: int = Field(default=200_000, ge=0)
 
 
-class LoadSettings(BaseModel):
+class LoadSettings(_Section):
     """The history load (see README: Performance, the eighth round)."""
 
     # Batches of up to this many bytes of landing text in which nothing is unusual (see
@@ -274,7 +292,7 @@ class LoadSettings(BaseModel):
     driver_max_bytes: int = Field(default=256 << 20, ge=0)
 
 
-class DbtSettings(BaseModel):
+class DbtSettings(_Section):
     """The dbt project run by ``loader dbt`` (views, change-log, SCD2, compliance audits)."""
 
     # The project shipped in the repository by default; generated sources/models go to work_dir.
@@ -346,6 +364,7 @@ class LoaderSettings(BaseSettings):
     load: LoadSettings = Field(default_factory=LoadSettings)
     merge: MergeSettings = Field(default_factory=MergeSettings)
     locks: LockSettings = Field(default_factory=LockSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
     follow: FollowSettings = Field(default_factory=FollowSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     dbt: DbtSettings = Field(default_factory=DbtSettings)
@@ -368,8 +387,70 @@ class LoaderSettings(BaseSettings):
         return tuple(sources)
 
 
+# ``LOADER_*`` variables that are not settings: read by the loader itself, or by its test suite and
+# benchmarks (so a shell that runs both does not trip over them).
+OTHER_VARIABLES = frozenset(
+    {
+        "LOADER_CONFIG",
+        "LOADER_HOME",
+        "LOADER_LOG_LEVEL",
+        "LOADER_LOG_FORMAT",
+        "LOADER_FAULT",
+        "LOADER_PAUSE",
+        "LOADER_KEYSTORE_PASSWORD",
+        "LOADER_TRUSTSTORE_PASSWORD",
+        "LOADER_TEST_PG",
+        "LOADER_BENCH_PG",
+        "LOADER_SOAK",
+        "LOADER_SOAK_CYCLES",
+        "LOADER_SOAK_MAINTAIN_EVERY",
+        "LOADER_PROPERTY_EXAMPLES",
+    }
+)
+
+
+def known_variables() -> tuple[frozenset[str], frozenset[str]]:
+    """(every ``LOADER_*`` variable the loader reads, the prefixes of dict settings' entries)."""
+    names = set(OTHER_VARIABLES)
+    dict_prefixes = set()
+    for section, field in LoaderSettings.model_fields.items():
+        head = f"LOADER_{section.upper()}"
+        names.add(head)
+        model = field.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        for key, sub in model.model_fields.items():
+            names.add(f"{head}__{key.upper()}")
+            if getattr(sub.annotation, "__origin__", None) is dict:
+                dict_prefixes.add(f"{head}__{key.upper()}__")
+    return frozenset(names), frozenset(dict_prefixes)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Fail on a ``LOADER_*`` variable the loader does not read (a typo would otherwise be ignored)."""
+    import difflib
+
+    names, dict_prefixes = known_variables()
+    env = os.environ if environ is None else environ
+    for var in sorted(env):
+        upper = var.upper()
+        if not upper.startswith("LOADER_") or upper in names or upper.startswith(tuple(dict_prefixes)):
+            continue
+        close = difflib.get_close_matches(upper, sorted(names), n=1, cutoff=0.6)
+        raise ConfigError(
+            f"unknown environment variable {var}" + (f": did you mean {close[0]}?" if close else ""),
+            hint="settings are named LOADER_<SECTION>__<KEY>, see README 'Configuration'",
+        )
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> LoaderSettings:
-    """Build settings from an optional TOML file, the environment and explicit overrides."""
+    """Build settings from an optional TOML file, the environment and explicit overrides.
+
+    Unknown keys (in the file or as ``LOADER_*`` variables) and a file that is not TOML are
+    configuration errors naming the key, variable or file and line."""
+    import tomllib
+
+    check_environment()
+    path_text = str(config_file) if config_file is not None else os.environ.get("LOADER_CONFIG")
     if config_file is not None:
         path = Path(config_file)
         if not path.is_file():
@@ -377,17 +458,35 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Lo
     token = _config_file.set(str(Path(config_file).resolve()) if config_file is not None else None)
     try:
         return LoaderSettings(**overrides)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"config file {path_text} is not valid TOML: {exc}", hint="fix the file at that line"
+        ) from None
     except ValidationError as exc:
         # Without the input values: a bad DSN or key must not print the secret next to it.
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors(include_input=False, include_url=False)
-        )
-        raise ConfigError(f"invalid configuration: {problems}", hint="see README 'Configuration'") from None
+        problems = "; ".join(_problem(e) for e in exc.errors(include_input=False, include_url=False))
+        where = f" (from {path_text} or LOADER_* variables)" if path_text else ""
+        raise ConfigError(f"invalid configuration{where}: {problems}", hint="see README 'Configuration'") from None
     except Exception as exc:
         raise ConfigError(f"invalid configuration: {redact(str(exc))}", hint="see README 'Configuration'") from None
     finally:
         _config_file.reset(token)
+
+
+def _problem(error: Any) -> str:
+    """One validation error; an unknown key with the section's closest known key."""
+    import difflib
+
+    loc = [str(p) for p in error["loc"]]
+    if error["type"] != "extra_forbidden":
+        return f"{'.'.join(loc)}: {error['msg']}"
+    model: Any = LoaderSettings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        model = field.annotation if field is not None else None
+    known = sorted(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    return f"unknown key {'.'.join(loc)}" + (f" (did you mean {'.'.join([*loc[:-1], close[0]])}?)" if close else "")
 
 
 def executor_settings_json(settings: LoaderSettings) -> str:

@@ -31,6 +31,11 @@ class TransientError(LoaderError):
     """The same call may succeed if retried later."""
 
 
+class UsageError(TerminalError):
+    """A name, time or position given on the command line that means nothing here (exit status 2,
+    like any other misuse of the command): nothing was done."""
+
+
 class ConfigError(TerminalError):
     """The configuration is missing a value or holds an invalid one."""
 
@@ -57,6 +62,14 @@ class LandingUnavailableError(TransientError):
 
 class WarehouseUnavailableError(TransientError):
     """The warehouse (the Iceberg tables' storage) did not answer, even after retries."""
+
+
+class SourceUnavailableError(TransientError):
+    """The source database did not answer (refused, reset, restarting, failing over, full), even after retries."""
+
+
+class CatalogUnavailableError(TransientError):
+    """The catalog database did not answer (refused, reset, restarting, failing over, full), even after retries."""
 
 
 class MergeConflictError(TransientError):

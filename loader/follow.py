@@ -123,15 +123,20 @@ class Follower:
             try:
                 if beat:
                     last_beat = time.monotonic()
-                res = Capture(self.settings, heartbeat=beat).run()
-                self.stats.captured_changes += res.changes
-                self.metrics.changes.labels(stage="capture").inc(res.changes)
-                self.metrics.slot_lag.set(res.lag_bytes)
-                self.metrics.note_slot(res.retained_wal_bytes, res.wal_status)
-                if res.heartbeat_seen_at is not None:
-                    self.metrics.note_heartbeat(res.heartbeat_seen_at)
-                for table, why in res.parked.items():
-                    log.warning("capture parked %s: %s", table, why)
+                try:
+                    res = Capture(self.settings, heartbeat=beat).run()
+                except Exception as exc:
+                    if not self._outage("capture", exc):
+                        raise
+                else:
+                    self.stats.captured_changes += res.changes
+                    self.metrics.changes.labels(stage="capture").inc(res.changes)
+                    self.metrics.slot_lag.set(res.lag_bytes)
+                    self.metrics.note_slot(res.retained_wal_bytes, res.wal_status)
+                    if res.heartbeat_seen_at is not None:
+                        self.metrics.note_heartbeat(res.heartbeat_seen_at)
+                    for table, why in res.parked.items():
+                        log.warning("capture parked %s: %s", table, why)
             except SlotLostError as exc:
                 log.error("capture stopped: %s", exc.one_line())
                 self._capture_error = exc
@@ -155,6 +160,21 @@ class Follower:
             if beat_every > 0 and last_beat is not None:
                 wait = min(interval, max(0.0, beat_every - (time.monotonic() - last_beat)))
             self._wake.wait(wait)
+
+    def _outage(self, step: str, exc: BaseException) -> bool:
+        """True when ``exc`` is an outage of the source or the catalog database: logged and counted,
+        and the step is tried again on its next turn (follow mode never exits for one)."""
+        from loader.retry import outage, outage_server
+
+        what = outage(exc)
+        if what is None:
+            return False
+        server, where = outage_server(exc, self.settings)
+        self.metrics.outages.labels(server=server).inc()
+        log.warning(
+            "%s will retry: the %s database %s is unavailable (%s)", step, server, where, what, extra={"server": server}
+        )
+        return True
 
     def capture_now(self, timeout: float) -> bool:
         """Ask the capture thread for a run that starts after this call and wait for its end (at
@@ -186,10 +206,18 @@ class Follower:
                 self.metrics.last_success.set(time.time())
                 if worked:
                     self.metrics.cycle_seconds.observe(time.monotonic() - started)
-            except TransientError as exc:
-                self.metrics.cycles.labels(result="error").inc()
-                self.stats.errors.append(exc.one_line())
-                log.warning("cycle will be retried: %s", exc.one_line())
+            except Exception as exc:
+                if self._outage("cycle", exc):
+                    self.metrics.cycles.labels(result="error").inc()
+                    self.stats.errors.append(
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    )
+                elif isinstance(exc, TransientError):
+                    self.metrics.cycles.labels(result="error").inc()
+                    self.stats.errors.append(exc.one_line())
+                    log.warning("cycle will be retried: %s", exc.one_line())
+                else:
+                    raise
             self.stats.cycles += 1
             if self.max_cycles is not None and self.stats.cycles >= self.max_cycles:
                 return
@@ -267,7 +295,11 @@ class Follower:
         try:
             report = Maintenance(self.spark, self.settings).run()
             log.info("maintenance: %s", report.summary())
-        except TransientError as exc:
+        except Exception as exc:
+            if self._outage("maintenance", exc):
+                return
+            if not isinstance(exc, TransientError):
+                raise
             log.warning("maintenance will be retried: %s", exc.one_line())
 
 

@@ -77,9 +77,10 @@ def _pg_lock(settings: LoaderSettings, stage: str, wait: float) -> Iterator[None
     try:
         conn = psycopg.connect(settings.catalog.conninfo(), autocommit=True, application_name=_holder_label(stage)[:63])
     except psycopg.OperationalError as exc:
-        from loader.errors import CatalogError
+        from loader.errors import CatalogError, CatalogUnavailableError
+        from loader.retry import outage
 
-        raise CatalogError(
+        raise (CatalogUnavailableError if outage(exc) is not None else CatalogError)(
             f"cannot reach the catalog database {redact(settings.catalog.uri)} to take the {stage} lock: {str(exc).strip()}",
             hint="check LOADER_CATALOG__URI and that its database is reachable",
         ) from exc

@@ -14,6 +14,7 @@
 | ``loader_freshness_max_seconds`` | gauge | the largest of those (the stalest table) |
 | ``loader_rejects_total`` | counter | changes quarantined in the rejects table |
 | ``loader_parked_tables`` | gauge | tables whose current tables wait for a resync |
+| ``loader_outages_total{server}`` | counter | steps (capture runs, cycles, maintenance) that met an outage of the ``source`` or ``catalog`` database and were retried |
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class Metrics:
         )
         self._heartbeat_seen_at: float | None = None
         self.heartbeat_age.set_function(self._heartbeat_age)
+        self.outages = Counter(
+            "loader_outages", "Steps that met a source or catalog database outage (retried)", ["server"], registry=r
+        )
         self._fresh_as_of: dict[str, float] = {}
         self.freshness_max.set_function(self._stalest)
 

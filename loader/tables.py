@@ -99,6 +99,27 @@ class SourceTable:
         return cls(schema, table)
 
 
+def unknown_tables(given: list[str] | tuple[str, ...], known: list[str], what: str = "table") -> str | None:
+    """None when every ``schema.table`` in ``given`` is in ``known``; else a message naming the first
+    unknown one with the known tables, close matches (difflib) first."""
+    import difflib
+
+    for name in given:
+        if name in known:
+            continue
+        if not known:
+            return f"unknown {what} {name!r}: there are none yet"
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        bare = [k for k in known if k.partition(".")[2] == name and k not in close]  # the schema left out
+        first = bare + close
+        rest = [k for k in sorted(known) if k not in first]
+        shown = first + rest[: max(0, 10 - len(first))]
+        more = f" and {len(known) - len(shown)} more" if len(known) > len(shown) else ""
+        hint = f"did you mean {first[0]}? " if first else ""
+        return f"unknown {what} {name!r}: {hint}known: {', '.join(shown)}{more}"
+    return None
+
+
 class TableNames:
     """Fully qualified, quoted Spark identifiers for one catalog's loader tables."""
 

@@ -250,6 +250,79 @@ def return_landing_files(env: Env, held: list[Any]) -> None:
         shutil.move(env.tmp / f.name, slot_dir / f.name)
 
 
+# --- a PostgreSQL of the test's own, to stop and start (outage tests) -------------------------------
+
+PGBIN = Path(os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin"))
+
+
+class Cluster:
+    """A throwaway PostgreSQL 15 cluster (wal_level=logical, wal2json) on a free port, owned by the
+    ``postgres`` user when the tests run as root (initdb refuses root), as ``infra/postgres.sh`` does."""
+
+    def __init__(self) -> None:
+        import socket
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="loader-pg-"))  # not under pytest's 0700 tmp: postgres must reach it
+        self.data = self.dir / "data"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        if os.getuid() == 0:
+            shutil.chown(self.dir, "postgres")
+        self._as_owner(str(PGBIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8")
+        self.start()
+
+    def _as_owner(self, *args: str) -> None:
+        cmd = ["runuser", "-u", "postgres", "--", *args] if os.getuid() == 0 else list(args)
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+
+    def dsn(self, db: str = "postgres", password: str | None = None) -> str:
+        auth = f"postgres:{password}" if password else "postgres"
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> None:
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c wal_level=logical -c fsync=off"
+        self._as_owner(
+            str(PGBIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start", "-o", options
+        )
+
+    def stop(self) -> None:
+        self._as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def close(self) -> None:
+        subprocess.run(
+            (["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else [])
+            + [str(PGBIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cluster_settings(cluster: Cluster, root: Path) -> LoaderSettings:
+    """A whole pipeline on ``cluster`` (source database ``app``, catalog database ``cat``) and ``root``."""
+    create_db(cluster.dsn(), "app")
+    create_db(cluster.dsn(), "cat")
+    return LoaderSettings(
+        source={"dsn": cluster.dsn("app"), "slot": "outage"},
+        landing={"url": (root / "landing").as_uri()},
+        catalog={"uri": cluster.dsn("cat"), "warehouse": (root / "warehouse").as_uri()},
+    )
+
+
+def cluster_env(settings: LoaderSettings, root: Path, **extra: str) -> dict[str, str]:
+    """The environment of a ``loader`` process on ``cluster_settings`` (a small Spark)."""
+    return {
+        **os.environ,
+        **settings_env(settings),
+        "LOADER_HOME": str(root),
+        "LOADER_SPARK__DRIVER_MEMORY": "1g",
+        "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
+        **extra,
+    }
+
+
 # --- a lake without a source: generated change streams (property and exactly-once tests) ---------
 
 TABLE = SourceTable("public", "acct")

@@ -46,10 +46,15 @@ def test_unreachable_source_names_what_to_do(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         main,
         ["capture"],
-        env={"LOADER_SOURCE__DSN": "postgresql://postgres@127.0.0.1:1/nothing", "LOADER_HOME": str(tmp_path)},
+        env={
+            "LOADER_SOURCE__DSN": "postgresql://postgres@127.0.0.1:1/nothing",
+            "LOADER_HOME": str(tmp_path),
+            "LOADER_RETRY__ATTEMPTS": "1",
+        },
     )
-    assert res.exit_code == 1
-    assert "cannot connect to the source database" in res.output and "LOADER_SOURCE__DSN" in res.output
+    assert res.exit_code == 75  # refused: perhaps restarting (tests/test_retry.py)
+    assert "the source database postgresql://postgres@127.0.0.1:1/nothing is unavailable" in res.output
+    assert "LOADER_SOURCE__DSN" in res.output
 
 
 def test_bad_config_file_is_reported(tmp_path: Path) -> None:
@@ -101,3 +106,82 @@ def test_verify_exit_status(env: Env) -> None:
     env.sql("UPDATE a SET v = 'changed behind the loader' WHERE id = 2")  # not yet captured
     bad = runner.invoke(main, ["verify"], env=settings_env(env.settings))
     assert bad.exit_code == 4 and "different=1" in bad.output
+
+
+def test_typed_names_and_times_are_checked_before_any_work(env: Env) -> None:
+    """Unknown tables (close matches suggested), times that are not times: exit 2 before Spark starts."""
+    env.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.transaction("INSERT INTO public.orders VALUES (1, 'one')")
+    env.run_all()
+    cases = [
+        ["verify", "--table", "orders"],
+        ["merge", "--table", "public.nope"],
+        ["maintain", "--table", "public.ordrs"],
+        ["backfill", "rebuild-current", "--table", "public.nope"],
+        ["backfill", "rebuild-current", "--table", "public.orders", "--as-of", "yesterday"],
+        ["backfill", "replay", "--from-lsn", "0/1", "--to-lsn", "0/2", "--table", "public.ordrs"],
+        ["backfill", "replay", "--from-lsn", "0/2", "--to-lsn", "0/1"],
+        ["backfill", "snapshot", "--table", "public.ordrs", "--dry-run"],
+        ["as-of", "--table", "public.orders", "--at", "yesterday"],
+        ["as-of", "--table", "orders", "--at", "2026-01-31 12:00"],
+        ["erase", "--table", "public.nope", "--key", "id=1"],
+        ["as-of", "--table", "public.orders", "--at", "2026-01-31 12:00"],
+        ["as-of", "--table", "public.orders", "--at", "2026-01-31T13:00+01:00"],
+    ]
+    code = (
+        "import json, sys\n"
+        "from click.testing import CliRunner\n"
+        "from loader.cli import main\n"
+        "out = []\n"
+        f"for args in {cases!r}:\n"
+        "    r = CliRunner().invoke(main, args)\n"
+        "    out.append([r.exit_code, r.output])\n"
+        "assert 'pyspark' not in sys.modules, 'a typo started Spark'\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **settings_env(env.settings)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = dict(zip((" ".join(c) for c in cases), json.loads(proc.stdout.splitlines()[-1]), strict=True))
+    for args, (status, output) in list(results.items())[:-2]:
+        lines = [line for line in output.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), (args, status, output)
+    assert "did you mean public.orders?" in results["verify --table orders"][1]
+    assert "known: public.orders" in results["merge --table public.nope"][1]
+    assert "did you mean public.orders?" in results["backfill snapshot --table public.ordrs --dry-run"][1]
+    assert "'yesterday' is not a time" in results["as-of --table public.orders --at yesterday"][1]
+    assert "--to-lsn is before --from-lsn" in results["backfill replay --from-lsn 0/2 --to-lsn 0/1"][1]
+    # A time without a zone is UTC; one with a zone is converted: the same instant either way.
+    for args in (
+        "as-of --table public.orders --at 2026-01-31 12:00",
+        "as-of --table public.orders --at 2026-01-31T13:00+01:00",
+    ):
+        status, output = results[args]
+        assert status == 0 and "CAST('2026-01-31 12:00:00+00:00' AS TIMESTAMP)" in output, output
+
+
+def test_config_typos_are_errors_naming_the_key(tmp_path: Path) -> None:
+    runner = CliRunner()
+    home = {"LOADER_HOME": str(tmp_path)}
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[source]\nslott = "other"\n')
+    res = runner.invoke(main, ["--config", str(typo), "status"], env=home)
+    assert res.exit_code == 1 and "unknown key source.slott (did you mean source.slot?)" in res.output, res.output
+    assert str(typo) in res.output
+    res = runner.invoke(main, ["status"], env={**home, "LOADER_SOURCE__SLOTT": "other"})
+    assert res.exit_code == 1 and "LOADER_SOURCE__SLOTT: did you mean LOADER_SOURCE__SLOT?" in res.output, res.output
+    res = runner.invoke(main, ["status"], env={**home, "LOADER_SOURCE_DSN": "postgresql://x@h/db"})
+    assert res.exit_code == 1 and "LOADER_SOURCE_DSN: did you mean LOADER_SOURCE__DSN?" in res.output, res.output
+    assert "x@h" not in res.output  # a variable's value may be a secret: never shown
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[source]\nslot = "a"\ndsn = \n')
+    res = runner.invoke(main, ["--config", str(broken), "status"], env=home)
+    assert res.exit_code == 1 and str(broken) in res.output and "line 3" in res.output, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1, res.output

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from loader.backfill import Backfill
+from loader.backfill import Backfill, parse_time
 from loader.capture.landing import open_landing
 from loader.erase import Erasure
 from loader.iceberg import watermark
@@ -173,7 +173,9 @@ def test_rebuild_current_as_of_an_lsn_and_a_time(env: Env) -> None:
     env.assert_reconciled()
     CurrentMerge(env.spark, env.settings).rebuild("public.t", ChangePosition.end_of(at.commit_lsn))
     assert current_rows(env) == then
-    pos = Backfill(env.spark, env.settings).position_at("public.t", then_ts.strftime("%Y-%m-%d %H:%M:%S.%f+00"))
+    pos = Backfill(env.spark, env.settings).position_at(
+        "public.t", parse_time(then_ts.strftime("%Y-%m-%d %H:%M:%S.%f+00"))
+    )
     assert pos == ChangePosition.end_of(at.commit_lsn)
     CurrentMerge(env.spark, env.settings).rebuild("public.t", pos)
     assert current_rows(env) == then

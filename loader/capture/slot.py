@@ -12,7 +12,7 @@ import psycopg
 
 from loader import locks
 from loader.config import redact
-from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError
+from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError, SourceUnavailableError
 from loader.lsn import format_lsn, parse_lsn
 
 # Session settings that make wal2json's text output deterministic (UTC offsets, ISO dates,
@@ -24,6 +24,13 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     try:
         return psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS, **kwargs)
     except psycopg.OperationalError as exc:
+        from loader.retry import outage
+
+        if outage(exc) is not None:
+            raise SourceUnavailableError(
+                f"cannot connect to the source database {redact(dsn)}: {str(exc).strip().splitlines()[0]}",
+                hint="check LOADER_SOURCE__DSN and that PostgreSQL is running",
+            ) from exc
         raise SourceError(
             f"cannot connect to the source database {redact(dsn)}: {str(exc).strip()}",
             hint="check LOADER_SOURCE__DSN and that PostgreSQL is running",

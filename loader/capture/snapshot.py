@@ -42,9 +42,10 @@ from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.capture.source_filter import current_role, plan_source, read_relations
 from loader.capture.source_tables import column_types, list_tables, table_info
 from loader.config import LoaderSettings
-from loader.errors import ConfigError, LandingError
+from loader.errors import ConfigError, LandingError, UsageError
 from loader.lsn import ChangePosition, format_lsn
 from loader.progress import bar
+from loader.tables import unknown_tables
 
 
 @dataclass
@@ -214,12 +215,9 @@ class Snapshot:
             read_relations(conn, src.partitions), self.filter, src.include, src.exclude, current_role(conn)
         ).skipped
         if self.requested and not self.recover:  # a lost slot lost changes of every table
-            missing = [t for t in self.requested if t not in available]
-            if missing:
-                raise ConfigError(
-                    f"cannot snapshot {', '.join(missing)}: no such table in the source",
-                    hint="name tables as schema.table",
-                )
+            problem = unknown_tables(self.requested, available, "source table")
+            if problem:
+                raise UsageError(f"--table: {problem}", hint="name tables as schema.table")
             refused = [t for t in self.requested if not self.filter(t)]
             if refused:
                 raise ConfigError(
