@@ -185,3 +185,33 @@ def test_config_typos_are_errors_naming_the_key(tmp_path: Path) -> None:
     assert res.exit_code == 1 and str(broken) in res.output and "line 3" in res.output, res.output
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1, res.output
+
+
+def test_spark_commands_log_only_zoned_json_lines_under_log_format_json(env: Env) -> None:
+    """Spark's JVM keeps quiet unless it fails, and speaks the loader's format when it does: under
+    --log-format json every stderr line is a JSON object with a zoned time (log pipelines parse them)."""
+    from datetime import datetime
+
+    from tests.harness import cli_env
+
+    env.capture()
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.sql("INSERT INTO public.t VALUES (1, 'a')")
+    proc = subprocess.run(
+        [sys.executable, "-m", "loader.cli", "--log-format", "json", "--log-level", "INFO", "run"],
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines, "INFO lines expected from the run"
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise AssertionError(f"not a JSON line: {line!r}") from None
+        when = datetime.fromisoformat(doc["time"])
+        assert when.tzinfo is not None and when.utcoffset() is not None, line
+    assert not any("WARN Utils" in ln or "NativeCodeLoader" in ln for ln in lines)
