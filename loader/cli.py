@@ -131,6 +131,10 @@ def _plain(value: Any) -> Any:
         return sorted(_plain(v) for v in value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, str):
+        from loader.lsn import show_token
+
+        return show_token(value)  # one spelling of a position everywhere a user reads one
     return value
 
 
@@ -554,14 +558,18 @@ def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | N
 
 
 def _lsn_option(value: str | None, name: str) -> int | None:
-    from loader.lsn import parse_lsn
+    """A commit LSN the user typed, in any spelling the loader ever showed (see parse_position):
+    the transaction committed there is meant, whole."""
+    from loader.lsn import parse_position
 
     if value is None:
         return None
     try:
-        return parse_lsn(value)
+        return parse_position(value).commit_lsn
     except ValueError as exc:
-        raise UsageError(f"{name}: {exc}", hint="give an LSN as X/Y") from None
+        raise UsageError(
+            f"{name}: {exc}", hint="give an LSN as X/Y, or a position as 'loader status' shows it"
+        ) from None
 
 
 @backfill.command("replay")

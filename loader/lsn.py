@@ -33,6 +33,37 @@ def format_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+_TOKEN_RE = re.compile(r"^([0-9A-Fa-f]{16})\.([0-9]{10})\Z")
+_SHOWN_RE = re.compile(r"^([0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8})(?:#([0-9]+))?\Z")
+
+
+def parse_position(text: str) -> ChangePosition:
+    """Any spelling of a position a user may have read somewhere, as a position.
+
+    The one form the loader shows is ``X/Y#seq`` (PostgreSQL's LSN, then the change's place in its
+    transaction); also accepted: a bare LSN ``X/Y`` (seq 0), the fixed-width token of landing file
+    names and JSON of older versions (``0000000001EDBE78.0000000010``), and the integer ``pg_lsn``
+    of history tables (seq 0).
+    """
+    t = text.strip()
+    m = _SHOWN_RE.match(t)
+    if m:
+        return ChangePosition(parse_lsn(m.group(1)), int(m.group(2) or 0))
+    m = _TOKEN_RE.match(t)
+    if m:
+        return ChangePosition(int(m.group(1), 16), int(m.group(2)))
+    if t.isdigit() and int(t) < 1 << 64:
+        return ChangePosition(int(t), 0)
+    raise ValueError(
+        f"not a position: {text!r} (give X/Y#seq as 'loader status' shows it, an LSN X/Y, or a pg_lsn integer)"
+    )
+
+
+def show_token(token: str) -> str:
+    """A position token in the form the loader shows (``X/Y#seq``); other text unchanged."""
+    return str(ChangePosition.from_token(token)) if _TOKEN_RE.match(token) else token
+
+
 class ChangePosition(NamedTuple):
     """Total order of changes: commit LSN, then position within the transaction."""
 

@@ -11,6 +11,7 @@ from loader.lsn import (
     ChangePosition,
     format_lsn,
     parse_lsn,
+    parse_position,
     position_after_sql,
     position_before_sql,
 )
@@ -69,3 +70,34 @@ def test_position_sql_agrees_with_tuple_order(row: ChangePosition, bound: Change
     assert ev(position_after_sql("l", "s", bound, inclusive=True)) == (row >= bound)
     assert ev(position_before_sql("l", "s", bound)) == (row <= bound)
     assert ev(position_before_sql("l", "s", bound, inclusive=False)) == (row < bound)
+
+
+@pytest.mark.parametrize(
+    ("text", "position"),
+    [
+        ("0/1F12F38#2", ChangePosition(0x1F12F38, 2)),  # what status prints
+        ("16/B374D848", ChangePosition(0x16B374D848, 0)),  # PostgreSQL's LSN
+        ("0000000001EDBE78.0000000010", ChangePosition(0x1EDBE78, 10)),  # a token (file names, old JSON)
+        ("32357240", ChangePosition(32357240, 0)),  # pg_lsn as history tables hold it
+        (" 0/1F12F38#2 ", ChangePosition(0x1F12F38, 2)),
+    ],
+)
+def test_every_spelling_of_a_position_parses_to_the_same_thing(text: str, position: ChangePosition) -> None:
+    assert parse_position(text) == position
+    assert parse_position(str(position)) == position  # the shown form round-trips
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "0/XYZ", "1/2#", "#3", "1/2#-1", str(1 << 64)])
+def test_what_is_not_a_position_is_refused_with_the_forms_it_takes(text: str) -> None:
+    with pytest.raises(ValueError, match="X/Y#seq"):
+        parse_position(text)
+
+
+def test_json_output_shows_positions_as_status_does() -> None:
+    from loader.cli import _plain
+
+    token = ChangePosition(0x1EDBE78, 10).token()
+    assert _plain({"merged_through": token, "table": "public.t"}) == {
+        "merged_through": "0/1EDBE78#10",
+        "table": "public.t",
+    }
