@@ -105,7 +105,8 @@ def _changed_since_created(facts: TableFacts, resync_on_rewrite: bool) -> str | 
     filled = [c.name for c in facts.columns.values() if c.has_missing]
     if filled:
         return f"column {', '.join(filled)} was added with a default that filled the existing rows"
-    if resync_on_rewrite and facts.keeps_current and not facts.partitions and facts.relfilenode != facts.oid:
+    # (A partitioned table without partitions has no storage: relfilenode 0.)
+    if resync_on_rewrite and facts.keeps_current and not facts.partitions and facts.relfilenode not in (0, facts.oid):
         return "rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE): its rows may have changed without row changes in the WAL"
     return None
 

@@ -1,0 +1,68 @@
+"""The catalog watch's decisions (pure ``plan_watch``) for what the WAL never shows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from loader.capture.watch import Column, TableFacts, WatchPlan, plan_watch, type_change
+
+MOOD = {"enum": {"16390": "sad", "16392": "ok"}}
+
+
+def facts(oid: int = 100, filenode: int | None = None, pk: tuple[str, ...] = ("id",), **cols: Column) -> TableFacts:
+    columns = {"1": Column("id", "integer", False), **{str(i + 2): c for i, c in enumerate(cols.values())}}
+    return TableFacts(
+        oid=oid,
+        relfilenode=oid if filenode is None else filenode,
+        persistence="p",
+        replica_identity="default",
+        primary_key=list(pk),
+        identity_index_columns=[],
+        columns=columns,
+    )
+
+
+def plan(before: dict[str, TableFacts], now: dict[str, TableFacts]) -> WatchPlan:
+    return plan_watch(before, now, lambda t: True, lambda t: True)
+
+
+def test_a_new_table_with_a_fast_default_or_a_rewrite_is_resynced_and_an_untouched_one_is_not() -> None:
+    seen = {"public.old": facts(1)}
+    now = {
+        **seen,
+        "public.filled": facts(2, b=Column("b", "text", True)),
+        "public.rewritten": facts(3, filenode=999),
+        "public.plain": facts(4, b=Column("b", "text", False)),
+        "public.partitioned_empty": facts(5, filenode=0),
+        "public.keyless_rewritten": facts(6, filenode=998, pk=()),
+    }
+    p = plan(seen, now)
+    assert "b was added with a default" in p.resync["public.filled"]
+    assert "rewritten" in p.resync["public.rewritten"]
+    assert set(p.resync) == {"public.filled", "public.rewritten"}
+
+
+def test_a_keyless_table_rewritten_is_noted_not_resynced_and_a_keyed_one_is_resynced() -> None:
+    before = {"public.log": facts(1, pk=()), "public.k": facts(2)}
+    now = {
+        "public.log": replace(before["public.log"], relfilenode=50),
+        "public.k": replace(before["public.k"], relfilenode=51),
+    }
+    p = plan(before, now)
+    assert set(p.resync) == {"public.k"}
+    assert any("public.log" in n for n in p.notes)
+
+
+def test_an_enum_value_renamed_resyncs_an_added_one_does_not() -> None:
+    before = {"public.m": facts(1, m=Column("m", "mood", False, MOOD))}
+    added = {"enum": {**MOOD["enum"], "16400": "meh"}}
+    renamed = {"enum": {**MOOD["enum"], "16390": "blue"}}
+    assert not plan(before, {"public.m": facts(1, m=Column("m", "mood", False, added))}).resync
+    p = plan(before, {"public.m": facts(1, m=Column("m", "mood", False, renamed))})
+    assert "'sad' -> 'blue'" in p.resync["public.m"]
+
+
+def test_type_change_needs_both_pictures() -> None:
+    assert type_change(None, MOOD) is None  # a picture saved by an older loader: nothing to compare
+    assert type_change({"composite": [[1, "a", "integer"]]}, {"composite": [[1, "a", "integer"], [2, "b", "date"]]})
+    assert type_change({"composite": [[1, "a", "integer"]]}, {"composite": [[1, "a", "integer"]]}) is None
