@@ -71,5 +71,9 @@ class DecodeError(TerminalError):
     """A change record could not be decoded."""
 
 
+class ErasureIncompleteError(TerminalError):
+    """An erasure could not reach every place the subject may be kept (a damaged landing file)."""
+
+
 class CatalogError(TerminalError):
     """The Iceberg catalog could not be reached or holds something unexpected."""
