@@ -146,6 +146,10 @@ class LandingSettings(BaseModel):
     # with exponential backoff capped at retry_max_wait_s, then the run fails with nothing marked done.
     retry_attempts: int = 6
     retry_max_wait_s: float = 20.0
+    # The most one landing file (or one file given to `loader import`) may decompress to; past it,
+    # reading stops with an error naming the file (a gzip bomb must not exhaust an executor's memory).
+    # Capture's files hold source.max_changes_per_file changes: far below this.
+    max_decompressed_mb: int = Field(default=4096, ge=1)
 
 
 class CatalogSettings(_Redacted):

@@ -35,15 +35,14 @@ import hashlib
 import json
 import logging
 import secrets
-import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from loader.capture.landing import LandingStore, open_landing
+from loader.capture.landing import GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
 from loader.capture.records import FileHeader, parse_header
 from loader.config import LoaderSettings
-from loader.errors import ConfigError, ErasureIncompleteError
+from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
 from loader.iceberg import (
     delete_orphan_files,
     ensure_loader_tables,
@@ -68,6 +67,8 @@ ERASURES_DDL = (
     " rows_removed MAP<STRING, BIGINT>, landing_records_removed BIGINT, loaded_through STRING"
 )
 PROP_SALT = "loader.erasure-salt"
+# A landing file the erasure cannot read: damaged, or decompressing past landing.max_decompressed_mb.
+_UNSCRUBBABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, ValueError, DecompressedSizeError)
 
 
 @dataclass(frozen=True)
@@ -271,9 +272,9 @@ class Erasure:
         for f in self.store.files():
             data = self.store.open_bytes(f.name)
             try:
-                lines = gzip.decompress(data).split(b"\n")
-            except (OSError, EOFError, ValueError, zlib.error) as exc:
-                log.error("landing file %s is damaged (%s): the erasure cannot read it", f.name, exc)
+                lines = gunzip_bounded(data, self.store.max_decompressed, f"landing file {f.name}").split(b"\n")
+            except _UNSCRUBBABLE as exc:
+                log.error("landing file %s cannot be read (%s): the erasure cannot scrub it", f.name, exc)
                 unreadable.append(f.name)
                 continue
             kept: list[bytes] = []

@@ -22,23 +22,25 @@ backoff (:mod:`loader.retry`) and then raised as ``LandingUnavailableError``; a 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import os
 import re
 import tempfile
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 from urllib.parse import urlparse
 
-from isal import igzip
+from isal import igzip, igzip_lib
 
 from loader.capture.records import COMMIT, ChangeRecord, FileHeader
 from loader.config import LoaderSettings, secret_text
-from loader.errors import LandingError
+from loader.errors import DecompressedSizeError, LandingError
 from loader.faults import checkpoint
 from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
@@ -46,6 +48,10 @@ from loader.retry import call_with_retry
 log = logging.getLogger("loader.landing")
 
 STATE_PREFIX = "_state"
+MAX_DECOMPRESSED = 4096 << 20  # landing.max_decompressed_mb's default
+# What reading damaged gzip raises (the gzip module's, zlib's and ISA-L's errors).
+GZIP_DAMAGE: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, cast(type, igzip_lib.IsalError))
+_UNREADABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, UnicodeDecodeError)
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 _NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz\Z")
@@ -88,6 +94,31 @@ def private_dir(path: Path, narrow: bool = False) -> None:
             log.warning("%s is readable by others and not ours to narrow: chmod 700 it", path)
 
 
+def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
+    """A whole (multi-member) gzip file decompressed, stopping with ``DecompressedSizeError`` (naming
+    ``what``) as soon as it passes ``limit`` bytes. Damage raises what the gzip reader raises
+    (``OSError``, ``EOFError``, ISA-L's error), as ``igzip.decompress`` would."""
+    out: list[bytes] = []
+    total = 0
+    with igzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as f:
+        while chunk := f.read(1 << 24):
+            total += len(chunk)
+            if total > limit:
+                raise too_large(what, limit)
+            out.append(chunk)
+    return b"".join(out)
+
+
+def too_large(what: str, limit: int) -> DecompressedSizeError:
+    return DecompressedSizeError(
+        f"{what} decompresses to more than "
+        + (f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes")
+        + " (landing.max_decompressed_mb): not read",
+        hint="a file this large is not one the loader wrote (a gzip bomb?): move it out of the way; if it is "
+        "genuine, raise LOADER_LANDING__MAX_DECOMPRESSED_MB",
+    )
+
+
 @dataclass(frozen=True, order=True)
 class LandingFile:
     """A published landing file; ordering follows commit order."""
@@ -120,6 +151,7 @@ class LandingStore(ABC):
     url: str
     retry_attempts: int = 5
     retry_max_wait: float = 20.0
+    max_decompressed: int = MAX_DECOMPRESSED  # bytes one landing file may decompress to
 
     def _retry(self, fn: Any, what: str) -> Any:
         return call_with_retry(fn, what, self.retry_attempts, self.retry_max_wait)
@@ -182,8 +214,13 @@ class LandingStore(ABC):
         """
         data = self.open_bytes(name)
         try:
-            text = gzip.decompress(data).decode("utf-8") if name.endswith(".gz") else data.decode("utf-8")
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            if name.endswith(".gz"):
+                text = gunzip_bounded(data, self.max_decompressed, f"landing file {self.url}/{name}").decode("utf-8")
+            else:
+                text = data.decode("utf-8")
+        except DecompressedSizeError:
+            raise
+        except _UNREADABLE as exc:
             raise LandingError(
                 f"landing file {self.url}/{name} is damaged (not readable gzip/UTF-8: {exc})",
                 hint="'loader load' keeps its readable changes and parks the tables it touched; "
@@ -364,6 +401,7 @@ def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingSto
     else:
         raise LandingError(f"landing url {url!r} is neither a local path nor s3://", hint="set LOADER_LANDING__URL")
     store.retry_attempts = settings.landing.retry_attempts
+    store.max_decompressed = settings.landing.max_decompressed_mb << 20
     store.retry_max_wait = settings.landing.retry_max_wait_s
     return store
 
