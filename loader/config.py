@@ -208,6 +208,20 @@ class SparkSettings(BaseModel):
     jdbc_driver_jar: str | None = None
     # Override the Iceberg Spark runtime jar; found in the installed Python package by default.
     iceberg_jar: str | None = None
+
+    @field_validator("extra_jars", "jdbc_driver_jar", "iceberg_jar")
+    @classmethod
+    def _no_plain_http(cls, value: Any) -> Any:
+        # Code the JVM runs: fetched over plain http, anyone on the path can replace it. (The URL is
+        # not repeated: it may hold credentials.)
+        for jar in value if isinstance(value, list) else [value] if value else []:
+            if jar.strip().lower().startswith("http://"):
+                raise ValueError(
+                    "a jar given as an http:// URL is refused (anyone on the network path could replace "
+                    "the code Spark runs): use https:// or a local path"
+                )
+        return value
+
     conf: dict[str, str] = Field(default_factory=dict)
 
 
