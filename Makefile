@@ -75,16 +75,24 @@ soak: deps venv
 
 # S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package, and not on PyPI as jars):
 # taken from the PyPI sdist sagemaker-pyspark==1.4.5. Point LOADER_SPARK__EXTRA_JARS at them.
+# The sdist is pinned to its SHA-256 (infra/s3a-jars.requirements.txt, pip --require-hashes) and
+# each jar to its own (infra/s3a-jars.sha256): checked after extraction, before a jar is put in
+# place, and again on every 'make s3a-jars' (jars fetched earlier included).
 S3A_JARS_DIR := .state/jars
 S3A_JARS := $(S3A_JARS_DIR)/hadoop-aws-3.3.1.jar $(S3A_JARS_DIR)/aws-java-sdk-bundle-1.11.901.jar
+S3A_REQUIREMENTS := infra/s3a-jars.requirements.txt
+S3A_SHA256 := infra/s3a-jars.sha256
 
 s3a-jars: $(S3A_JARS)
+	@cd $(S3A_JARS_DIR) && sha256sum --strict --quiet -c $(CURDIR)/$(S3A_SHA256)
 
 $(S3A_JARS) &: | venv
 	@set -e; mkdir -p $(S3A_JARS_DIR); tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
-	$(BIN)/pip download -q --no-deps --no-binary :all: -d $$tmp sagemaker-pyspark==1.4.5; \
+	$(BIN)/pip download -q --no-deps --no-binary :all: --require-hashes -r $(S3A_REQUIREMENTS) -d $$tmp; \
 	tar -xzf $$tmp/sagemaker_pyspark-1.4.5.tar.gz -C $$tmp --wildcards '*/deps/jars/hadoop-aws-3.3.1.jar' '*/deps/jars/aws-java-sdk-bundle-1.11.901.jar'; \
-	find $$tmp -name '*.jar' -exec mv {} $(S3A_JARS_DIR)/ \;; \
+	mkdir $$tmp/jars; find $$tmp -name '*.jar' -not -path "$$tmp/jars/*" -exec mv {} $$tmp/jars/ \;; \
+	(cd $$tmp/jars && sha256sum --strict -c $(CURDIR)/$(S3A_SHA256)); \
+	mv $$tmp/jars/*.jar $(S3A_JARS_DIR)/; \
 	ls $(S3A_JARS)
 
 # The wheel a cluster image or a packed environment ships (carries dbt_project/ and schemas/).

@@ -347,14 +347,22 @@ def status(ctx: Context, as_json: bool) -> None:
 
 @main.command()
 @click.option("--table", "tables", multiple=True, help="schema.table to check (default: all).")
+@click.option(
+    "--show-values",
+    is_flag=True,
+    help="Print the differing values (personal data, as a rule); by default only keys and column names.",
+)
 @pass_ctx
 @catch_errors
-def verify(ctx: Context, tables: tuple[str, ...]) -> None:
-    """Reconcile current tables with the source, row for row; exit 4 if any differs."""
+def verify(ctx: Context, tables: tuple[str, ...], show_values: bool) -> None:
+    """Reconcile current tables with the source, row for row; exit 4 if any differs.
+
+    Differences name the key and the columns that differ, not their values (--show-values).
+    """
     from loader.verify import reconcile
 
     check_tables(ctx, tables)
-    results = reconcile(ctx.settings, list(tables) or None)
+    results = reconcile(ctx.settings, list(tables) or None, show_values=show_values)
     for r in results:
         click.echo(r.line())
         for e in r.examples:

@@ -155,6 +155,10 @@ class LandingSettings(_Section):
     # with exponential backoff capped at retry_max_wait_s, then the run fails with nothing marked done.
     retry_attempts: int = 6
     retry_max_wait_s: float = 20.0
+    # The most one landing file (or one file given to `loader import`) may decompress to; past it,
+    # reading stops with an error naming the file (a gzip bomb must not exhaust an executor's memory).
+    # Capture's files hold source.max_changes_per_file changes: far below this.
+    max_decompressed_mb: int = Field(default=4096, ge=1)
 
 
 class CatalogSettings(_Redacted):
@@ -213,6 +217,20 @@ class SparkSettings(_Section):
     jdbc_driver_jar: str | None = None
     # Override the Iceberg Spark runtime jar; found in the installed Python package by default.
     iceberg_jar: str | None = None
+
+    @field_validator("extra_jars", "jdbc_driver_jar", "iceberg_jar")
+    @classmethod
+    def _no_plain_http(cls, value: Any) -> Any:
+        # Code the JVM runs: fetched over plain http, anyone on the path can replace it. (The URL is
+        # not repeated: it may hold credentials.)
+        for jar in value if isinstance(value, list) else [value] if value else []:
+            if jar.strip().lower().startswith("http://"):
+                raise ValueError(
+                    "a jar given as an http:// URL is refused (anyone on the network path could replace "
+                    "the code Spark runs): use https:// or a local path"
+                )
+        return value
+
     conf: dict[str, str] = Field(default_factory=dict)
 
 

@@ -151,13 +151,49 @@ def _jinja(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def no_jinja(text: str) -> str:
-    """Text dbt renders as Jinja (descriptions) shown literally: every brace becomes a Jinja string.
+# dbt evaluates a generic test's argument that merely looks like one of these calls, braces or not
+# (``dbt.clients.jinja.add_rendered_test_kwargs``).
+_LOOKS_LIKE_CALL = re.compile(r"^\s*(env_var|ref|var|source|doc)\s*\(.+\)\s*$")
 
-    PostgreSQL comments are written by anyone who can COMMENT ON a table; dbt renders
-    descriptions as Jinja, so a comment holding ``{{ ... }}`` or ``{% ... %}`` would run as code.
+
+class Jinja(str):
+    """Jinja the loader writes itself (a ``var()``, a ``ref()``): left as it is by :func:`inert_doc`."""
+
+
+def inert(text: str) -> str:
+    """``text`` as dbt will read it back exactly, with nothing in it evaluated.
+
+    dbt renders most strings of a schema file as Jinja: names and meta at parse time, descriptions
+    and the audits' arguments later, all with ``env_var`` in reach. Source table, column and type
+    names and PostgreSQL comments are chosen by whoever may create or comment on a table, so any of
+    them holding a brace, or looking like a call dbt evaluates, is written as one Jinja string
+    literal (``{{ "..." }}``), which renders (natively too) to the text itself. Other text is kept
+    as it is, so ordinary names stay readable in the YAML.
     """
-    return re.sub(r"[{}]", lambda m: "{{ '" + m.group(0) + "' }}", text)
+    if "{" not in text and "}" not in text and not _LOOKS_LIKE_CALL.match(text):
+        return text
+    out = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\U{ord(ch):08x}")  # the lexer would normalise a raw CR or CRLF
+        else:
+            out.append(ch)  # non-ASCII reads back exactly (the lexer escapes and unescapes it)
+    return '{{ "' + "".join(out) + '" }}'
+
+
+def inert_doc(doc: Any) -> Any:
+    """Every string value of a YAML document made :func:`inert`, except the loader's own :class:`Jinja`."""
+    if isinstance(doc, Jinja):
+        return str(doc)
+    if isinstance(doc, str):
+        return inert(doc)
+    if isinstance(doc, dict):
+        return {k: inert_doc(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [inert_doc(v) for v in doc]
+    return doc
 
 
 def old_key_exprs(spec: TableSpec) -> dict[str, str]:
@@ -198,7 +234,7 @@ def _column_entries(
     for col, pg_type in spec.pg_types.items():
         e: dict[str, Any] = {"name": col}
         desc = comments.columns.get((spec.table.qualified, spec.source_of(col)))
-        e["description"] = (no_jinja(desc) + " " if desc else "") + f"(PostgreSQL {no_jinja(pg_type)})"
+        e["description"] = (desc + " " if desc else "") + f"(PostgreSQL {pg_type})"
         meta: dict[str, Any] = {"pg_type": pg_type}
         if spec.source_of(col) != col:
             meta["source_column"] = spec.source_of(col)
@@ -233,9 +269,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
         history_tables.append(
             {
                 "name": spec.history_name,
-                "description": no_jinja(
-                    f"Every captured change of {src}, in commit order." + (f" {about}" if about else "")
-                ),
+                "description": f"Every captured change of {src}, in commit order." + (f" {about}" if about else ""),
                 "meta": {"source_table": src, "primary_key": spec.pk},
                 "columns": _column_entries(settings, spec, comments, history=True),
                 "data_tests": tests,
@@ -247,9 +281,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
         if found is not None:
             spec = found
             src = spec.table.qualified
-            entry["description"] = no_jinja(
-                f"Current state of {src} (one row per key), maintained by the loader's MERGE."
-            )
+            entry["description"] = f"Current state of {src} (one row per key), maintained by the loader's MERGE."
             entry["meta"] = {"source_table": src, "primary_key": spec.pk}
             entry["columns"] = _column_entries(settings, spec, comments, history=False)
             current_tests: list[Any] = []
@@ -259,7 +291,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
                     {
                         "loader_reconciliation": {
                             "arguments": {
-                                "scd2": f"ref('{spec.model_name}__scd2')",
+                                "scd2": Jinja(f"ref('{spec.model_name}__scd2')"),
                                 "columns": list(spec.pg_types),
                             }
                         }
@@ -276,13 +308,13 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
         "sources": [
             {
                 "name": "history",
-                "schema": "{{ var('loader_history_namespace') }}",
+                "schema": Jinja("{{ var('loader_history_namespace') }}"),
                 "description": f"Append-only change history tables ({c.name}.{c.history_namespace}).",
                 "tables": history_tables,
             },
             {
                 "name": "current",
-                "schema": "{{ var('loader_current_namespace') }}",
+                "schema": Jinja("{{ var('loader_current_namespace') }}"),
                 "description": f"Current-state tables, one row per key ({c.name}.{c.current_namespace}).",
                 "tables": current_tables,
             },
@@ -291,7 +323,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
 
 
 def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) -> dict[str, Any]:
-    src = no_jinja(spec.table.qualified)  # only ever used in descriptions here
+    src = spec.table.qualified
     m = spec.model_name
     cols = _column_entries(settings, spec, comments, history=False)
     plain = [{k: v for k, v in e.items() if k != "data_tests"} for e in cols]
@@ -307,7 +339,7 @@ def _model_yml(settings: LoaderSettings, spec: TableSpec, comments: Comments) ->
                 ce = {
                     **e,
                     "name": f"{e['name']}__{side}",
-                    "description": f"{no_jinja(e['name'])} {side} the change. {e['description']}",
+                    "description": f"{e['name']} {side} the change. {e['description']}",
                 }
                 change_cols.append(ce)
     return {
@@ -382,12 +414,13 @@ def _model_sql(spec: TableSpec) -> dict[str, str]:
 
 def render_generated(settings: LoaderSettings, catalog: CatalogTables, comments: Comments) -> dict[str, str]:
     """Every generated file, path relative to the project -> content."""
-    files = {f"{GENERATED_DIR}/_sources.yml": HEADER + _yaml(render_sources(settings, catalog, comments))}
+    # Every string from the source (names, types, meta, comments, the audits' arguments) is made inert.
+    files = {f"{GENERATED_DIR}/_sources.yml": HEADER + _yaml(inert_doc(render_sources(settings, catalog, comments)))}
     for spec in catalog.specs:
         if not spec.keyed:
             continue  # history only: no key to build current/changes/SCD2 on
         d = f"{GENERATED_DIR}/{spec.model_name}"
-        files[f"{d}/_{spec.model_name}.yml"] = HEADER + _yaml(_model_yml(settings, spec, comments))
+        files[f"{d}/_{spec.model_name}.yml"] = HEADER + _yaml(inert_doc(_model_yml(settings, spec, comments)))
         for name, sql in _model_sql(spec).items():
             files[f"{d}/{name}"] = sql
     return files

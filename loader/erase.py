@@ -7,9 +7,13 @@ A subject is a value of one or more key columns: ``--subject customer=123`` reso
 1. history: every change whose row carries the value, or whose old key does (updates and deletes,
    and REPLICA IDENTITY FULL old rows), is deleted;
 2. current: the rows carrying it are deleted;
-3. rejects: quarantined changes of the table whose raw text holds the value as a JSON string;
+3. rejects: quarantined changes whose raw text holds the value as a JSON string, of the table or
+   of no known table (a line too damaged to say which table it belonged to);
 4. dbt's change log and SCD2 tables (``analytics.<model>__changes`` / ``__scd2``), if built;
-5. landing files: rewritten without the records that carry it (header counts adjusted);
+5. landing files: rewritten without the records that carry it (header counts adjusted), and
+   without lines too damaged to parse whose raw text holds it; a landing file that cannot be read
+   (damaged gzip) may still hold it, so the erasure names it and fails (``ErasureIncompleteError``,
+   after doing everything else) instead of reporting success;
 6. Iceberg keeps old bytes in data files of older snapshots: every touched table's files holding
    the value are rewritten, snapshots are expired down to the current one, manifests rewritten,
    and files no snapshot references are removed (so the bytes are gone from storage).
@@ -35,10 +39,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from loader.capture.landing import LandingStore, open_landing
+from loader.capture.landing import GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
 from loader.capture.records import FileHeader, parse_header
 from loader.config import LoaderSettings
-from loader.errors import ConfigError
+from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
 from loader.iceberg import (
     delete_orphan_files,
     ensure_loader_tables,
@@ -63,6 +67,8 @@ ERASURES_DDL = (
     " rows_removed MAP<STRING, BIGINT>, landing_records_removed BIGINT, loaded_through STRING"
 )
 PROP_SALT = "loader.erasure-salt"
+# A landing file the erasure cannot read: damaged, or decompressing past landing.max_decompressed_mb.
+_UNSCRUBBABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, ValueError, DecompressedSizeError)
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class ErasureReport:
     rows: dict[str, int] = field(default_factory=dict)  # "<kind> <table>" -> rows (to be) removed
     landing_records: int = 0
     landing_files: int = 0
+    unreadable: list[str] = field(default_factory=list)  # landing files it could not read (damaged)
 
     def summary(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
@@ -183,14 +190,22 @@ class Erasure:
                     # Purged even without live matches: a merge-on-read delete (the source deleted
                     # the subject, the merge applied it) hides rows whose bytes are still in data files.
                     touched.setdefault(place.ident, set()).add(place.files)
-            report.landing_records, report.landing_files = self._scrub_landing(targets, dry_run)
-            if dry_run:
-                return report
-            self._remember(kind, salt, targets, report)
-            for ident, selections in sorted(touched.items()):
-                self._purge_old_bytes(ident, " OR ".join(f"({s})" for s in sorted(selections)))
-            for ident in (self.erased_keys, self.erasures):
-                self._purge_old_bytes(ident, None)
+            report.landing_records, report.landing_files = self._scrub_landing(targets, dry_run, report.unreadable)
+            if not dry_run:
+                self._remember(kind, salt, targets, report)
+                for ident, selections in sorted(touched.items()):
+                    self._purge_old_bytes(ident, " OR ".join(f"({s})" for s in sorted(selections)))
+                for ident in (self.erased_keys, self.erasures):
+                    self._purge_old_bytes(ident, None)
+        if report.unreadable:
+            where = ", ".join(f"{self.store.url}/{n}" for n in report.unreadable)
+            raise ErasureIncompleteError(
+                f"erasure incomplete: {len(report.unreadable)} landing file(s) could not be read and may still "
+                f"hold the subject: {where} ({'counted' if dry_run else 'done'} elsewhere: {report.summary()})",
+                hint="these files are damaged: once 'loader load' has taken what it could from them (its "
+                "readable changes, the rest parked), delete or move them out of the landing area, then run "
+                "the erasure again",
+            )
         return report
 
     def _places(self, t: Target) -> list[_Place]:
@@ -211,9 +226,17 @@ class Erasure:
         cur = self.names.current(t.table)
         if table_exists(self.spark, cur):
             places.append(_Place("current", cur, f"CAST({col} AS STRING) = {v}", f"{col} = {typed}"))
-        raw = sql_string(f'%"{json.dumps(t.value)[1:-1]}"%')
-        same_table = f"source_table = {sql_string(t.table.qualified)}"
-        places.append(_Place("rejects", self.names.rejects, f"{same_table} AND raw LIKE {raw}", same_table))
+        # The value as a JSON string inside the raw text, matched literally (LIKE's wildcards escaped).
+        spelled = sorted(spellings(t.value))
+        raw = " OR ".join(f"raw LIKE {sql_string('%' + like_escape(s) + '%')}" for s in spelled)
+        # A reject too damaged to name its table has NULL, '' or a half name ('public.') there.
+        same_table = (
+            f"(source_table = {sql_string(t.table.qualified)} OR NOT coalesce(source_table RLIKE '^.+[.].+$', false))"
+        )
+        # Files to rewrite: all of them (the table is small, and which rejects name no table is a
+        # pattern Iceberg cannot prune on).
+        every_file = "source_table IS NULL OR source_table IS NOT NULL"
+        places.append(_Place("rejects", self.names.rejects, f"{same_table} AND ({raw})", every_file))
         from loader.dbtgen import model_name
 
         model = model_name(t.table.iceberg_name)
@@ -238,25 +261,27 @@ class Erasure:
             pg_type = json.loads(table_properties(self.spark, hist).get(PROP_PG_TYPES, "{}")).get(t.column, "text")
         return f"CAST({sql_string(t.value)} AS {spark_type(pg_type).sql})"
 
-    def _scrub_landing(self, targets: list[Target], dry_run: bool) -> tuple[int, int]:
-        """Rewrite every landing file holding a record that carries the value (new or old key)."""
+    def _scrub_landing(self, targets: list[Target], dry_run: bool, unreadable: list[str]) -> tuple[int, int]:
+        """Rewrite every landing file holding a record that carries the value (new or old key), or a
+        line too damaged to parse whose raw text holds it. Files it cannot read go to ``unreadable``."""
         by_table: dict[str, list[Target]] = {}
         for t in targets:
             by_table.setdefault(t.table.qualified, []).append(t)
+        spelled = {s.encode() for t in targets for s in spellings(t.value)}
         removed = files = 0
         for f in self.store.files():
             data = self.store.open_bytes(f.name)
             try:
-                lines = gzip.decompress(data).split(b"\n")
-            except (OSError, EOFError):
-                log.warning("landing file %s is damaged; erasure cannot read it: remove it by hand", f.name)
+                lines = gunzip_bounded(data, self.store.max_decompressed, f"landing file {f.name}").split(b"\n")
+            except _UNSCRUBBABLE as exc:
+                log.error("landing file %s cannot be read (%s): the erasure cannot scrub it", f.name, exc)
+                unreadable.append(f.name)
                 continue
             kept: list[bytes] = []
-            dropped: dict[str, int] = {}
+            dropped: dict[str | None, int] = {}
             for line in lines:
-                if _carries(line, by_table):
-                    doc = json.loads(line)
-                    table = f"{doc['schema']}.{doc['table']}"
+                found, table = _carries(line, by_table, spelled)
+                if found:
                     dropped[table] = dropped.get(table, 0) + 1
                 else:
                     kept.append(line)
@@ -270,7 +295,8 @@ class Erasure:
             body = kept[1:] if header is not None else kept
             tables = dict(header.tables) if header is not None else {}
             for table, n in dropped.items():
-                tables[table] = max(0, tables.get(table, 0) - n)
+                if table is not None:  # a damaged line names no table: the header keeps its count
+                    tables[table] = max(0, tables.get(table, 0) - n)
             out = gzip.compress(FileHeader(tables).to_json().encode() + b"\n", mtime=0) + gzip.compress(
                 b"\n".join(body), mtime=0
             )
@@ -328,18 +354,43 @@ class Erasure:
         delete_orphan_files(self.spark, ident, datetime.now(UTC))
 
 
-def _carries(line: bytes, by_table: dict[str, list[Target]]) -> bool:
+def spellings(value: str) -> set[str]:
+    """How raw text may hold ``value``: a JSON string as landing lines write it and ASCII-escaped as
+    other writers may, each also as it reads inside another JSON string (a capture quarantine's raw
+    plugin output, a landing line's)."""
+    plain = {json.dumps(value, ensure_ascii=False), json.dumps(value)}
+    return plain | {json.dumps(p, ensure_ascii=False)[1:-1] for p in plain}
+
+
+def like_escape(text: str) -> str:
+    """``text`` matched literally by a Spark ``LIKE`` (whose escape character is the backslash)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _carries(line: bytes, by_table: dict[str, list[Target]], spelled: set[bytes]) -> tuple[bool, str | None]:
+    """(whether the line goes, the table whose header count it was in). A record goes when it carries
+    a value of its table's targets (a capture quarantine, when its raw text does); a line that is
+    not a record (damaged: the load rejects it with its raw text, naming no table) when its raw
+    bytes hold any target value as a JSON string."""
     if not line.strip():
-        return False
+        return False, None
     try:
         doc = json.loads(line)
-    except ValueError:
-        return False
-    if not isinstance(doc, dict) or doc.get("op") in ("H", "C"):
-        return False
-    targets = by_table.get(f"{doc.get('schema')}.{doc.get('table')}")
+    except (ValueError, RecursionError):
+        return any(s in line for s in spelled), None
+    if isinstance(doc, dict) and doc.get("op") in ("H", "C"):
+        return False, None
+    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str) or not isinstance(doc.get("table"), str):
+        return any(s in line for s in spelled), None
+    table = f"{doc['schema']}.{doc['table']}"
+    targets = by_table.get(table)
     if not targets:
-        return False
-    values = {c[0]: c[2] for c in doc.get("columns") or [] if isinstance(c, list) and len(c) == 3}
-    old = {c[0]: c[2] for c in doc.get("identity") or [] if isinstance(c, list) and len(c) == 3}
-    return any(values.get(t.column) == t.value or old.get(t.column) == t.value for t in targets)
+        return False, None
+    if doc.get("op") == "X":
+        return any(s in line for s in spelled), table
+    try:
+        values = {c[0]: c[2] for c in doc.get("columns") or [] if isinstance(c, list) and len(c) == 3}
+        old = {c[0]: c[2] for c in doc.get("identity") or [] if isinstance(c, list) and len(c) == 3}
+    except TypeError:  # malformed (an unhashable column name): the load rejects it with its raw text
+        return any(s in line for s in spelled), table
+    return any(values.get(t.column) == t.value or old.get(t.column) == t.value for t in targets), table

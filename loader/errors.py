@@ -56,6 +56,11 @@ class LandingError(TerminalError):
     """A landing file or landing-area object is missing or not understood."""
 
 
+class DecompressedSizeError(LandingError):
+    """A landing or import file decompresses past ``landing.max_decompressed_mb`` (a gzip bomb, or a
+    file far larger than the loader writes)."""
+
+
 class LandingUnavailableError(TransientError):
     """The landing area did not answer (S3 throttling, timeouts, resets, I/O errors), even after retries."""
 
@@ -86,6 +91,10 @@ class SlotLostError(SlotMissingError):
 
 class DecodeError(TerminalError):
     """A change record could not be decoded."""
+
+
+class ErasureIncompleteError(TerminalError):
+    """An erasure could not reach every place the subject may be kept (a damaged landing file)."""
 
 
 class CatalogError(TerminalError):

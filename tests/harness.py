@@ -146,7 +146,7 @@ class Env:
 
     # --- oracles ------------------------------------------------------------------------
     def reconcile(self, tables: list[str] | None = None) -> list[Reconciliation]:
-        return reconcile(self.settings, tables)
+        return reconcile(self.settings, tables, show_values=True)  # a failing test shows the values
 
     def assert_reconciled(self, tables: list[str] | None = None) -> list[Reconciliation]:
         """Current tables equal the source, row for row and value for value."""

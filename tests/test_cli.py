@@ -106,6 +106,11 @@ def test_verify_exit_status(env: Env) -> None:
     env.sql("UPDATE a SET v = 'changed behind the loader' WHERE id = 2")  # not yet captured
     bad = runner.invoke(main, ["verify"], env=settings_env(env.settings))
     assert bad.exit_code == 4 and "different=1" in bad.output
+    # the key and the column, not the values (personal data as a rule) unless asked for
+    assert "key (2,) differs in: v" in bad.output, bad.output
+    assert "changed behind the loader" not in bad.output and "'two'" not in bad.output
+    shown = runner.invoke(main, ["verify", "--show-values"], env=settings_env(env.settings))
+    assert shown.exit_code == 4 and "'changed behind the loader'" in shown.output and "'two'" in shown.output
 
 
 def test_typed_names_and_times_are_checked_before_any_work(env: Env) -> None:

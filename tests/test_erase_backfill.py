@@ -9,6 +9,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from loader.backfill import Backfill, parse_time
 from loader.capture.landing import open_landing
 from loader.erase import Erasure
@@ -119,6 +121,77 @@ def test_erase_a_subject_from_every_file_and_keep_it_erased(env: Env) -> None:
         assert hist.where("customer_id = 3").count() == 0
         assert hist.where('pg_old_key LIKE \'%"customer_id":"3"%\'').count() == 0
     env.assert_reconciled()
+
+
+def test_erasure_takes_rejects_of_no_table_matches_the_value_literally_and_fails_on_a_damaged_file(
+    env: Env,
+) -> None:
+    """Rejects too damaged to name their table go when their raw text holds the subject; a value
+    holding LIKE's wildcards (``a_1%``) takes nothing of another subject (``ab1x``); a landing file
+    the erasure cannot read makes it fail, naming the file, instead of reporting success."""
+    import gzip
+    import json
+
+    from click.testing import CliRunner
+
+    from loader.capture.landing import LandingFile
+    from loader.capture.records import FileHeader
+    from loader.cli import main
+    from loader.errors import ErasureIncompleteError, TerminalError
+    from tests.harness import cli_env
+
+    subjects = {"customer": ["public.customers.customer_id"]}
+    env.configure("dbt", subject_columns=subjects, analytics_namespace=f"a_{env.uid}")
+    env.sql("CREATE TABLE public.customers (customer_id text PRIMARY KEY, email text)")
+    env.capture()
+    env.sql("INSERT INTO public.customers VALUES ('a_1%', 'mine@example.org'), ('ab1x', 'other@example.org')")
+    env.run_all()
+    store = open_landing(env.settings)
+    base = store.landed_position()
+    assert base is not None
+    lsn = base.commit_lsn + 1
+
+    def line(seq: int, columns: list[list[str]]) -> bytes:
+        doc = {"v": 1, "op": "I", "lsn": lsn, "seq": seq, "xid": 7, "ts": "2026-01-01 00:00:00+00"}
+        doc |= {"change_lsn": 1, "schema": "public", "table": "customers", "columns": columns, "pk": ["customer_id"]}
+        return json.dumps(doc).encode()
+
+    cut = [line(1, [["customer_id", "text", "a_1%"]])[:-5], line(2, [["customer_id", "text", "ab1x"]])[:-5]]
+    twice = line(3, [["customer_id", "text", "ab1x"], ["customer_id", "text", "ab1x"]])  # rejected, table known
+    commit = json.dumps({"v": 1, "op": "C", "lsn": lsn, "seq": 4, "xid": 7, "ts": "2026-01-01 00:00:00+00"})
+    body = b"\n".join([*cut, twice, commit.encode()]) + b"\n"
+    header = FileHeader({"public.customers": 3}).to_json().encode() + b"\n"
+    hostile = LandingFile.name_for(ChangePosition(lsn, 1), ChangePosition(lsn, 4), True)
+    spool = env.tmp / "hostile.gz"
+    spool.write_bytes(gzip.compress(header) + gzip.compress(body))
+    store.publish(spool, hostile)
+    env.load()
+    rejects = env.spark.table(env.names.rejects).select("source_table", "raw").collect()
+    assert sorted(r["source_table"] or "" for r in rejects) == ["", "", "public.customers"], rejects
+
+    report = Erasure(env.spark, env.settings).run("customer=a_1%", None, None)
+    left = env.spark.table(env.names.rejects).select("raw").collect()
+    assert len(left) == 2 and all('"ab1x"' in r["raw"] and '"a_1%"' not in r["raw"] for r in left), left
+    assert report.rows["rejects public.customers"] == 1 and report.unreadable == [], report.summary()
+    hist = env.history("public.customers")
+    assert hist.where("customer_id = 'a_1%'").count() == 0 and hist.where("customer_id = 'ab1x'").count() == 1
+    landing = env.tmp / "landing"
+    assert files_holding(landing, '"a_1%"') == [] and files_holding(landing, "mine@example.org") == []
+    assert len(files_holding(landing, '"ab1x"')) == 2, "the hostile file keeps the other subject's lines"
+
+    # the file holding the other subject is damaged: the erasure does everything else, then fails naming it
+    damaged = store.path / hostile  # type: ignore[attr-defined]
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    with pytest.raises(ErasureIncompleteError) as failed:
+        Erasure(env.spark, env.settings).run("customer=ab1x", None, None, dry_run=True)
+    assert isinstance(failed.value, TerminalError) and hostile in str(failed.value)
+    out = CliRunner().invoke(
+        main,
+        ["erase", "--subject", "customer=ab1x"],
+        env=cli_env(env, LOADER_DBT__SUBJECT_COLUMNS=json.dumps(subjects)),
+    )
+    assert out.exit_code == 1 and hostile in out.output and "erasure incomplete" in out.output, out.output
+    assert env.history("public.customers").where("customer_id = 'ab1x'").count() == 0, "the rest was erased"
 
 
 def test_replay_a_range_exactly_once(env: Env) -> None:

@@ -9,6 +9,11 @@ into place, S3 objects appear atomically when the PUT (or multipart upload) comp
 Each file is two gzip members: a header line (the tables it holds, with counts) and the records.
 A truncated or damaged file therefore still names every table it touched.
 
+Landing files hold personal data as it was in the source. Locally, every file the loader writes here
+(landing files, ``_state/`` objects, spool and temporary files) is created 0600 and every directory
+0700, whatever the umask (``open_private``, ``private_dir``); the slot's directory and its ``_state``
+are narrowed to 0700 when found wider.
+
 Failures of the channel (S3 throttling, timeouts, resets, local I/O errors) are retried with
 backoff (:mod:`loader.retry`) and then raised as ``LandingUnavailableError``; a missing object is a
 ``LandingError``. Neither is ever mistaken for bad data.
@@ -17,28 +22,101 @@ backoff (:mod:`loader.retry`) and then raised as ``LandingUnavailableError``; a 
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import logging
 import os
 import re
 import tempfile
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 from urllib.parse import urlparse
 
-from isal import igzip
+from isal import igzip, igzip_lib
 
 from loader.capture.records import COMMIT, ChangeRecord, FileHeader
 from loader.config import LoaderSettings, secret_text
-from loader.errors import LandingError
+from loader.errors import DecompressedSizeError, LandingError
 from loader.faults import checkpoint
 from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
 
+log = logging.getLogger("loader.landing")
+
 STATE_PREFIX = "_state"
+MAX_DECOMPRESSED = 4096 << 20  # landing.max_decompressed_mb's default
+# What reading damaged gzip raises (the gzip module's, zlib's and ISA-L's errors).
+GZIP_DAMAGE: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, cast(type, igzip_lib.IsalError))
+_UNREADABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, UnicodeDecodeError)
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 _NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz\Z")
+
+
+def open_private(path: Path | str) -> IO[bytes]:
+    """``path`` created (or truncated) for writing with mode 0600, whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE)  # the mode given to open() is masked by the umask
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def private_dir(path: Path, narrow: bool = False) -> None:
+    """``path`` and its missing parents created with mode 0700, whatever the umask.
+
+    Existing directories are left alone (a landing root may be a shared mount), unless ``narrow``:
+    then ``path`` itself, if it is wider than 0700, is narrowed (a directory of the loader's own).
+    """
+    missing = []
+    p = path
+    while not p.is_dir():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, PRIVATE_DIR)
+        except FileExistsError:
+            continue  # created meanwhile by another process
+        os.chmod(d, PRIVATE_DIR)  # mkdir's mode is masked by the umask
+    if narrow and not missing and path.stat().st_mode & 0o077:
+        try:
+            os.chmod(path, PRIVATE_DIR)
+        except PermissionError:
+            log.warning("%s is readable by others and not ours to narrow: chmod 700 it", path)
+
+
+def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
+    """A whole (multi-member) gzip file decompressed, stopping with ``DecompressedSizeError`` (naming
+    ``what``) as soon as it passes ``limit`` bytes. Damage raises what the gzip reader raises
+    (``OSError``, ``EOFError``, ISA-L's error), as ``igzip.decompress`` would."""
+    out: list[bytes] = []
+    total = 0
+    with igzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as f:
+        while chunk := f.read(1 << 24):
+            total += len(chunk)
+            if total > limit:
+                raise too_large(what, limit)
+            out.append(chunk)
+    return b"".join(out)
+
+
+def too_large(what: str, limit: int) -> DecompressedSizeError:
+    return DecompressedSizeError(
+        f"{what} decompresses to more than "
+        + (f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes")
+        + " (landing.max_decompressed_mb): not read",
+        hint="a file this large is not one the loader wrote (a gzip bomb?): move it out of the way; if it is "
+        "genuine, raise LOADER_LANDING__MAX_DECOMPRESSED_MB",
+    )
 
 
 @dataclass(frozen=True, order=True)
@@ -73,6 +151,7 @@ class LandingStore(ABC):
     url: str
     retry_attempts: int = 5
     retry_max_wait: float = 20.0
+    max_decompressed: int = MAX_DECOMPRESSED  # bytes one landing file may decompress to
 
     def _retry(self, fn: Any, what: str) -> Any:
         return call_with_retry(fn, what, self.retry_attempts, self.retry_max_wait)
@@ -102,7 +181,7 @@ class LandingStore(ABC):
 
         The sub-prefix keeps state out of ``names()``, which lists the landing files' level only.
         """
-        fd, tmp = tempfile.mkstemp(suffix=".json")
+        fd, tmp = tempfile.mkstemp(suffix=".json")  # mode 0600
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(json.dumps(doc, indent=2, sort_keys=True).encode("utf-8"))
@@ -135,8 +214,13 @@ class LandingStore(ABC):
         """
         data = self.open_bytes(name)
         try:
-            text = gzip.decompress(data).decode("utf-8") if name.endswith(".gz") else data.decode("utf-8")
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            if name.endswith(".gz"):
+                text = gunzip_bounded(data, self.max_decompressed, f"landing file {self.url}/{name}").decode("utf-8")
+            else:
+                text = data.decode("utf-8")
+        except DecompressedSizeError:
+            raise
+        except _UNREADABLE as exc:
             raise LandingError(
                 f"landing file {self.url}/{name} is damaged (not readable gzip/UTF-8: {exc})",
                 hint="'loader load' keeps its readable changes and parks the tables it touched; "
@@ -155,6 +239,7 @@ class LocalLandingStore(LandingStore):
     def __init__(self, path: Path) -> None:
         self.path = path
         self.url = path.as_uri()
+        self._private: set[Path] = set()  # directories made (or found) private by this store
 
     def names(self) -> list[str]:
         def listing() -> list[str]:
@@ -172,9 +257,13 @@ class LocalLandingStore(LandingStore):
 
     def _publish(self, local_path: Path, name: str) -> None:
         target = self.path / name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.parent not in self._private:
+            # the slot's directory and _state are the loader's own: narrowed if an older version made them wider
+            private_dir(self.path, narrow=True)
+            private_dir(target.parent, narrow=True)
+            self._private.add(target.parent)
         tmp = target.parent / f".{target.name}.tmp"
-        with open(local_path, "rb") as src, open(tmp, "wb") as dst:
+        with open(local_path, "rb") as src, open_private(tmp) as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
             dst.flush()
@@ -312,6 +401,7 @@ def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingSto
     else:
         raise LandingError(f"landing url {url!r} is neither a local path nor s3://", hint="set LOADER_LANDING__URL")
     store.retry_attempts = settings.landing.retry_attempts
+    store.max_decompressed = settings.landing.max_decompressed_mb << 20
     store.retry_max_wait = settings.landing.retry_max_wait_s
     return store
 
@@ -347,11 +437,10 @@ class LandingWriter:
     def write(self, record: ChangeRecord, qualified: str | None = None) -> None:
         """Append a record (``qualified``: its ``schema.table``, when the caller has it)."""
         if self._gz is None:
-            fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)
-            os.close(fd)
+            fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)  # mode 0600
             self._tmp = Path(tmp)
             # No name and no time in the gzip header: a re-capture writes byte-identical files.
-            self._spool = open(self._tmp, "wb")  # noqa: SIM115 - closed in _close_spool, after the GzipFile
+            self._spool = os.fdopen(fd, "wb")  # closed in _close_spool, after the GzipFile
             self._gz = igzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self._spool, mtime=0)
             self._first = record.position
             self._count = 0
@@ -394,7 +483,7 @@ class LandingWriter:
             # The header is its own gzip member in front of the records (gzip readers concatenate
             # members), so a file cut short anywhere after it still says which tables it held.
             header = FileHeader(dict(sorted(self._tables.items()))).to_json().encode("utf-8") + b"\n"
-            with open(final, "wb") as out, open(self._tmp, "rb") as body:
+            with open_private(final) as out, open(self._tmp, "rb") as body:
                 out.write(igzip.compress(header, compresslevel=GZIP_LEVEL, mtime=0))
                 while chunk := body.read(1 << 20):
                     out.write(chunk)

@@ -126,6 +126,8 @@ class ChangeRecord(msgspec.Struct):
             doc = _DECODER.decode(line)
         except msgspec.MsgspecError:
             return cls._from_json_checked(line)  # the same verdict, with a precise reason
+        except RecursionError:
+            raise ValueError("nested too deeply to decode (not a landing record)") from None
         if doc.v != FORMAT_VERSION or (doc.op != COMMIT and doc.op not in OPERATIONS):
             return cls._from_json_checked(line)
         if not all(c.name for c in doc.columns) or (doc.identity and not all(c.name for c in doc.identity)):
@@ -149,7 +151,10 @@ class ChangeRecord(msgspec.Struct):
     @classmethod
     def _from_json_checked(cls, line: str | bytes) -> ChangeRecord:
         """The field-by-field decoder: slow, but says exactly what is wrong with a line."""
-        doc = json.loads(line)
+        try:
+            doc = json.loads(line)
+        except RecursionError:
+            raise ValueError("nested too deeply to decode (not a landing record)") from None
         if not isinstance(doc, dict):
             raise ValueError("a landing line must be a JSON object")
         if doc.get("v") != FORMAT_VERSION:
@@ -265,7 +270,7 @@ def parse_header(line: str) -> FileHeader | None:
         return None
     try:
         doc = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or doc.get("op") != HEADER:
         return None

@@ -41,6 +41,7 @@ from typing import IO, Any
 
 import psycopg
 
+from loader.capture.landing import open_private
 from loader.errors import SourceError, TransientError
 from loader.lsn import format_lsn
 
@@ -107,10 +108,11 @@ class RoundFetcher:
     def launch(self) -> None:
         """Start the fetcher process; it connects and copies the slot while the caller goes on."""
         _remove_orphan_spools(self._spool_parent)
+        # mode 0700; its round files hold the source's rows, each 0600
         self._spool = Path(tempfile.mkdtemp(prefix=f"loader-rounds-{os.getpid()}-", dir=self._spool_parent))
         self._job["spool"] = str(self._spool)
         # Its stderr goes to a file: a pipe nobody reads while rows flow could fill and stall it.
-        with open(self._spool / "fetcher.log", "wb") as log_file:
+        with open_private(self._spool / "fetcher.log") as log_file:
             try:
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "loader.capture.stream"],
@@ -316,7 +318,7 @@ def _fetch_round(pgconn: Any, query: bytes, path: Path) -> tuple[int, bool]:
         while pgconn.get_result() is not None:
             pass
         raise error
-    with open(path, "wb") as out:
+    with open_private(path) as out:
         blocks: list[bytes] = []
         while True:
             nbytes, data = pgconn.get_copy_data(0)

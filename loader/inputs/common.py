@@ -43,18 +43,16 @@ claiming the same commit position: the input mixes sources; a transaction with s
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import re
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loader.capture.landing import LandingStore, LandingWriter
+from loader.capture.landing import GZIP_DAMAGE, MAX_DECOMPRESSED, LandingStore, LandingWriter, gunzip_bounded
 from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.errors import ConfigError, DecodeError
 from loader.lsn import ChangePosition, parse_lsn
@@ -176,10 +174,11 @@ def lsn_value(value: Any, origin: str = "") -> int:
         raise DecodeError(f"{where}{value!r} is not an LSN", hint="each message needs its change LSN") from exc
 
 
-def read_text(path: Path) -> tuple[str, bool]:
+def read_text(path: Path, max_bytes: int = MAX_DECOMPRESSED) -> tuple[str, bool]:
     """A whole input file as text, and whether it held bytes that are not UTF-8 (then kept as surrogates).
 
-    Not being able to read the file at all is fatal: no message of it can even be told apart.
+    Not being able to read the file at all is fatal: no message of it can even be told apart. Nor
+    can a gzip file decompressing past ``max_bytes`` (``landing.max_decompressed_mb``) be read.
     """
     try:
         data = path.read_bytes()
@@ -187,8 +186,8 @@ def read_text(path: Path) -> tuple[str, bool]:
         raise ConfigError(f"input {path} cannot be read: {exc}") from exc
     if path.name.endswith(".gz"):
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
+            data = gunzip_bounded(data, max_bytes, f"input {path}")
+        except GZIP_DAMAGE as exc:
             raise DecodeError(
                 f"input {path} is not readable gzip: {exc}",
                 hint="leave the damaged file out of the import, or repair it",
@@ -221,13 +220,31 @@ def _next_message_start(text: str, pos: int) -> int:
     return n
 
 
-def json_documents(path: Path) -> Iterator[Document]:
+# No change message nests this deep (values are JSON strings); deeper ones are refused before any
+# converter recurses into them.
+MAX_NESTING = 64
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests lists/objects more than ``limit`` levels deep (iteratively: no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        if children and depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def json_documents(path: Path, max_bytes: int = MAX_DECOMPRESSED) -> Iterator[Document]:
     """Every message of a file: JSON lines, or documents written back to back (pretty-printed).
 
-    A stretch that is not JSON (or holds bytes that are not UTF-8) becomes a Document with
-    ``error`` set, and reading goes on at the next line that can start a message.
+    A stretch that is not JSON (or holds bytes that are not UTF-8, or is nested too deeply for the
+    decoder) becomes a Document with ``error`` set, and reading goes on at the next line that can
+    start a message.
     """
-    text, lossy = read_text(path)
+    text, lossy = read_text(path, max_bytes)
     decoder = json.JSONDecoder(parse_float=str, parse_int=str, parse_constant=str)
     pos, n = 0, len(text)
     line = 1
@@ -245,6 +262,12 @@ def json_documents(path: Path) -> Iterator[Document]:
         except json.JSONDecodeError as exc:
             end = _next_message_start(text, pos)
             error = f"not JSON: {exc.msg.removesuffix(' at')} at character {exc.pos - pos + 1} of the message"
+        except RecursionError:
+            end = _next_message_start(text, pos)
+            error = f"nested too deeply to decode (more than {MAX_NESTING} levels)"
+        else:
+            if _deeper_than(doc, MAX_NESTING):  # the converters recurse too: refused here, once
+                error, doc = f"nested more than {MAX_NESTING} levels deep", None
         raw = text[pos:end]
         if lossy and _SURROGATE.search(raw):
             error, doc = "holds bytes that are not UTF-8", None

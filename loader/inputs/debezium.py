@@ -39,7 +39,15 @@ from typing import Any
 
 from loader.capture.records import Column
 from loader.errors import DecodeError
-from loader.inputs.common import InputChange, InputItem, Quarantined, json_documents, lsn_value, value_text
+from loader.inputs.common import (
+    MAX_DECOMPRESSED,
+    InputChange,
+    InputItem,
+    Quarantined,
+    json_documents,
+    lsn_value,
+    value_text,
+)
 
 # Debezium's default ``unavailable.value.placeholder``: written instead of an unchanged TOASTed
 # value the connector did not receive (an UPDATE under REPLICA IDENTITY DEFAULT). Not data.
@@ -294,11 +302,14 @@ def convert(
 
 
 def read(
-    paths: Iterable[Path], pk: dict[str, list[str]], placeholder: str = UNAVAILABLE_VALUE_PLACEHOLDER
+    paths: Iterable[Path],
+    pk: dict[str, list[str]],
+    placeholder: str = UNAVAILABLE_VALUE_PLACEHOLDER,
+    max_bytes: int = MAX_DECOMPRESSED,
 ) -> Iterator[InputItem]:
     """Changes of every file; a malformed message becomes a Quarantined item and reading goes on."""
     for path in paths:
-        for d in json_documents(path):
+        for d in json_documents(path, max_bytes):
             if d.error is not None:
                 yield Quarantined(d.origin, d.error, d.raw)
                 continue

@@ -15,7 +15,7 @@ from loader.errors import ConfigError
 from loader.inputs import debezium, pgkafka, wal2json_files
 from loader.inputs.common import ImportResult, InputItem, import_changes, parse_pk_option
 
-Reader = Callable[[Iterable[Path], dict[str, list[str]]], Iterator[InputItem]]
+Reader = Callable[..., Iterator[InputItem]]  # (paths, keys, ..., max_bytes=)
 FORMATS: dict[str, Reader] = {"pgkafka": pgkafka.read, "wal2json": wal2json_files.read, "debezium": debezium.read}
 
 
@@ -48,5 +48,9 @@ def import_files(
         raise ConfigError("the Debezium unavailable-value placeholder cannot be empty")
     files = expand(paths)
     keys = parse_pk_option(pk)
-    items = debezium.read(files, keys, unavailable_placeholder) if fmt == "debezium" else FORMATS[fmt](files, keys)
+    limit = settings.landing.max_decompressed_mb << 20
+    if fmt == "debezium":
+        items = debezium.read(files, keys, unavailable_placeholder, max_bytes=limit)
+    else:
+        items = FORMATS[fmt](files, keys, max_bytes=limit)
     return import_changes(items, store or open_landing(settings), settings.source.max_changes_per_file, ImportResult())

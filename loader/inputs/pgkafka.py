@@ -23,7 +23,15 @@ from typing import Any
 
 from loader.capture.records import Column
 from loader.errors import DecodeError
-from loader.inputs.common import InputChange, InputItem, Quarantined, json_documents, lsn_value, value_text
+from loader.inputs.common import (
+    MAX_DECOMPRESSED,
+    InputChange,
+    InputItem,
+    Quarantined,
+    json_documents,
+    lsn_value,
+    value_text,
+)
 
 _OPS = {
     "insert": "I",
@@ -104,11 +112,11 @@ def convert(doc: Any, origin: str) -> InputChange:
     )
 
 
-def read(paths: Iterable[Path], pk: dict[str, list[str]]) -> Iterator[InputItem]:
+def read(paths: Iterable[Path], pk: dict[str, list[str]], max_bytes: int = MAX_DECOMPRESSED) -> Iterator[InputItem]:
     """Changes of every file, keyed; a malformed message becomes a Quarantined item and reading goes on."""
     items: list[InputItem] = []
     for path in paths:
-        for d in json_documents(path):
+        for d in json_documents(path, max_bytes):
             if d.error is not None:
                 items.append(Quarantined(d.origin, d.error, d.raw))
                 continue

@@ -33,7 +33,15 @@ from typing import Any
 from loader.capture.records import COMMIT, Column
 from loader.capture.wal2json import Wal2JsonDecoder, column_text
 from loader.errors import DecodeError
-from loader.inputs.common import Document, InputChange, InputItem, Quarantined, json_documents, lsn_value
+from loader.inputs.common import (
+    MAX_DECOMPRESSED,
+    Document,
+    InputChange,
+    InputItem,
+    Quarantined,
+    json_documents,
+    lsn_value,
+)
 from loader.lsn import parse_lsn
 
 _KINDS = {"insert": "I", "update": "U", "delete": "D", "truncate": "T"}
@@ -198,11 +206,11 @@ def _incomplete(docs: list[Document], why: str) -> Iterator[Quarantined]:
     yield from _quarantine_group(docs[0].origin, what, _joined(docs), changes)
 
 
-def read(paths: Iterable[Path], pk: dict[str, list[str]]) -> Iterator[InputItem]:
+def read(paths: Iterable[Path], pk: dict[str, list[str]], max_bytes: int = MAX_DECOMPRESSED) -> Iterator[InputItem]:
     """Changes of every file; a malformed message becomes a Quarantined item and reading goes on."""
     for path in paths:
         txn: list[Document] | None = None  # the open v2 transaction: its B record and what followed
-        for d in json_documents(path):
+        for d in json_documents(path, max_bytes):
             if d.error is not None:
                 yield Quarantined(d.origin, d.error, d.raw)
                 continue

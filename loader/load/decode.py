@@ -10,7 +10,9 @@ What is bad data and what is not:
   ``park`` row, so exactly those wait for a resync. Without a readable header, one park row with
   no table says "unknown tables": the load parks every table.
 - Failing to *read* a file (S3/OS errors) is not bad data: the store retries, then the error
-  propagates and fails the load with nothing marked loaded.
+  propagates and fails the load with nothing marked loaded. Neither is a file that decompresses
+  past ``landing.max_decompressed_mb``: decompression stops there, and the load fails naming it.
+- A line nested too deeply for the JSON decoders (a recursion limit) is an undecodable line.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
-from isal import igzip
-
+from loader.capture.landing import MAX_DECOMPRESSED, gunzip_bounded, too_large
 from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
+from loader.errors import DecompressedSizeError
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 
@@ -137,7 +139,7 @@ def reject_row(file: str, line_no: int, raw: str, reason: str, rec: ChangeRecord
     # Keep whatever routing information survives so the reject names its table and LSN.
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return row
     if isinstance(doc, dict):
         if _routable(doc.get("schema"), doc.get("table")):
@@ -186,17 +188,21 @@ def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str
     return row
 
 
-def gunzip_salvage(data: bytes) -> tuple[bytes, str | None]:
+def gunzip_salvage(data: bytes, limit: int = MAX_DECOMPRESSED, what: str = "landing file") -> tuple[bytes, str | None]:
     """Decompress a (multi-member) gzip file as far as it is readable: (bytes, damage or None).
 
     An intact file is decompressed by ISA-L (``isal``, twice zlib's speed here); a file it cannot
-    read whole is read again by zlib, member by member, to keep what precedes the damage.
+    read whole is read again by zlib, member by member, to keep what precedes the damage. Past
+    ``limit`` decompressed bytes either way, ``DecompressedSizeError`` naming ``what``.
     """
     try:
-        return igzip.decompress(data), None
+        return gunzip_bounded(data, limit, what), None
+    except DecompressedSizeError:
+        raise
     except Exception:  # damaged or cut short (isal's own error, OSError, EOFError): salvage below
         pass
     out: list[bytes] = []
+    total = 0
     offset = 0
     while offset < len(data):
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -207,7 +213,10 @@ def gunzip_salvage(data: bytes) -> tuple[bytes, str | None]:
                 return b"".join(out), f"file ends inside a gzip member (cut off after {len(data)} bytes)"
             saved = d.copy()
             try:
-                out.append(d.decompress(chunk))
+                out.append(d.decompress(chunk, limit - total + 1))
+                total += len(out[-1])
+                if total > limit or d.unconsumed_tail:
+                    raise too_large(what, limit)
             except zlib.error as exc:
                 # Replay the chunk in small pieces from before it, to keep what precedes the damage.
                 for i in range(0, len(chunk), _SMALL_CHUNK):
@@ -223,7 +232,11 @@ def gunzip_salvage(data: bytes) -> tuple[bytes, str | None]:
 
 
 def decode_file(
-    file: str, data: bytes, first_lsn: int, span: tuple[ChangePosition, ChangePosition] | None = None
+    file: str,
+    data: bytes,
+    first_lsn: int,
+    span: tuple[ChangePosition, ChangePosition] | None = None,
+    max_bytes: int = MAX_DECOMPRESSED,
 ) -> Iterator[dict[str, Any]]:
     """Canonical rows of one landing file: changes, control records, rejects and parks for losses.
 
@@ -232,10 +245,11 @@ def decode_file(
     readable header, any loss (damage, or a reject that names no table) parks every table.
     ``span`` (the positions the file's name covers) rejects records placed outside it: such a
     record could take the position of a real change in another file, which the load's
-    exactly-once dedupe would then drop.
+    exactly-once dedupe would then drop. A file decompressing past ``max_bytes`` raises
+    ``DecompressedSizeError`` (the load fails naming it).
     """
     if file.endswith(".gz"):
-        text, damage = gunzip_salvage(data)
+        text, damage = gunzip_salvage(data, max_bytes, f"landing file {file}")
     else:
         text, damage = data, None
     lines = text.split(b"\n")
@@ -458,7 +472,8 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
                     first_lsn = parsed.first.commit_lsn if parsed is not None else 0
                     span = (parsed.first, parsed.last) if parsed is not None else None
                     # Read errors (after the store's retries) propagate: the task, and the load, fail.
-                    for row in decode_file(name, store.open_bytes(name), first_lsn, span):
+                    data = store.open_bytes(name)
+                    for row in decode_file(name, data, first_lsn, span, store.max_decompressed):
                         buf.append(row)
                         if len(buf) >= batch_rows:
                             yield rows_to_batch(buf, schema)

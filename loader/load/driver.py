@@ -88,14 +88,19 @@ def _landing_schema() -> pa.Schema:
     )
 
 
-def _read_text(name: str, data: bytes) -> tuple[bytes, FileHeader | None]:
-    """One intact landing file's record lines (header line removed, ending in a newline)."""
-    from isal import igzip
+def _read_text(name: str, data: bytes, limit: int) -> tuple[bytes, FileHeader | None]:
+    """One intact landing file's record lines (header line removed, ending in a newline).
+
+    A file decompressing past ``limit`` bytes raises ``DecompressedSizeError`` (so would the Spark path)."""
+    from loader.capture.landing import gunzip_bounded
+    from loader.errors import DecompressedSizeError
 
     if not name.endswith(".gz"):
         raise NotPlain(f"{name}: not a gzip landing file")
     try:
-        text = igzip.decompress(data)
+        text = gunzip_bounded(data, limit, f"landing file {name}")
+    except DecompressedSizeError:
+        raise
     except Exception as exc:  # damaged: the Spark path salvages what is readable
         raise NotPlain(f"{name}: damaged ({exc})") from None
     if not text.isascii():
@@ -187,7 +192,7 @@ class PlainBatch:
 
         bodies, lines, headers, size = [], [], [], 0
         for f in batch:
-            body, header = _read_text(f.name, store.open_bytes(f.name))
+            body, header = _read_text(f.name, store.open_bytes(f.name), store.max_decompressed)
             size += len(body)
             if size > max_bytes:
                 raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of landing text")

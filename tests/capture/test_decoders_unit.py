@@ -159,6 +159,47 @@ def test_landing_files_are_byte_identical_when_written_again(tmp_path: Path) -> 
     assert out[0] == out[1]
 
 
+def test_local_landing_files_and_directories_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Landing files hold the source's personal data: 0600 files in 0700 directories, spool and
+    temporary files included, even under a umask that would leave them world-readable."""
+    import os
+    import stat
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    seen: dict[str, int] = {}
+
+    class Observed(LocalLandingStore):  # the real store, noting the mode of what it is handed
+        def publish(self, local_path: Path, name: str) -> None:
+            seen[name] = mode(local_path)
+            super().publish(local_path, name)
+
+    old = os.umask(0)
+    try:
+        spool = tmp_path / "spool"
+        spool.mkdir()
+        store = Observed(tmp_path / "root" / "land")
+        w = LandingWriter(store, max_changes=10, spool_dir=spool)
+        w.write(ChangeRecord("I", 100, 1, 9, "ts", "public", "t", columns=[Column("a", "text", "secret")]))
+        assert [mode(p) for p in spool.iterdir()] == [0o600], "the spool file"
+        w.write(ChangeRecord("C", 100, 2, 9, "ts"))
+        name = w.close_file()
+        store.write_state("x.state.json", {"a": 1})
+        wide = tmp_path / "wide"
+        wide.mkdir(mode=0o777)
+        LocalLandingStore(wide).write_state("y.state.json", {})
+    finally:
+        os.umask(old)
+    assert name is not None and seen == {name: 0o600, "_state/x.state.json": 0o600}
+    land = tmp_path / "root" / "land"
+    assert mode(land / name) == 0o600
+    assert mode(land / "_state" / "x.state.json") == 0o600
+    assert mode(tmp_path / "root") == mode(land) == mode(land / "_state") == 0o700
+    assert mode(wide) == mode(wide / "_state") == 0o700, "a directory of its own found wider is narrowed"
+    assert mode(wide / "_state" / "y.state.json") == 0o600
+
+
 def test_table_filter() -> None:
     f = TableFilter(["public.*", "audit.events"], ["public.tmp_*"])
     assert f("public.orders") and f("audit.events")

@@ -179,9 +179,12 @@ def test_small_backlogs_peek_and_large_ones_stream(src: Src) -> None:
     assert not Capture(peeking(src.settings))._pipelined(info, upto[0])
 
 
-def test_fetcher_reads_rows_whatever_bytes_they_hold(src: Src) -> None:
+def test_fetcher_reads_rows_whatever_bytes_they_hold(src: Src, tmp_path: Path) -> None:
     """Rows whose JSON holds the COPY delimiter or quote bytes (escaped by wal2json, so never raw)
-    and text that is not ASCII come back exactly as a peek returns them."""
+    and text that is not ASCII come back exactly as a peek returns them. The rounds it spools hold
+    the source's rows: 0600 files in a 0700 directory, whatever the umask."""
+    import stat
+
     from loader.capture.wal2json import WAL2JSON_OPTIONS
 
     src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -203,12 +206,27 @@ def test_fetcher_reads_rows_whatever_bytes_they_hold(src: Src) -> None:
     assert upto is not None
     from loader.lsn import parse_lsn
 
-    fetcher = RoundFetcher(src.settings.source.conninfo(), slot, WAL2JSON_OPTIONS, parse_lsn(str(upto[0])), 2)
-    fetcher.start()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    modes: set[tuple[str, int]] = set()
+    old = os.umask(0)
     try:
-        fetched = list(fetcher.rows())
+        fetcher = RoundFetcher(
+            src.settings.source.conninfo(), slot, WAL2JSON_OPTIONS, parse_lsn(str(upto[0])), 2, spool_dir=spool
+        )
+        fetcher.start()
+        try:
+            fetched = []
+            for row in fetcher.rows():
+                fetched.append(row)
+                for p in spool.rglob("*"):
+                    kind = "dir" if p.is_dir() else "log" if p.name == "fetcher.log" else "round"
+                    modes.add((kind, stat.S_IMODE(p.stat().st_mode)))
+        finally:
+            fetcher.close()
     finally:
-        fetcher.close()
+        os.umask(old)
+    assert modes == {("dir", 0o700), ("log", 0o600), ("round", 0o600)}
     assert fetched == peeked
     assert fetcher.rounds > 2
     assert copies_left(src) == []

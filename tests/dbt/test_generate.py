@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from loader.config import LoaderSettings
 from loader.dbt import dbt_args, profile_env
-from loader.dbtgen import CatalogTables, Comments, TableSpec, declared_sources, render_generated, source_drift
+from loader.dbtgen import (
+    CatalogTables,
+    Comments,
+    TableSpec,
+    declared_sources,
+    inert,
+    render_generated,
+    source_drift,
+)
 from loader.sqlserver import server_command, server_conf
 from loader.tables import SourceTable
 
@@ -66,6 +75,31 @@ def test_generated_sources_and_models(tmp_path: Path) -> None:
         "history.public__log: declared as a source, not in the catalog",
         "current.public__extra: in the catalog, not declared as a source",
     ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{ env_var('X') }}",
+        "env_var('X')",
+        " ref('m') ",
+        'a}}b"c\\d{#',
+        "{% do x %}",
+        "tab\tnew\nline\r{",
+        "é😀{{",
+        "\\u0041{",
+        "123{",
+    ],
+)
+def test_inert_text_reads_back_exactly_in_dbt(text: str) -> None:
+    """What dbt renders (natively for names and the audits' arguments) is the text itself."""
+    from dbt.clients.jinja import get_rendered
+
+    written = inert(text)
+    assert written != text
+    for native in (True, False):
+        assert get_rendered(written, {}, native=native) == text
+    assert inert("plain_name") == "plain_name" and inert("Odd Name") == "Odd Name"
 
 
 def test_dbt_arguments_and_profile() -> None:
