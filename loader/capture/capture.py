@@ -188,7 +188,6 @@ class Capture:
         self.options: tuple[str, ...] = WAL2JSON_OPTIONS  # extended in run() by what the plugin supports
         self.keys: KeyLookup | None = None
         self.facts: dict[str, TableFacts] = {}
-        self._truncated: set[str] = set()  # tables whose TRUNCATE this run decoded
         self._keys_of: dict[str, tuple[Any, Any, list[str]]] = {}  # table -> (facts or info, info, key)
         self.roots: dict[str, str] = {}  # leaf partition -> partitioned table (source.partitions = root)
         self._not_partitions: set[str] = set()
@@ -266,10 +265,6 @@ class Capture:
             self._flush_controls(result)
             self._note_lossy_specials(result)
             if plan is not None:
-                for table in sorted(plan.rewritten_new & self._truncated):
-                    # The stream carries the TRUNCATE that gave the new table its new relfilenode.
-                    del plan.resync[table]
-                    result.notes.append(f"{table}: created since the last look, then truncated: no resync")
                 self._save_catalog_state(plan)
                 self._resync(result)
                 self._save_source_state(result)
@@ -801,8 +796,6 @@ class Capture:
         """The downstream key of the record's table: its replica identity, when it carries
         updates and deletes (else none: the table gets history only)."""
         if rec.op in ("T", "X"):
-            if rec.op == "T":
-                self._truncated.add(qualified)
             return
         facts = self.facts.get(qualified)
         origin: Any = facts if facts is not None else (self.keys.info(rec.schema, rec.table) if self.keys else None)

@@ -116,9 +116,6 @@ class WatchPlan:
     resync: dict[str, str] = field(default_factory=dict)  # table -> reason
     park: dict[str, str] = field(default_factory=dict)  # table -> reason
     notes: list[str] = field(default_factory=list)
-    # Tables first seen now whose only trace is a rewrite: a TRUNCATE decoded in the same run
-    # explains it (the stream says what happened), and capture then drops their resync.
-    rewritten_new: set[str] = field(default_factory=set)
 
 
 def plan_watch(
@@ -160,8 +157,6 @@ def plan_watch(
                 reason = _changed_since_created(facts, resync_on_rewrite)
                 if reason:
                     plan.resync[table] = f"created since the last look, then {reason}"
-                    if not any(c.has_missing for c in facts.columns.values()):
-                        plan.rewritten_new.add(table)
             continue
         if not was_included(table):
             plan.resync[table] = "included in capture again: changes made while it was excluded were not captured"
