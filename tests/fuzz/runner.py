@@ -26,7 +26,7 @@ from loader.errors import SlotBusyError, StageBusyError
 from loader.names import lake_column
 from tests.fuzz.workload import AUDIT_SCHEMA, SCHEMAS, Loader, Sql, Workload, is_copy
 from tests.harness import Env, overlap, run_killed
-from tests.oracle import assert_no_duplicate_positions
+from tests.oracle import assert_unique_positions, history_rows
 
 
 class FuzzFailure(AssertionError):
@@ -146,7 +146,7 @@ class FuzzRun:
             if rows and table not in seen:
                 bad.append(f"{table}: {rows} rows in the source, no history table")
         assert not bad, "current tables differ from the source:\n" + "\n".join(bad)
-        assert_no_duplicate_positions(env)
+        assert_unique_positions(env.settings)
         for table, key in self.w.tracked.items():
             self.assert_history_is_the_audit(table, key)
 
@@ -173,13 +173,11 @@ class FuzzRun:
             audit.setdefault(int(xid), Counter())[(op, tuple(k or ()))] += 1
         hist: dict[int, Counter[tuple[str, tuple[str, ...]]]] = {}
         cols = [lake_column(c) for c in key]
-        rows = (
-            self.env.history(table)
-            .where("pg_operation IN ('insert', 'update', 'delete', 'truncate')")
-            .orderBy("pg_lsn", "pg_seq")
-            .select("pg_txn_id", "pg_operation", "pg_old_key", *cols)
-            .collect()
-        )
+        rows = [
+            r
+            for r in history_rows(self.env.settings, table, ["pg_txn_id", "pg_operation", "pg_old_key", *cols])
+            if r["pg_operation"] in ("insert", "update", "delete", "truncate")
+        ]
         for r in rows:
             op = r["pg_operation"]
             if op == "truncate":
