@@ -75,15 +75,7 @@ class FuzzRun:
         )
 
     def apply(self, step: Sql) -> None:
-        conn = self.env.conn
-        for statement in step.statements:
-            if is_copy(statement):
-                head, _, data = statement.partition("\n")
-                body = data[: -len("\\.")] if data.endswith("\\.") else data
-                with conn.cursor() as cur, cur.copy(head) as copy:
-                    copy.write(body.encode())
-            else:
-                conn.execute(statement)  # type: ignore[arg-type]
+        apply_sql(self.env.conn, step)
 
     def loader(self, step: Loader) -> None:
         env = self.env
@@ -194,6 +186,18 @@ class FuzzRun:
         for xid, made in audit.items():
             got = hist[xid]
             assert got == made, f"{table}: transaction {xid} differs: history {dict(got)} vs made {dict(made)}"
+
+
+def apply_sql(conn: Any, step: Sql) -> None:
+    """A step's statements on an autocommit connection, in order (COPY's data through the protocol)."""
+    for statement in step.statements:
+        if is_copy(statement):
+            head, _, data = statement.partition("\n")
+            body = data[: -len("\\.")] if data.endswith("\\.") else data
+            with conn.cursor() as cur, cur.copy(head) as copy:
+                copy.write(body.encode())
+        else:
+            conn.execute(statement)
 
 
 def _text(v: Any) -> str:
