@@ -41,6 +41,8 @@ def test_seeds_cover_every_table_kind_type_dml_and_ddl_form() -> None:
         "REPLICA IDENTITY USING INDEX",
         "PARTITION BY RANGE",
         "ATTACH PARTITION",
+        "DETACH PARTITION",
+        "ADD CONSTRAINT",
         "ADD COLUMN",
         "DEFAULT clock_timestamp()",
         "DROP COLUMN",

@@ -248,6 +248,7 @@ class Table:
     tracked: bool = False
     new_since_capture: bool = True
     unique_col: str | None = None  # int column under a DEFERRABLE UNIQUE constraint (swapped in deferred txns)
+    low_partition: tuple[str, str] | None = None  # partitioned: (schema, name) of the partition of keys < 60
 
     @property
     def qname(self) -> str:
@@ -396,11 +397,13 @@ class Generator:
             + (" PARTITION BY RANGE (id)" if kind == "partitioned" else "")
         ]
         if kind == "partitioned":
+            tag = self.fresh("")  # partitions outlive a dropped parent when detached: names never reused
+            t.low_partition = (schema, f"{name}_{tag}p60")
             for lo, hi in ((None, 60), (60, 200)):
-                p = ident(f"{name}_p{hi}")
+                p = ident(f"{name}_{tag}p{hi}")
                 bound = f"FROM ({'MINVALUE' if lo is None else lo}) TO ({hi})"
                 stmts.append(f"CREATE TABLE {ident(schema)}.{p} PARTITION OF {t.qname} FOR VALUES {bound}")
-            stmts.append(f"CREATE TABLE {ident(schema)}.{ident(name + '_pdef')} PARTITION OF {t.qname} DEFAULT")
+            stmts.append(f"CREATE TABLE {ident(schema)}.{ident(f'{name}_{tag}pdef')} PARTITION OF {t.qname} DEFAULT")
         if "big" in [c.name for c in cols] and kind != "partitioned":
             stmts.append(f"ALTER TABLE {t.qname} ALTER COLUMN big SET STORAGE EXTERNAL")
         if kind == "full":
@@ -719,10 +722,20 @@ class Generator:
             "enum_rename",
             "case_column",
             "storage",
+            "constraint",
+            "detach",
         ]
         form = rng.choice(forms)
         # A tracked table keeps its name and key, and every change in the WAL (its audit log is the history oracle).
-        moves = form in ("rename_column", "rename_table", "set_schema", "drop_recreate", "identity", "unlogged")
+        moves = form in (
+            "rename_column",
+            "rename_table",
+            "set_schema",
+            "drop_recreate",
+            "identity",
+            "unlogged",
+            "detach",
+        )
         if t.tracked and moves:
             form = "add_column"
         new_table_default = t.new_since_capture and form in ("add_column_default", "add_column_volatile")
@@ -909,6 +922,34 @@ class Generator:
         self.sql(
             f"row into the new partition of {t.qualified}",
             f"INSERT INTO {t.qname} ({', '.join(cols)}) VALUES ({', '.join(vals)})",
+        )
+
+    def ddl_constraint(self, t: Table) -> None:
+        cols = self._value_cols(t)
+        if not cols:
+            return self.ddl_add_column(t)
+        c, name = self.rng.choice(cols), ident(self.fresh("ck_"))
+        self.sql(
+            f"a CHECK constraint added to {t.qualified} (and dropped)",
+            f"ALTER TABLE {t.qname} ADD CONSTRAINT {name} CHECK ({ident(c.name)} IS NULL OR {ident(c.name)} IS NOT NULL)",
+            *([f"ALTER TABLE {t.qname} DROP CONSTRAINT {name}"] if self.rng.random() < 0.5 else []),
+        )
+
+    def ddl_detach(self, t: Table) -> None:
+        """The partition of keys below 60 detached: its rows leave the partitioned table (no DELETEs in
+        the WAL) and it goes on as a table of its own, with its primary key."""
+        if t.low_partition is None:
+            return self.ddl_constraint(t)
+        schema, name = t.low_partition
+        t.low_partition = None
+        moved = [k for k in t.keys if k < 60]
+        t.keys = [k for k in t.keys if k >= 60]
+        part = Table(schema, name, "int", copy.deepcopy(t.cols), list(t.key), keys=moved, next_key=100)
+        part.new_since_capture = False
+        self.tables[part.qualified] = part
+        self.sql(
+            f"partition {schema}.{name} detached from {t.qualified}",
+            f"ALTER TABLE {t.qname} DETACH PARTITION {ident(schema)}.{ident(name)}",
         )
 
     def ddl_truncate(self, t: Table) -> None:
