@@ -402,7 +402,7 @@ def wait_for_capture_holder(env: Env, timeout: float = 60) -> None:
     raise AssertionError(f"no 'loader capture' took the slot's lock within {timeout}s")
 
 
-def overlap(env: Env, stage: str, hold_seconds: float = 15, **extra: str) -> tuple[Exception | None, int, str]:
+def overlap(env: Env, stage: str, hold_seconds: float = 5, **extra: str) -> tuple[Exception | None, int, str]:
     """Two runs of ``stage`` at once: a ``loader <stage>`` process held at its lock (``LOADER_PAUSE``)
     while the same stage runs in-process. Returns (what the in-process run raised, or None if it
     ran; the process's exit status; its output)."""
