@@ -73,6 +73,8 @@ GAP_SQL = {
     "case_only_columns": r'ADD COLUMN "CI_\d+"',
     "nan_infinity": r"'(NaN|-?Infinity)'",
     "truncate_resync": r"(?m)^(TRUNCATE|VACUUM FULL) ",
+    "retype_numeric_unconstrained": r"(?m)ALTER COLUMN \S+ TYPE numeric;$",
+    "unlogged_new_table": None,
 }
 
 
@@ -82,16 +84,17 @@ def test_each_known_gap_only_when_asked(gap: str) -> None:
     with_gap = [generate(s, rounds=8, gaps=frozenset({gap})) for s in SEEDS]
     without = [generate(s, rounds=8) for s in SEEDS]
     if GAP_SQL[gap] is None:
-        assert any(new_table_default(w) for w in with_gap)
-        assert not any(new_table_default(w) for w in without)
+        ddl = {"add_default_new_table": r"ADD COLUMN \S+ \S+ DEFAULT", "unlogged_new_table": r"SET UNLOGGED"}[gap]
+        assert any(new_table_ddl(w, ddl) for w in with_gap)
+        assert not any(new_table_ddl(w, ddl) for w in without)
         return
     pattern = re.compile(GAP_SQL[gap])
     assert any(pattern.search(w.script()) for w in with_gap)
     assert not any(pattern.search(w.script()) for w in without)
 
 
-def new_table_default(workload: object) -> bool:
-    """An ADD COLUMN ... DEFAULT on a table created after the last capture or run."""
+def new_table_ddl(workload: object, ddl: str) -> bool:
+    """An ALTER TABLE ``ddl`` on a table created after the last capture or run."""
     created: set[str] = set()
     for step in workload.steps:  # type: ignore[attr-defined]
         if isinstance(step, Loader) and step.action in ("run", "capture", "snapshot"):
@@ -101,7 +104,7 @@ def new_table_default(workload: object) -> bool:
                 m = re.match(r"CREATE TABLE (\S+) \(", s)
                 if m:
                     created.add(m.group(1))
-                m = re.match(r"ALTER TABLE (\S+) ADD COLUMN \S+ \S+ DEFAULT", s)
+                m = re.match(r"ALTER TABLE (\S+) " + ddl, s)
                 if m and m.group(1) in created:
                     return True
     return False
