@@ -11,13 +11,14 @@ TEST_PGPORT ?= 55433
 TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=$(TEST_PGPORT)
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv demo test test-unit bench soak pg-start pg-stop clean lint s3a-jars dist
+.PHONY: help deps venv demo test test-unit bench soak fuzz pg-start pg-stop clean lint s3a-jars dist
 
 help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
 	@echo "make test   - install, start a private PostgreSQL, run the suite, stop it"
 	@echo "make bench  - benchmarks P1-P6: one table of figures, ceilings, ratios, goals (bench/out/)"
 	@echo "make soak   - 300 follow-mode cycles with maintenance, bounds and oracles (tests/test_soak.py)"
+	@echo "make fuzz SEEDS=N [FUZZ_START=S] [FUZZ_GAPS=all] - the fuzzing oracle on seeds S..S+N-1 (tests/fuzz)"
 	@echo "make lint   - ruff check, ruff format --check, mypy on loader/"
 	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:55432)"
 
@@ -72,6 +73,20 @@ soak: deps venv
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_SOAK=1 LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/test_soak.py
+
+# Fuzz: seeded source workloads (every key kind, type, DML and DDL form, killed and overlapping runs)
+# with the oracles after every loader run (tests/fuzz). A failure prints its seed and the SQL that
+# reproduces it. FUZZ_GAPS=all (or a comma list) also draws the hazards in tests/fuzz/workload.py KNOWN_GAPS.
+SEEDS ?= 10
+FUZZ_START ?= 1
+FUZZ_ROUNDS ?= 5
+FUZZ_TABLES ?= 6
+FUZZ_GAPS ?=
+fuzz: deps venv
+	@set -e; $(TEST_PG) infra/postgres.sh start; \
+	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
+	FUZZ_SEEDS=$(SEEDS) FUZZ_START=$(FUZZ_START) FUZZ_ROUNDS=$(FUZZ_ROUNDS) FUZZ_TABLES=$(FUZZ_TABLES) FUZZ_GAPS=$(FUZZ_GAPS) \
+	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/fuzz $(PYTEST_ARGS)
 
 # S3A filesystem jars for a warehouse on s3:// (not in pyspark's pip package, and not on PyPI as jars):
 # taken from the PyPI sdist sagemaker-pyspark==1.4.5. Point LOADER_SPARK__EXTRA_JARS at them.

@@ -448,3 +448,50 @@ def history_positions(spark: Any, settings: LoaderSettings) -> list[tuple[int, i
 def load_and_merge(spark: Any, settings: LoaderSettings) -> None:
     HistoryLoad(spark, settings).run()
     CurrentMerge(spark, settings).run()
+
+
+# --- loader processes killed at a fault point or overlapping an in-process run (crash tests, fuzzer) ---
+
+
+def run_killed(env: Env, stage: str, point: str, timeout: float = 600, **extra: str) -> tuple[int, str]:
+    """``loader <stage>`` as a process that SIGKILLs itself at ``point`` (``LOADER_FAULT``).
+
+    Returns (exit status, output): ``-SIGKILL`` when the point was reached, else how the run ended.
+    """
+    return finish(loader_process(env, stage, LOADER_FAULT=point, **extra), timeout)
+
+
+def wait_for_capture_holder(env: Env, timeout: float = 60) -> None:
+    """Until another session holds an advisory lock on the source (a capture process took its slot's lock)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(env.settings.source.conninfo(), autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"no 'loader capture' took the slot's lock within {timeout}s")
+
+
+def overlap(env: Env, stage: str, hold_seconds: float = 5, **extra: str) -> tuple[Exception | None, int, str]:
+    """Two runs of ``stage`` at once: a ``loader <stage>`` process held at its lock (``LOADER_PAUSE``)
+    while the same stage runs in-process. Returns (what the in-process run raised, or None if it
+    ran; the process's exit status; its output)."""
+    proc = loader_process(env, stage, LOADER_PAUSE=f"{stage}-locked:{hold_seconds}", **extra)
+    try:
+        if stage == "capture":
+            wait_for_capture_holder(env)
+        else:
+            wait_for_holder(env, stage)
+        raised: Exception | None = None
+        try:
+            {"capture": env.capture, "load": env.load, "merge": env.merge}[stage]()
+        except Exception as exc:  # the caller judges what the second run met
+            raised = exc
+    except BaseException:
+        proc.kill()
+        raise
+    rc, out = finish(proc)
+    return raised, rc, out

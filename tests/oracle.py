@@ -56,3 +56,34 @@ def assert_no_duplicate_positions(env: Any) -> None:
         ident = f"{env.names.catalog}.{env.names.history_ns}.`{name.tableName}`"
         dups = env.spark.table(ident).groupBy("pg_lsn", "pg_seq").count().where(F.col("count") > 1).count()
         assert dups == 0, f"{name.tableName}: {dups} positions appear more than once"
+
+
+def history_rows(settings: Any, table: str, columns: list[str]) -> list[dict[str, Any]]:
+    """``columns`` of every history row of ``table`` (schema.table) in (pg_lsn, pg_seq) order, read
+    through pyiceberg (no Spark job: an engine apart from the one that wrote them)."""
+    from loader.catalog import open_catalog
+    from loader.tables import SourceTable
+
+    schema, _, name = table.partition(".")
+    hist = open_catalog(settings).load_table(
+        (settings.catalog.history_namespace, SourceTable(schema, name).iceberg_name)
+    )
+    fields = list(dict.fromkeys(["pg_lsn", "pg_seq", *columns]))
+    rows = (
+        hist.scan(selected_fields=tuple(fields)).to_arrow().sort_by([("pg_lsn", "ascending"), ("pg_seq", "ascending")])
+    )
+    return rows.to_pylist()  # type: ignore[no-any-return]
+
+
+def assert_unique_positions(settings: Any) -> None:
+    """``assert_no_duplicate_positions`` read through pyiceberg: every history table, no Spark job."""
+    from loader.catalog import open_catalog
+
+    catalog = open_catalog(settings)
+    for ident in catalog.list_tables(settings.catalog.history_namespace):
+        arrow = catalog.load_table(ident).scan(selected_fields=("pg_lsn", "pg_seq")).to_arrow()
+        counts = arrow.group_by(["pg_lsn", "pg_seq"]).aggregate([([], "count_all")])
+        dups = counts.filter(counts["count_all"].to_numpy() > 1)
+        assert dups.num_rows == 0, (
+            f"{ident[-1]}: {dups.num_rows} positions appear more than once: {dups.to_pylist()[:5]}"
+        )

@@ -190,6 +190,7 @@ class Capture:
         self.facts: dict[str, TableFacts] = {}
         self._keys_of: dict[str, tuple[Any, Any, list[str]]] = {}  # table -> (facts or info, info, key)
         self.roots: dict[str, str] = {}  # leaf partition -> partitioned table (source.partitions = root)
+        self._roots_before: dict[str, str] = {}  # the same as the last run saw it (partitions dropped since)
         self._not_partitions: set[str] = set()
         # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
         self.watch = watch
@@ -505,6 +506,7 @@ class Capture:
         state = self.store.read_state(CATALOG_STATE)
         view = read_facts(conn, src.partitions)
         self.facts, self.roots = view.facts, view.roots
+        self._roots_before = dict(state.get("partition_roots", {})) if state else {}
         before = {t: TableFacts.from_doc(d) for t, d in state["tables"].items()} if state else None
         included_before = set(state.get("included", [])) if state else set()
         plan = plan_watch(
@@ -737,6 +739,9 @@ class Capture:
         root = self.roots.get(qualified)
         if root is None and qualified not in self.facts:
             root = self._lookup_root(conn, rec.schema, rec.table)  # a table or partition created during the run
+            if root is None:
+                # Gone from the catalog (dropped alone or with its partitioned table): the last run knew its root.
+                root = self._roots_before.get(qualified)
         if root is None:
             return rec
         schema, _, table = root.partition(".")

@@ -1,0 +1,204 @@
+"""The fuzzer's runner: a generated workload applied to a real source, the real loader run between
+steps (in-process on the test session's Spark, or as processes killed or overlapping), and the
+oracles after every run:
+
+- each current table equals ``SELECT * FROM`` its source table, row for row (``loader.verify``); a
+  table the source no longer has (renamed away, dropped) is parked with its reason, and a source
+  table holding rows has a history table;
+- no position appears twice in any history table;
+- for tables the audit trigger logs, history holds exactly the logged changes: per transaction, in
+  commit order, the same operations on the same keys.
+
+A failure names the seed and the step and writes the SQL that reproduces it (``Workload.script``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from loader.capture.snapshot import Snapshot
+from loader.errors import SlotBusyError, StageBusyError
+from loader.names import lake_column
+from tests.fuzz.workload import AUDIT_SCHEMA, SCHEMAS, Loader, Sql, Workload, is_copy
+from tests.harness import Env, overlap, run_killed
+from tests.oracle import assert_unique_positions, history_rows
+
+
+class FuzzFailure(AssertionError):
+    pass
+
+
+class FuzzRun:
+    def __init__(self, env: Env, workload: Workload, out_dir: Path) -> None:
+        self.env = env
+        self.w = workload
+        self.out_dir = out_dir
+        self.audit_from = 0  # audit rows after this one are changes the stream carries
+        self.timings: Counter[str] = Counter()
+        env.configure("source", exclude=["pg_catalog.*", "information_schema.*", f"{AUDIT_SCHEMA}.*"])
+        env.configure("load", driver_max_bytes=(64 << 20) if workload.driver_load else 0)
+        # What a loader process needs beside the harness's settings.
+        self.proc_env = {
+            "LOADER_SOURCE__EXCLUDE": json.dumps(env.settings.source.exclude),
+            "LOADER_LOAD__DRIVER_MAX_BYTES": str(env.settings.load.driver_max_bytes),
+        }
+
+    # --- the run ---------------------------------------------------------------------------
+    def run(self) -> None:
+        for i, step in enumerate(self.w.steps):
+            started = time.monotonic()
+            try:
+                if isinstance(step, Sql):
+                    self.apply(step)
+                else:
+                    self.loader(step)
+            except Exception as exc:
+                raise self.failure(i, exc) from exc
+            kind = "sql" if isinstance(step, Sql) else f"{step.action} {step.stage}".strip()
+            self.timings[kind] += time.monotonic() - started
+
+    def failure(self, step: int, exc: Exception) -> FuzzFailure:
+        path = self.out_dir / f"fuzz-seed-{self.w.seed}.sql"
+        script = self.w.script(upto=step)
+        path.write_text(script)
+        print(script)
+        what = self.w.steps[step]
+        return FuzzFailure(
+            f"fuzz seed {self.w.seed} failed at step {step} ({what}): {type(exc).__name__}: {exc}\n"
+            f"reproduce: psql -v ON_ERROR_STOP=1 -f {path} (loader actions are comments in it);"
+            f" rerun: make fuzz SEEDS=1 FUZZ_START={self.w.seed}"
+        )
+
+    def apply(self, step: Sql) -> None:
+        apply_sql(self.env.conn, step)
+
+    def loader(self, step: Loader) -> None:
+        env = self.env
+        if step.action == "snapshot":
+            self.audit_from = int(env.sql(f"SELECT coalesce(max(n), 0) FROM {AUDIT_SCHEMA}.changes")[0][0])
+            Snapshot(env.settings).run()
+            env.capture()
+        elif step.action == "capture":
+            env.capture()
+        elif step.action == "run":
+            t0 = time.monotonic()
+            env.capture()
+            t1 = time.monotonic()
+            env.load()
+            t2 = time.monotonic()
+            env.merge()
+            t3 = time.monotonic()
+            self.oracle()
+            self.timings["run: capture"] += t1 - t0
+            self.timings["run: load"] += t2 - t1
+            self.timings["run: merge"] += t3 - t2
+            self.timings["run: oracle"] += time.monotonic() - t3
+        elif step.action == "kill":
+            self.before(step.stage)
+            rc, out = run_killed(env, step.stage, step.point, **self.proc_env)
+            # The point may not be reached (nothing to publish, no resync): then the run must succeed.
+            assert rc in (-signal.SIGKILL, 0), f"loader {step.stage} with {step.point} ended {rc}:\n{out}"
+        elif step.action == "overlap":
+            self.before(step.stage)
+            raised, rc, out = overlap(env, step.stage, **self.proc_env)
+            assert isinstance(raised, (SlotBusyError, StageBusyError)), (
+                f"the second {step.stage} was not refused: {raised!r}"
+            )
+            assert rc == 0, f"the held loader {step.stage} ended {rc}:\n{out}"
+        else:
+            raise ValueError(step.action)
+
+    def before(self, stage: str) -> None:
+        """What must have run so that ``stage`` has work: capture before load, load before merge."""
+        if stage in ("load", "merge"):
+            self.env.capture()
+        if stage == "merge":
+            self.env.load()
+
+    # --- the oracles ---------------------------------------------------------------------
+    def oracle(self) -> None:
+        env = self.env
+        source = self.source_tables()
+        results = env.reconcile()
+        seen = set()
+        bad = []
+        for r in results:
+            seen.add(r.table)
+            if r.table in source:
+                if not r.ok:
+                    bad.append(r.line() + "\n  " + "\n  ".join(r.examples))
+            elif r.parked is None:
+                bad.append(f"{r.table}: gone from the source but not parked ({r.line()})")
+        for table, rows in source.items():
+            if rows and table not in seen:
+                bad.append(f"{table}: {rows} rows in the source, no history table")
+        assert not bad, "current tables differ from the source:\n" + "\n".join(bad)
+        assert_unique_positions(env.settings)
+        for table, key in self.w.tracked.items():
+            self.assert_history_is_the_audit(table, key)
+
+    def source_tables(self) -> dict[str, int]:
+        """Captured source tables (partitioned tables as their root) and their row counts."""
+        rows = self.env.sql(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND n.nspname = ANY(%s)",
+            (list(SCHEMAS),),
+        )
+        out = {}
+        for schema, name in rows:
+            count = self.env.sql(f'SELECT count(*) FROM "{schema}"."{name}"')[0][0]
+            out[f"{schema}.{name}"] = int(count)
+        return out
+
+    def assert_history_is_the_audit(self, table: str, key: list[str]) -> None:
+        """History's changes of ``table``, transaction by transaction, are the audit log's."""
+        audit: dict[int, Counter[tuple[str, tuple[str, ...]]]] = {}
+        for xid, op, k in self.env.sql(
+            f"SELECT xid, op, key FROM {AUDIT_SCHEMA}.changes WHERE tbl = %s AND n > %s ORDER BY n",
+            (table, self.audit_from),
+        ):
+            audit.setdefault(int(xid), Counter())[(op, tuple(k or ()))] += 1
+        hist: dict[int, Counter[tuple[str, tuple[str, ...]]]] = {}
+        cols = [lake_column(c) for c in key]
+        rows = [
+            r
+            for r in history_rows(self.env.settings, table, ["pg_txn_id", "pg_operation", "pg_old_key", *cols])
+            if r["pg_operation"] in ("insert", "update", "delete", "truncate")
+        ]
+        for r in rows:
+            op = r["pg_operation"]
+            if op == "truncate":
+                k: tuple[str, ...] = ()
+            elif op == "delete":
+                old = json.loads(r["pg_old_key"])
+                k = tuple(_text(old[c]) for c in key)
+            else:
+                k = tuple(_text(r[c]) for c in cols)
+            hist.setdefault(int(r["pg_txn_id"]), Counter())[(op, k)] += 1
+        assert list(hist) == list(audit), (
+            f"{table}: history has transactions {list(hist)}, the source committed {list(audit)} (in commit order)"
+        )
+        for xid, made in audit.items():
+            got = hist[xid]
+            assert got == made, f"{table}: transaction {xid} differs: history {dict(got)} vs made {dict(made)}"
+
+
+def apply_sql(conn: Any, step: Sql) -> None:
+    """A step's statements on an autocommit connection, in order (COPY's data through the protocol)."""
+    for statement in step.statements:
+        if is_copy(statement):
+            head, _, data = statement.partition("\n")
+            body = data[: -len("\\.")] if data.endswith("\\.") else data
+            with conn.cursor() as cur, cur.copy(head) as copy:
+                copy.write(body.encode())
+        else:
+            conn.execute(statement)
+
+
+def _text(v: Any) -> str:
+    return str(v)
