@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEB_PACKAGES := postgresql-15 postgresql-15-wal2json libpostgresql-jdbc-java libxerial-sqlite-jdbc-java openjdk-17-jre-headless prometheus
+DEB_PACKAGES := postgresql-15 postgresql-15-wal2json libpostgresql-jdbc-java libxerial-sqlite-jdbc-java openjdk-17-jre-headless openjdk-17-jdk-headless prometheus
 # The test cluster is separate from the demo's, so 'make test' never touches demo state.
 TEST_PGPORT ?= 55433
 TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=$(TEST_PGPORT)
