@@ -31,6 +31,8 @@ def files_holding(root: Path, needle: str) -> list[str]:
     import fastavro
     import pyarrow.parquet as pq
 
+    from loader.verify import _lake_rows
+
     raw = needle.encode()
     found = []
     for p in sorted(root.rglob("*")):
@@ -42,7 +44,9 @@ def files_holding(root: Path, needle: str) -> list[str]:
             if p.name.endswith(".gz"):
                 texts.append(gunzip_salvage(data)[0])
             elif p.suffix == ".parquet":
-                texts.append(repr(pq.read_table(p).to_pylist()).encode())
+                # Dates and timestamps as their integers: the session's other tables hold values
+                # Python's datetime cannot (infinity, BC), and the needle is text anyway.
+                texts.append(repr(_lake_rows(pq.read_table(p))).encode())
             elif p.suffix == ".avro":
                 with open(p, "rb") as f:
                     texts.append(repr(list(fastavro.reader(f))).encode())

@@ -117,13 +117,31 @@ def _batch(seed: int, columns: list[str], odd: float, text_keys: bool) -> list[T
     return txns
 
 
+def _as_text(df: Any) -> Any:
+    """Every column as Spark's text of it (binary as hex): values such as infinity dates are out of
+    Python's range, and Spark's text is exact for every type the history holds."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    return df.select(
+        *[
+            (
+                F.hex(F.col(f"`{f.name}`"))
+                if isinstance(f.dataType, BinaryType)
+                else F.col(f"`{f.name}`").cast("string")
+            ).alias(f.name)
+            for f in df.schema.fields
+        ]
+    )
+
+
 def _snapshot(spark: Any, settings: LoaderSettings) -> dict[str, Any]:
     names = TableNames(settings)
     out: dict[str, Any] = {}
     for table in (ACCT, CODES):
         ident = names.history(table)
         if spark.catalog.tableExists(ident):
-            df = spark.table(ident)
+            df = _as_text(spark.table(ident))
             out[table.qualified] = (df.columns, sorted(repr(tuple(r)) for r in df.collect()))
     out["rejects"] = sorted(repr(tuple(r)) for r in spark.table(names.rejects).drop("rejected_at").collect())
     out["ledger"] = sorted(
