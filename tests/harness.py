@@ -475,10 +475,18 @@ def wait_for_capture_holder(env: Env, timeout: float = 60) -> None:
     raise AssertionError(f"no 'loader capture' took the slot's lock within {timeout}s")
 
 
-def overlap(env: Env, stage: str, hold_seconds: float = 5, **extra: str) -> tuple[Exception | None, int, str]:
+def overlap(env: Env, stage: str, hold_seconds: float | None = None, **extra: str) -> tuple[Exception | None, int, str]:
     """Two runs of ``stage`` at once: a ``loader <stage>`` process held at its lock (``LOADER_PAUSE``)
     while the same stage runs in-process. Returns (what the in-process run raised, or None if it
-    ran; the process's exit status; its output)."""
+    ran; the process's exit status; its output).
+
+    The hold must outlast the second run's wait for the lock: capture waits up to
+    ``CAPTURE_LOCK_GRACE_S`` for a lock a finished run's backend has not released yet, so a hold no
+    longer than that lets the second capture through on a slow machine (seen: 5 s against 5 s)."""
+    from loader.capture.slot import CAPTURE_LOCK_GRACE_S
+
+    if hold_seconds is None:
+        hold_seconds = CAPTURE_LOCK_GRACE_S + 10 if stage == "capture" else 5
     proc = loader_process(env, stage, LOADER_PAUSE=f"{stage}-locked:{hold_seconds}", **extra)
     try:
         if stage == "capture":
