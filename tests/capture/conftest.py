@@ -107,3 +107,30 @@ def crash_after_each_file(settings: LoaderSettings, files: int, after_crash: Cal
         else:
             break
     return crashes
+
+
+def cli(settings: LoaderSettings, tmp: Path, *args: str, **extra: str) -> Any:
+    """``loader <args>`` in-process with ``settings`` as a scheduler would pass them (a SQLite catalog
+    under ``tmp``: capture tests start no Spark), ``extra`` variables on top."""
+    import json
+
+    from click.testing import CliRunner
+
+    from loader.cli import main
+    from tests.harness import settings_env
+
+    env = settings_env(settings)
+    env["LOADER_CATALOG__URI"] = f"sqlite:///{tmp}/catalog.db"
+    env["LOADER_CATALOG__WAREHOUSE"] = (tmp / "warehouse").as_uri()
+    s = settings.source
+    env.update(
+        {
+            "LOADER_SOURCE__PLUGIN": s.plugin,
+            "LOADER_SOURCE__PUBLICATION": s.publication,
+            "LOADER_SOURCE__INCLUDE": json.dumps(s.include),
+            "LOADER_SOURCE__EXCLUDE": json.dumps(s.exclude),
+            "LOADER_SOURCE__HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
+        }
+    )
+    env.update(extra)
+    return CliRunner().invoke(main, list(args), env=env)

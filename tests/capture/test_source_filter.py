@@ -4,7 +4,6 @@ role's SELECT right, for wal2json (add-tables / filter-tables) and pgoutput (a F
 from __future__ import annotations
 
 import gzip
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,14 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from click.testing import CliRunner
 
 from loader.capture.capture import Capture
 from loader.capture.source_filter import SourceRelation, escape_name, glob_patterns, plan_source, render
-from loader.cli import main
 from loader.config import LoaderSettings
-from tests.capture.conftest import Src
-from tests.harness import settings_env
+from tests.capture.conftest import Src, cli
 
 MARK = "zz-secret-marker-7f3a"
 
@@ -51,22 +47,6 @@ def role(src: Src) -> Iterator[tuple[str, LoaderSettings]]:
             for pid in c.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s", (name,)).fetchall():
                 c.execute("SELECT pg_terminate_backend(%s)", pid)
         src.sql(f"DROP ROLE {name}")
-
-
-def cli(settings: LoaderSettings, tmp: Path, *args: str) -> Any:
-    env = settings_env(settings)
-    env["LOADER_CATALOG__URI"] = f"sqlite:///{tmp}/catalog.db"
-    env["LOADER_CATALOG__WAREHOUSE"] = (tmp / "warehouse").as_uri()
-    s = settings.source
-    env.update(
-        {
-            "LOADER_SOURCE__PLUGIN": s.plugin,
-            "LOADER_SOURCE__PUBLICATION": s.publication,
-            "LOADER_SOURCE__INCLUDE": json.dumps(s.include),
-            "LOADER_SOURCE__EXCLUDE": json.dumps(s.exclude),
-        }
-    )
-    return CliRunner().invoke(main, list(args), env=env)
 
 
 # --- pure: the option syntax ----------------------------------------------------------------------

@@ -11,39 +11,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from click.testing import CliRunner
 
 from loader.capture.records import COMMIT
-from loader.cli import main
 from loader.config import LoaderSettings
 from loader.lsn import parse_lsn
-from tests.capture.conftest import Src
-from tests.harness import TEST_PG, settings_env
+from tests.capture.conftest import Src, cli
+from tests.harness import TEST_PG
 
 MB = 1024 * 1024
-
-
-def cli(settings: LoaderSettings, tmp: Path, *args: str, **extra: str) -> Any:
-    env = settings_env(settings)
-    env["LOADER_CATALOG__URI"] = f"sqlite:///{tmp}/catalog.db"
-    env["LOADER_CATALOG__WAREHOUSE"] = (tmp / "warehouse").as_uri()
-    s = settings.source
-    env.update(
-        {
-            "LOADER_SOURCE__PLUGIN": s.plugin,
-            "LOADER_SOURCE__PUBLICATION": s.publication,
-            "LOADER_SOURCE__INCLUDE": json.dumps(s.include),
-            "LOADER_SOURCE__EXCLUDE": json.dumps(s.exclude),
-            "LOADER_SOURCE__HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
-        }
-    )
-    env.update(extra)
-    return CliRunner().invoke(main, list(args), env=env)
 
 
 def with_source(settings: LoaderSettings, **update: Any) -> LoaderSettings:
