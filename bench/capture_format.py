@@ -17,7 +17,7 @@ import time
 
 from isal import igzip
 
-from loader.capture.records import ChangeRecord, Column
+from loader.landing.records import ChangeRecord, Column
 
 AVRO_SCHEMA = {
     "type": "record",

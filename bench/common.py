@@ -23,9 +23,9 @@ from typing import Any
 
 import psycopg
 
-from loader.capture.landing import LandingWriter, open_landing
-from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.config import LoaderSettings
+from loader.landing.records import COMMIT, ChangeRecord, Column
+from loader.landing.store import LandingWriter, open_landing
 
 PG = os.environ.get("LOADER_BENCH_PG", os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:55433"))
 OUT = Path(__file__).resolve().parent / "out"

@@ -29,8 +29,8 @@ import uuid
 from typing import Any
 
 from bench.common import SERIES, Figure, env_int, lake_settings, median_time, record, scratch_database, scratch_dir
+from loader.lake.tables import SourceTable, TableNames
 from loader.lsn import ChangePosition
-from loader.tables import SourceTable, TableNames
 
 COLUMNS = [("id", "bigint"), ("v", "bigint"), ("s", "text"), ("amount", "numeric(18,2)")]
 TS0 = 1_704_067_200  # 2024-01-01
@@ -64,7 +64,7 @@ def _append(spark: Any, ident: str, sql: str) -> None:
 
 
 def run() -> None:
-    from loader.iceberg import ensure_loader_tables
+    from loader.lake.iceberg import ensure_loader_tables
     from loader.load.history import HistoryLoad, LoadResult
     from loader.merge.current import CurrentMerge
     from loader.merge.sql import full_recompute_sql
@@ -145,7 +145,7 @@ def run() -> None:
 def _files_read(settings: Any, table: SourceTable, since: int) -> tuple[int, int]:
     from pyiceberg.expressions import GreaterThan
 
-    from loader.catalog import open_catalog
+    from loader.lake.catalog import open_catalog
 
     h = open_catalog(settings).load_table((settings.catalog.history_namespace, table.iceberg_name))
     return len(list(h.scan(row_filter=GreaterThan("pg_lsn", since)).plan_files())), len(list(h.scan().plan_files()))
@@ -159,7 +159,7 @@ def _p5(
     import pyarrow.compute as pc
     from pyiceberg.expressions import In
 
-    from loader.catalog import open_catalog
+    from loader.lake.catalog import open_catalog
 
     repeats = env_int("BENCH_REPEATS", 3)
     catalog = open_catalog(settings)

@@ -41,10 +41,10 @@ def run() -> None:
     import pyarrow.parquet as pq
     from pyiceberg.expressions import GreaterThanOrEqual
 
-    from loader.catalog import open_catalog
+    from loader.lake.catalog import open_catalog
+    from loader.lake.tables import SourceTable
     from loader.load.history import HistoryLoad
     from loader.spark import get_spark
-    from loader.tables import SourceTable
 
     n = env_int("BENCH_LOAD_CHANGES", 1_000_000)
     repeats = env_int("BENCH_REPEATS", 3)

@@ -54,8 +54,8 @@ def _env(settings: object, interval: float) -> dict[str, str]:
 
 
 def run() -> None:
-    from loader.catalog import open_catalog
-    from loader.tables import SourceTable
+    from loader.lake.catalog import open_catalog
+    from loader.lake.tables import SourceTable
 
     rate = env_int("BENCH_PGBENCH_RATE", 100)
     seconds = env_int("BENCH_FRESHNESS_SECONDS", 90)

@@ -90,7 +90,7 @@ def _wal_lsn() -> int:
 
 def run() -> None:
     from loader.capture.heartbeat import HEARTBEAT_STATE
-    from loader.capture.landing import open_landing
+    from loader.landing.store import open_landing
 
     total_mb = env_int("BENCH_WAL_TOTAL_MB", 1024)
     seconds = env_int("BENCH_WAL_SECONDS", 600)

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, UsageError
-from loader.load.typemap import quote_ident, sql_string
+from loader.lake.tables import SourceTable, TableNames
+from loader.lake.types import quote_ident, sql_string
+from loader.landing.store import LandingFile, LandingStore, open_landing
 from loader.lsn import ChangePosition, format_lsn
-from loader.tables import SourceTable, TableNames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -149,8 +149,8 @@ def check_tables(ctx: Context, tables: tuple[str, ...] | list[str], option: str 
     before Spark starts. An unknown one is a usage error listing the known tables, close matches first."""
     if not tables:
         return
-    from loader.catalog import lake_tables
-    from loader.tables import unknown_tables
+    from loader.lake.catalog import lake_tables
+    from loader.lake.tables import unknown_tables
 
     problem = unknown_tables(list(tables), lake_tables(ctx.settings), "table")
     if problem:
@@ -186,12 +186,12 @@ def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool, as_json: bo
     from loader.capture.capture import Capture
 
     if with_snapshot and not no_create_slot:
-        from loader.capture.snapshot import Snapshot
+        from loader.capture.capture import snapshot
 
         with slots.connect(ctx.settings.source.conninfo()) as conn:
             missing = slots.slot_info(conn, ctx.settings.source.slot) is None
         if missing:
-            snap = Snapshot(ctx.settings).run()
+            snap = snapshot(ctx.settings).run()
             if not as_json:
                 click.echo(snap.summary())
     res = Capture(ctx.settings).run(create_slot=not no_create_slot)
@@ -438,8 +438,8 @@ def slot_info(ctx: Context) -> None:
 
 def _snapshot_state(settings: LoaderSettings) -> dict[str, Any] | None:
     """The landing area's snapshot state (consistent point, tables, done), if a snapshot was taken."""
-    from loader.capture.capture import SNAPSHOT_STATE
-    from loader.capture.landing import open_landing
+    from loader.landing.state import SNAPSHOT_STATE
+    from loader.landing.store import open_landing
 
     return open_landing(settings).read_state(SNAPSHOT_STATE)
 
@@ -451,7 +451,7 @@ def _snapshot_state(settings: LoaderSettings) -> dict[str, Any] | None:
 def slot_tables(ctx: Context, as_json: bool) -> None:
     """Captured tables, their key and replica identity, and what downstream can build from each."""
     from loader.capture import slot as slots
-    from loader.capture.capture import TableFilter
+    from loader.capture.source_filter import TableFilter
     from loader.capture.source_tables import list_tables
 
     src = ctx.settings.source
@@ -481,10 +481,10 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
     'loader merge' (or 'loader run').
     """
     from loader.capture import slot as slots
-    from loader.capture.capture import SLOT_STATE
-    from loader.capture.landing import open_landing
-    from loader.capture.snapshot import Snapshot
+    from loader.capture.capture import snapshot
     from loader.errors import SlotLostError
+    from loader.landing.state import SLOT_STATE
+    from loader.landing.store import open_landing
 
     src = ctx.settings.source
     store = open_landing(ctx.settings)
@@ -500,7 +500,7 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
         lost = bool(files)
     if lost and tables:
         click.echo("the replication slot is lost, so every captured table is resynced (not only --table)", err=True)
-    snap = Snapshot(
+    snap = snapshot(
         ctx.settings,
         store,
         tables=None if lost else (list(tables) or None),
@@ -555,9 +555,9 @@ def backfill_snapshot(ctx: Context, tables: tuple[str, ...], chunk_rows: int | N
     table's snapshot replaces its current state, like 'loader resync'. Then 'loader load' and
     'loader merge'.
     """
-    from loader.capture.snapshot import Snapshot
+    from loader.capture.capture import snapshot
 
-    snap = Snapshot(ctx.settings, tables=list(tables) or None, chunk_rows=chunk_rows)
+    snap = snapshot(ctx.settings, tables=list(tables) or None, chunk_rows=chunk_rows)
     if dry_run:
         for table, rows in snap.plan():
             click.echo(f"{table}: about {rows} rows")

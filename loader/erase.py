@@ -31,7 +31,6 @@ stop a follower first (it holds them). Concurrent writers to the warehouse other
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import secrets
@@ -39,11 +38,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from loader.capture.landing import GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
-from loader.capture.records import FileHeader, parse_header
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
-from loader.iceberg import (
+from loader.lake.erased import ERASED_KEYS_DDL, PROP_SALT, value_hash
+from loader.lake.iceberg import (
     delete_orphan_files,
     ensure_loader_tables,
     table_exists,
@@ -51,22 +49,22 @@ from loader.iceberg import (
     update_properties,
     watermark,
 )
-from loader.load.typemap import quote_ident, sql_string
+from loader.lake.tables import SUMMARY_LOADED_THROUGH, SourceTable, TableNames
+from loader.lake.types import quote_ident, sql_string
+from loader.landing.records import FileHeader, parse_header
+from loader.landing.store import GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
 from loader.locks import stage_lock
 from loader.names import lake_column
-from loader.tables import SUMMARY_LOADED_THROUGH, SourceTable, TableNames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("loader.erase")
 
-ERASED_KEYS_DDL = "source_table STRING, source_column STRING, value_hash STRING, erased_at TIMESTAMP"
 ERASURES_DDL = (
     "erased_at TIMESTAMP, subject_type STRING, subject_hash STRING, tables ARRAY<STRING>,"
     " rows_removed MAP<STRING, BIGINT>, landing_records_removed BIGINT, loaded_through STRING"
 )
-PROP_SALT = "loader.erasure-salt"
 # A landing file the erasure cannot read: damaged, or decompressing past landing.max_decompressed_mb.
 _UNSCRUBBABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, ValueError, DecompressedSizeError)
 
@@ -133,16 +131,6 @@ def resolve(
             raise ConfigError(f"--key {key!r} is not column=value", hint="e.g. --key customer_id=123")
         return f"{table}.{column}", [Target(SourceTable.parse(table), column, value)]
     raise ConfigError("name a subject", hint="use --subject type=value, or --table schema.table --key column=value")
-
-
-def value_hash(salt: str, value: str) -> str:
-    """What the lake keeps of an erased value: sha256 of a per-catalog secret salt and the value."""
-    return hashlib.sha256((salt + value).encode("utf-8")).hexdigest()
-
-
-def erased_hashes_sql(salt_literal: str, value_sql: str) -> str:
-    """Spark SQL computing :func:`value_hash` of a string expression."""
-    return f"sha2(concat({salt_literal}, {value_sql}), 256)"
 
 
 class Erasure:
@@ -252,8 +240,8 @@ class Erasure:
 
     def _typed_literal(self, t: Target) -> str:
         """The value as a literal of the column's type in the lake (Spark folds the cast)."""
-        from loader.load.typemap import spark_type
-        from loader.tables import PROP_PG_TYPES
+        from loader.lake.tables import PROP_PG_TYPES
+        from loader.lake.types import spark_type
 
         hist = self.names.history(t.table)
         pg_type = "text"

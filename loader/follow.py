@@ -235,7 +235,7 @@ class Follower:
 
         load = HistoryLoad(self.spark, self.settings)
         if self._loaded is None:
-            from loader.iceberg import ensure_loader_tables
+            from loader.lake.iceberg import ensure_loader_tables
 
             ensure_loader_tables(self.spark, load.names)
             self._loaded = load.loaded_files()
@@ -274,8 +274,8 @@ class Follower:
         return True
 
     def _note_freshness(self, merge: Any) -> None:
-        from loader.iceberg import table_properties
-        from loader.tables import PROP_LOADED_THROUGH_TS, TableNames
+        from loader.lake.iceberg import table_properties
+        from loader.lake.tables import PROP_LOADED_THROUGH_TS, TableNames
 
         for t in merge.tables:
             if not t.skipped_reason or t.parked:

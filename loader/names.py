@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import re
 
-# Metadata columns of history and current tables (see loader.tables); reserved for the loader.
+# Metadata columns of history and current tables (see loader.lake.tables); reserved for the loader.
 METADATA_COLUMNS = frozenset(
     {
         "pg_lsn",

@@ -475,7 +475,7 @@ def server_command(settings: LoaderSettings, password_check: Path | None = None)
 
 def ensure_default_namespace(settings: LoaderSettings) -> None:
     """Clients run ``USE default`` on connect; it must resolve in the Iceberg catalog (trap 2)."""
-    from loader.catalog import open_catalog
+    from loader.lake.catalog import open_catalog
 
     open_catalog(settings).create_namespace_if_not_exists("default")
 

@@ -18,12 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loader.capture import heartbeat
-from loader.capture.capture import SLOT_STATE, SOURCE_STATE
-from loader.capture.landing import open_landing
-from loader.catalog import latest_summary, open_catalog, row_count, watermark
 from loader.config import LoaderSettings
-from loader.lsn import ChangePosition
-from loader.tables import (
+from loader.lake.catalog import latest_summary, open_catalog, row_count, watermark
+from loader.lake.tables import (
     PROP_LAST_POSITION,
     PROP_LOADED_THROUGH_TS,
     PROP_MERGED_THROUGH_TS,
@@ -34,6 +31,9 @@ from loader.tables import (
     SourceTable,
     newest_position,
 )
+from loader.landing.state import SLOT_STATE, SOURCE_STATE
+from loader.landing.store import open_landing
+from loader.lsn import ChangePosition
 
 
 def _pos(token: str | None) -> str | None:

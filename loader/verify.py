@@ -25,11 +25,11 @@ from decimal import Decimal
 from typing import Any
 
 from loader.capture import slot as slots
-from loader.catalog import open_catalog
 from loader.config import LoaderSettings
-from loader.load.typemap import NON_FINITE, spark_type
+from loader.lake.catalog import open_catalog
+from loader.lake.tables import PROP_PARKED, PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
+from loader.lake.types import NON_FINITE, spark_type
 from loader.names import lake_column
-from loader.tables import PROP_PARKED, PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
 
 
 @dataclass

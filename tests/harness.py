@@ -20,12 +20,12 @@ from typing import Any
 import psycopg
 
 from loader.capture.capture import Capture, CaptureResult
-from loader.capture.landing import LandingWriter, open_landing
-from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.config import LoaderSettings
+from loader.lake.tables import SourceTable, TableNames
+from loader.landing.records import COMMIT, ChangeRecord, Column
+from loader.landing.store import LandingWriter, open_landing
 from loader.load.history import HistoryLoad, LoadResult
 from loader.merge.current import CurrentMerge, MergeResult
-from loader.tables import SourceTable, TableNames
 from loader.verify import Reconciliation, reconcile
 
 #: The project's root (``schemas/``, ``infra/``, ``dbt_project/``).
@@ -116,9 +116,9 @@ class Env:
 
     def resync(self, tables: list[str] | None = None, **kwargs: Any) -> Any:
         """What 'loader resync' does (a consistent re-snapshot that replaces the tables' state)."""
-        from loader.capture.snapshot import Snapshot
+        from loader.capture.capture import snapshot
 
-        return Snapshot(self.settings, tables=tables, reason="requested by the test", **kwargs).run()
+        return snapshot(self.settings, tables=tables, reason="requested by the test", **kwargs).run()
 
     def configure(self, section: str, **values: Any) -> None:
         """Change settings of one section (e.g. configure('source', auto_resync=False))."""
@@ -231,7 +231,7 @@ def hold_back_landing_files(env: Env) -> list[Any]:
     """Move the last run of whole-transaction landing files away, as a lagging copy or listing
     would hold them back: it starts a transaction (after a file that ends one) and ends on a
     commit; later files start transactions of their own. Returns them (see return_landing_files)."""
-    from loader.capture.landing import open_landing
+    from loader.landing.store import open_landing
 
     files = open_landing(env.settings).files()
     start = next(i for i in range(len(files) - 2, 0, -1) if files[i].first.seq == 1 and files[i - 1].complete)

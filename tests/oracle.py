@@ -61,8 +61,8 @@ def assert_no_duplicate_positions(env: Any) -> None:
 def history_rows(settings: Any, table: str, columns: list[str]) -> list[dict[str, Any]]:
     """``columns`` of every history row of ``table`` (schema.table) in (pg_lsn, pg_seq) order, read
     through pyiceberg (no Spark job: an engine apart from the one that wrote them)."""
-    from loader.catalog import open_catalog
-    from loader.tables import SourceTable
+    from loader.lake.catalog import open_catalog
+    from loader.lake.tables import SourceTable
 
     schema, _, name = table.partition(".")
     hist = open_catalog(settings).load_table(
@@ -77,7 +77,7 @@ def history_rows(settings: Any, table: str, columns: list[str]) -> list[dict[str
 
 def assert_unique_positions(settings: Any) -> None:
     """``assert_no_duplicate_positions`` read through pyiceberg: every history table, no Spark job."""
-    from loader.catalog import open_catalog
+    from loader.lake.catalog import open_catalog
 
     catalog = open_catalog(settings)
     for ident in catalog.list_tables(settings.catalog.history_namespace):

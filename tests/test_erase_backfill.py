@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from loader.backfill import Backfill, parse_time
-from loader.capture.landing import open_landing
 from loader.erase import Erasure
-from loader.iceberg import watermark
+from loader.lake.iceberg import watermark
+from loader.lake.tables import SUMMARY_LOADED_THROUGH, SourceTable
+from loader.landing.store import open_landing
 from loader.load.decode import gunzip_salvage
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
-from loader.tables import SUMMARY_LOADED_THROUGH, SourceTable
 from loader.verify import normalize
 from tests.harness import Env
 from tests.oracle import assert_no_duplicate_positions
@@ -138,10 +138,10 @@ def test_erasure_takes_rejects_of_no_table_matches_the_value_literally_and_fails
 
     from click.testing import CliRunner
 
-    from loader.capture.landing import LandingFile
-    from loader.capture.records import FileHeader
     from loader.cli import main
     from loader.errors import ErasureIncompleteError, TerminalError
+    from loader.landing.records import FileHeader
+    from loader.landing.store import LandingFile
     from tests.harness import cli_env
 
     subjects = {"customer": ["public.customers.customer_id"]}

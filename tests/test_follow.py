@@ -49,8 +49,8 @@ def free_port() -> int:
 def visible(env: Env, table: str, key: int) -> bool:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from loader.catalog import open_catalog
-    from loader.tables import SourceTable
+    from loader.lake.catalog import open_catalog
+    from loader.lake.tables import SourceTable
 
     c = env.settings.catalog
     try:
@@ -172,7 +172,7 @@ def test_maintenance_and_snapshot_expiry_keep_watermarks_and_late_files(env: Env
 
 
 def _st(table: str) -> object:
-    from loader.tables import SourceTable
+    from loader.lake.tables import SourceTable
 
     return SourceTable.parse(table)
 
@@ -180,8 +180,8 @@ def _st(table: str) -> object:
 def test_a_cycle_first_lands_what_was_committed_before_it(env: Env) -> None:
     """``capture_now`` returns only after a capture run that began after the call: every
     transaction committed before it is landed, though the timed runs pause for an hour."""
-    from loader.capture.landing import open_landing
     from loader.follow import Follower
+    from loader.landing.store import open_landing
 
     env.sql("CREATE TABLE public.asked (id int PRIMARY KEY)")
     env.capture()
@@ -288,7 +288,7 @@ def visible_in(settings: LoaderSettings, rows: int) -> bool:
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
     from sqlalchemy.exc import OperationalError
 
-    from loader.catalog import open_catalog, row_count
+    from loader.lake.catalog import open_catalog, row_count
 
     try:
         t = open_catalog(settings).load_table((settings.catalog.current_namespace, "public__t"))

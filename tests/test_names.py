@@ -106,7 +106,7 @@ def test_internal_aliases_refuse_words_that_could_meet_escaped_columns() -> None
 
 
 def test_a_trailing_newline_is_never_plain() -> None:
-    from loader.capture.landing import LandingFile
+    from loader.landing.store import LandingFile
 
     assert encode_part("orders\n").startswith("_")
     assert LandingFile.parse("0000000000000001.0000000001_0000000000000001.0000000002_c.jsonl.gz\n") is None

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from loader.follow import Follower
+from loader.lake.tables import SourceTable
 from loader.maintain import Maintenance
-from loader.tables import SourceTable
 from loader.workload import BankWorkload
 from tests.harness import Env, hold_back_landing_files, return_landing_files
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions

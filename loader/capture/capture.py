@@ -16,7 +16,6 @@ landing area's state until they succeed.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import re
 import time
@@ -29,9 +28,16 @@ import psycopg
 
 from loader.capture import heartbeat as heartbeats
 from loader.capture import slot as slots
-from loader.capture.landing import LandingStore, LandingWriter, open_landing
-from loader.capture.records import COMMIT, ChangeRecord
-from loader.capture.source_filter import SourcePlan, current_role, may_select, plan_source, read_relations
+from loader.capture.snapshot import Snapshot
+from loader.capture.source_filter import (
+    SourcePlan,
+    TableFilter,
+    current_role,
+    may_select,
+    plan_source,
+    publication_plan,
+    read_relations,
+)
 from loader.capture.source_tables import KeyLookup
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
@@ -39,20 +45,13 @@ from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
 from loader.config import LoaderSettings
 from loader.errors import DecodeError, LandingError, SlotLostError, TransientError
 from loader.faults import checkpoint
+from loader.landing.records import COMMIT, ChangeRecord
+from loader.landing.state import CATALOG_STATE, SLOT_STATE, SNAPSHOT_STATE, SOURCE_STATE, record_confirmed
+from loader.landing.store import LandingStore, LandingWriter, open_landing
 from loader.lsn import ChangePosition, format_lsn, parse_lsn
 from loader.progress import bar
 
 log = logging.getLogger("loader.capture")
-
-# Name of the state object an unfinished snapshot leaves in the landing area (see snapshot.py).
-SNAPSHOT_STATE = "snapshot.state.json"
-# What the catalog looked like at the last run, and resyncs still to do (see loader.capture.watch).
-CATALOG_STATE = "catalog.state.json"
-# The last position this loader confirmed on the slot (written before each advance).
-SLOT_STATE = "slot.state.json"
-# What the source-side filter left out (skipped tables, for ``loader status``), the tables the
-# pgoutput publication listed, and whether the "every table" notice was given for this slot.
-SOURCE_STATE = "source.state.json"
 
 
 class SnapshotInProgressError(TransientError):
@@ -114,25 +113,6 @@ class CaptureResult:
 
 # Column types whose NaN/±Infinity wal2json before 2.6 prints as null (arrays of them too).
 _SPECIAL_FLOAT_TYPES = re.compile(r"^(numeric|real|double precision|float4|float8)\b")
-
-
-class TableFilter:
-    """Include/exclude ``schema.table`` glob patterns; exclusions win."""
-
-    def __init__(self, include: list[str], exclude: list[str]) -> None:
-        self.include = include or ["*.*"]
-        self.exclude = exclude
-        self._verdicts: dict[str, bool] = {}  # asked once per change: remember per table
-
-    def __call__(self, qualified: str) -> bool:
-        verdict = self._verdicts.get(qualified)
-        if verdict is None:
-            verdict = not any(fnmatch.fnmatchcase(qualified, p) for p in self.exclude) and any(
-                fnmatch.fnmatchcase(qualified, p) for p in self.include
-            )
-            if len(self._verdicts) < 100_000:
-                self._verdicts[qualified] = verdict
-        return verdict
 
 
 class _Controls:
@@ -389,9 +369,7 @@ class Capture:
         return True
 
     def _recover_slot(self, result: CaptureResult) -> CaptureResult:
-        from loader.capture.snapshot import Snapshot
-
-        snap = Snapshot(self.settings, self.store, on_published=self.on_published, recover=True).run(locked=True)
+        snap = snapshot(self.settings, self.store, on_published=self.on_published, recover=True).run(locked=True)
         result.files += snap.files
         result.resynced.update({t: "replication slot lost: resynced every table" for t in snap.tables})
         result.slot_created = True
@@ -485,10 +463,8 @@ class Capture:
             return
         if not self.watch:
             self.check_no_snapshot_in_progress()
-        from loader.capture.snapshot import Snapshot
-
         log.warning("resuming the snapshot interrupted at consistent point %s", state.get("consistent_lsn"))
-        Snapshot(self.settings, self.store, on_published=self.on_published).run(locked=True)
+        snapshot(self.settings, self.store, on_published=self.on_published).run(locked=True)
 
     def check_no_snapshot_in_progress(self) -> None:
         state = self.store.read_state(SNAPSHOT_STATE)
@@ -553,8 +529,6 @@ class Capture:
 
     def _resync(self, result: CaptureResult) -> None:
         """Run the pending resyncs (a consistent snapshot of each table through a temporary slot)."""
-        from loader.capture.snapshot import Snapshot
-
         pending = {t: r for t, r in self._pending_resyncs.items() if t in self.facts and self._captured(t)}
         if not pending:
             if self._pending_resyncs:
@@ -562,7 +536,7 @@ class Capture:
                 self._save_catalog_state(WatchPlan())
             return
         checkpoint("capture-before-resync")
-        snap = Snapshot(
+        snap = snapshot(
             self.settings, self.store, tables=sorted(pending), reasons=pending, on_published=self.on_published
         )
         done = snap.run(locked=True)
@@ -829,27 +803,24 @@ class Capture:
         return True
 
 
-def publication_plan(conn: psycopg.Connection, settings: LoaderSettings, role: str | None = None) -> SourcePlan:
-    """The captured set for pgoutput: what the publication lists. A table without a replica
-    identity stays out of it (publishing it would make PostgreSQL reject its UPDATE and DELETE)."""
-    src = settings.source
-    relations = read_relations(conn, src.partitions)
-    plan = plan_source(
-        relations,
-        TableFilter(src.include, src.exclude),
-        src.include,
-        src.exclude,
-        role or current_role(conn),
-    )
-    for rel in relations:
-        if rel.qualified == rel.logical and rel.logical in plan.wanted and not rel.has_identity:
-            plan.wanted.discard(rel.logical)
-            plan.skipped[rel.logical] = (
-                "skipped: no replica identity, and a publication listing it would make PostgreSQL reject its "
-                "UPDATE and DELETE (add a primary key or REPLICA IDENTITY FULL)"
-            )
-    plan.add_tables, plan.filter_tables = None, []  # wal2json's options: not used with pgoutput
-    return plan
+def snapshot(
+    settings: LoaderSettings,
+    store: LandingStore | None = None,
+    *,
+    on_published: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Snapshot:
+    """A snapshot (or resync) of tables, wired to this capture: tables added while the slot exists
+    first get every change the main slot holds that committed before the snapshot's consistent point."""
+    store = store or open_landing(settings)
+
+    def stream_until(lsn: int) -> tuple[int, list[str]]:
+        done = Capture(settings, store, on_published=on_published, watch=False).run(
+            create_slot=False, upto_lsn=lsn, locked=True
+        )
+        return done.changes, done.files
+
+    return Snapshot(settings, store, on_published=on_published, stream_until=stream_until, **options)
 
 
 _warned: set[tuple[str, str]] = set()
@@ -860,11 +831,6 @@ def _warn_once(key: tuple[str, str], msg: str, *args: Any) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(msg, *args)
-
-
-def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
-    """Remember, before the slot moves, how far this loader confirms it (see slots.check_not_lost)."""
-    store.write_state(SLOT_STATE, {"slot": slot, "confirmed": lsn})
 
 
 class _RawText(psycopg.adapt.Loader):

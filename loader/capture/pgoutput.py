@@ -43,9 +43,9 @@ import psycopg
 from psycopg import sql
 
 from loader.capture import heartbeat
-from loader.capture.records import ChangeRecord, Column, OpenTransaction
 from loader.capture.source_tables import HAS_IDENTITY_SQL
 from loader.errors import SourceError
+from loader.landing.records import ChangeRecord, Column, OpenTransaction
 from loader.lsn import format_lsn
 
 PLUGIN = "pgoutput"

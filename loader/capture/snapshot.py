@@ -36,16 +36,16 @@ import psycopg
 from psycopg import sql
 
 from loader.capture import slot as slots
-from loader.capture.capture import SNAPSHOT_STATE, Capture, TableFilter
-from loader.capture.landing import LandingFile, LandingStore, LandingWriter, open_landing
-from loader.capture.records import COMMIT, ChangeRecord, Column
-from loader.capture.source_filter import current_role, plan_source, read_relations
+from loader.capture.source_filter import TableFilter, current_role, plan_source, read_relations
 from loader.capture.source_tables import column_types, list_tables, table_info
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, LandingError, UsageError
+from loader.lake.tables import unknown_tables
+from loader.landing.records import COMMIT, ChangeRecord, Column
+from loader.landing.state import SNAPSHOT_STATE
+from loader.landing.store import LandingFile, LandingStore, LandingWriter, open_landing
 from loader.lsn import ChangePosition, format_lsn
 from loader.progress import bar
-from loader.tables import unknown_tables
 
 
 @dataclass
@@ -90,9 +90,13 @@ class Snapshot:
         reason: str = "",
         reasons: dict[str, str] | None = None,
         recover: bool = False,
+        stream_until: Callable[[int], tuple[int, list[str]]] | None = None,
     ) -> None:
         # recover: the slot is lost; drop what is left of it, create it again, resync every table.
         self.recover = recover
+        # Lands every change the main slot holds that committed before a given LSN, returning
+        # (changes, files): the capture run (loader.capture.capture.snapshot wires it).
+        self.stream_until = stream_until
         self.reason = reason
         self.reasons = reasons or {}
         self.settings = settings
@@ -128,12 +132,12 @@ class Snapshot:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
                 if src.plugin == "pgoutput":
                     from loader.capture import pgoutput
-                    from loader.capture.capture import publication_plan
+                    from loader.capture.source_filter import publication_plan
 
                     plan = publication_plan(conn, self.settings)
                     pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
                 exported = slots.create_slot_exporting_snapshot(src.conninfo(), src.slot, plugin=src.plugin)
-                from loader.capture.capture import record_confirmed
+                from loader.landing.state import record_confirmed
 
                 record_confirmed(self.store, src.slot, exported.consistent_lsn)
                 result.slot_created = True
@@ -148,14 +152,14 @@ class Snapshot:
                 temp = f"{src.slot[:40]}_snap_{os.getpid()}"
                 exported = slots.create_slot_exporting_snapshot(src.conninfo(), temp, temporary=True, plugin=src.plugin)
                 try:
-                    streamed = Capture(self.settings, self.store, on_published=self.on_published, watch=False).run(
-                        create_slot=False, upto_lsn=exported.consistent_lsn, locked=True
-                    )
+                    if self.stream_until is None:
+                        raise RuntimeError("a snapshot beside an existing slot needs stream_until")
+                    changes, files = self.stream_until(exported.consistent_lsn)
                 except BaseException:
                     exported.close()
                     raise
-                result.streamed_before = streamed.changes
-                result.files += streamed.files
+                result.streamed_before = changes
+                result.files += files
             with exported, slots.connect(src.conninfo()) as reader:
                 reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported.snapshot_name)))
@@ -341,8 +345,8 @@ class Snapshot:
         Otherwise the next capture would compare against what it saw before the resync and resync
         the tables again (a table included again, a rewrite it already covered).
         """
-        from loader.capture.capture import CATALOG_STATE
         from loader.capture.watch import read_facts
+        from loader.landing.state import CATALOG_STATE
 
         state = self.store.read_state(CATALOG_STATE)
         if state is None:

@@ -24,12 +24,14 @@ all and a table created at any moment is sent.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psycopg
 
 from loader.capture.source_tables import HAS_IDENTITY_SQL
+from loader.config import LoaderSettings
 
 # A wal2json table pattern: (schema or None for every schema, table or None for every table).
 Pattern = tuple[str | None, str | None]
@@ -218,3 +220,45 @@ def may_select(conn: psycopg.Connection, qualified: str) -> bool | None:
         (schema, table),
     ).fetchone()
     return None if row is None else bool(row[0])
+
+
+class TableFilter:
+    """Include/exclude ``schema.table`` glob patterns; exclusions win."""
+
+    def __init__(self, include: list[str], exclude: list[str]) -> None:
+        self.include = include or ["*.*"]
+        self.exclude = exclude
+        self._verdicts: dict[str, bool] = {}  # asked once per change: remember per table
+
+    def __call__(self, qualified: str) -> bool:
+        verdict = self._verdicts.get(qualified)
+        if verdict is None:
+            verdict = not any(fnmatch.fnmatchcase(qualified, p) for p in self.exclude) and any(
+                fnmatch.fnmatchcase(qualified, p) for p in self.include
+            )
+            if len(self._verdicts) < 100_000:
+                self._verdicts[qualified] = verdict
+        return verdict
+
+
+def publication_plan(conn: psycopg.Connection, settings: LoaderSettings, role: str | None = None) -> SourcePlan:
+    """The captured set for pgoutput: what the publication lists. A table without a replica
+    identity stays out of it (publishing it would make PostgreSQL reject its UPDATE and DELETE)."""
+    src = settings.source
+    relations = read_relations(conn, src.partitions)
+    plan = plan_source(
+        relations,
+        TableFilter(src.include, src.exclude),
+        src.include,
+        src.exclude,
+        role or current_role(conn),
+    )
+    for rel in relations:
+        if rel.qualified == rel.logical and rel.logical in plan.wanted and not rel.has_identity:
+            plan.wanted.discard(rel.logical)
+            plan.skipped[rel.logical] = (
+                "skipped: no replica identity, and a publication listing it would make PostgreSQL reject its "
+                "UPDATE and DELETE (add a primary key or REPLICA IDENTITY FULL)"
+            )
+    plan.add_tables, plan.filter_tables = None, []  # wal2json's options: not used with pgoutput
+    return plan

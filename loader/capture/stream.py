@@ -41,8 +41,8 @@ from typing import IO, Any
 
 import psycopg
 
-from loader.capture.landing import open_private
 from loader.errors import SourceError, TransientError
+from loader.landing.store import open_private
 from loader.lsn import format_lsn
 
 log = logging.getLogger("loader.capture")

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 
 from loader.capture import heartbeat
-from loader.capture.records import ChangeRecord, Column, OpenTransaction
 from loader.errors import DecodeError
+from loader.landing.records import ChangeRecord, Column, OpenTransaction
 from loader.lsn import parse_lsn
 
 # Options passed to pg_logical_slot_peek_changes (wal2json's README): format 2 with positions, xids,

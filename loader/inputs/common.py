@@ -52,9 +52,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loader.capture.landing import GZIP_DAMAGE, MAX_DECOMPRESSED, LandingStore, LandingWriter, gunzip_bounded
-from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.errors import ConfigError, DecodeError
+from loader.landing.records import COMMIT, ChangeRecord, Column
+from loader.landing.store import GZIP_DAMAGE, MAX_DECOMPRESSED, LandingStore, LandingWriter, gunzip_bounded
 from loader.lsn import ChangePosition, parse_lsn
 
 # Landing state object of the quarantine ledger (see the module docstring).

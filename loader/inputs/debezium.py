@@ -37,7 +37,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from loader.capture.records import Column
 from loader.errors import DecodeError
 from loader.inputs.common import (
     MAX_DECOMPRESSED,
@@ -48,6 +47,7 @@ from loader.inputs.common import (
     lsn_value,
     value_text,
 )
+from loader.landing.records import Column
 
 # Debezium's default ``unavailable.value.placeholder``: written instead of an unchanged TOASTed
 # value the connector did not receive (an UPDATE under REPLICA IDENTITY DEFAULT). Not data.

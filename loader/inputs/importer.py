@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from loader.capture.landing import LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.errors import ConfigError
 from loader.inputs import debezium, pgkafka, wal2json_files
 from loader.inputs.common import ImportResult, InputItem, import_changes, parse_pk_option
+from loader.landing.store import LandingStore, open_landing
 
 Reader = Callable[..., Iterator[InputItem]]  # (paths, keys, ..., max_bytes=)
 FORMATS: dict[str, Reader] = {"pgkafka": pgkafka.read, "wal2json": wal2json_files.read, "debezium": debezium.read}

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from loader.capture.records import Column
 from loader.errors import DecodeError
 from loader.inputs.common import (
     MAX_DECOMPRESSED,
@@ -32,6 +31,7 @@ from loader.inputs.common import (
     lsn_value,
     value_text,
 )
+from loader.landing.records import Column
 
 _OPS = {
     "insert": "I",

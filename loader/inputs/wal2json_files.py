@@ -30,7 +30,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from loader.capture.records import COMMIT, Column
 from loader.capture.wal2json import Wal2JsonDecoder, column_text
 from loader.errors import DecodeError
 from loader.inputs.common import (
@@ -42,6 +41,7 @@ from loader.inputs.common import (
     json_documents,
     lsn_value,
 )
+from loader.landing.records import COMMIT, Column
 from loader.lsn import parse_lsn
 
 _KINDS = {"insert": "I", "update": "U", "delete": "D", "truncate": "T"}

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
-from loader.capture.landing import MAX_DECOMPRESSED, gunzip_bounded, too_large
-from loader.capture.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
 from loader.errors import DecompressedSizeError
+from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
+from loader.landing.store import MAX_DECOMPRESSED, gunzip_bounded, too_large
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 
@@ -453,8 +453,8 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
 
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
 
-        from loader.capture.landing import LandingFile, open_landing
         from loader.config import LoaderSettings
+        from loader.landing.store import LandingFile, open_landing
 
         settings = LoaderSettings.model_validate_json(settings_json)
         store = open_landing(settings)

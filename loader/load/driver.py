@@ -28,16 +28,16 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loader.capture.landing import LandingFile, LandingStore
-from loader.capture.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.errors import LandingUnavailableError, WarehouseUnavailableError
+from loader.lake.tables import SourceTable
+from loader.lake.types import never_toasted, spark_type
+from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
+from loader.landing.store import LandingFile, LandingStore
 from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
-from loader.load.typemap import never_toasted, spark_type
 from loader.lsn import ChangePosition
 from loader.names import lake_column
-from loader.tables import SourceTable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -92,8 +92,8 @@ def _read_text(name: str, data: bytes, limit: int) -> tuple[bytes, FileHeader | 
     """One intact landing file's record lines (header line removed, ending in a newline).
 
     A file decompressing past ``limit`` bytes raises ``DecompressedSizeError`` (so would the Spark path)."""
-    from loader.capture.landing import gunzip_bounded
     from loader.errors import DecompressedSizeError
+    from loader.landing.store import gunzip_bounded
 
     if not name.endswith(".gz"):
         raise NotPlain(f"{name}: not a gzip landing file")
@@ -577,8 +577,8 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from loader.iceberg import iceberg_table
-    from loader.merge.rowdelta import _parquet_bytes
+    from loader.lake.files import parquet_bytes
+    from loader.lake.iceberg import iceberg_table
     from loader.spark import jvm_class
 
     table = iceberg_table(spark, ident)
@@ -600,7 +600,7 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
             part = rows.filter(pc.equal(days, pa.scalar(day, pa.date32())))
             partition = data_files.data(spec, f"{part_name}={day.isoformat()}")
             path = str(locations.newDataLocation(spec, partition, f"{stem}-{i:05d}.parquet"))
-            data = _parquet_bytes(part)
+            data = parquet_bytes(part)
             written.append(path)
             _write_file(file_io, path, data)
             built = (

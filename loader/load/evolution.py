@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from loader.load.typemap import spark_type
+from loader.lake.types import spark_type
 from loader.names import internal
 
 _DEC = re.compile(r"^DECIMAL\((\d+),(\d+)\)\Z")

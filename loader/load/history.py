@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from loader.capture.landing import LandingFile, LandingStore, open_landing
 from loader.config import LoaderSettings
 from loader.faults import checkpoint
-from loader.iceberg import (
+from loader.lake.iceberg import (
     create_source_table,
     current_snapshot_id,
     ensure_loader_tables,
@@ -41,15 +40,7 @@ from loader.iceberg import (
     update_properties,
     watermark,
 )
-from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
-from loader.load.evolution import plan_evolution, retired_name
-from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
-from loader.load.survey import BatchSurvey, survey
-from loader.load.typemap import quote_ident, spark_type, sql_string
-from loader.lsn import ChangePosition
-from loader.names import lake_column
-from loader.progress import each_table
-from loader.tables import (
+from loader.lake.tables import (
     HISTORY_METADATA,
     PROP_DROPPED_COLUMNS,
     PROP_LAST_POSITION,
@@ -67,6 +58,15 @@ from loader.tables import (
     TableNames,
     newest_position,
 )
+from loader.lake.types import quote_ident, spark_type, sql_string
+from loader.landing.store import LandingFile, LandingStore, open_landing
+from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
+from loader.load.evolution import plan_evolution, retired_name
+from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
+from loader.load.survey import BatchSurvey, survey
+from loader.lsn import ChangePosition
+from loader.names import lake_column
+from loader.progress import each_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -322,7 +322,7 @@ class HistoryLoad:
         )
         checkpoint("load-after-ledger")
         # The watermark again, as a property: snapshot expiry or compaction can take the
-        # summary away, never this (see loader.iceberg).
+        # summary away, never this (see loader.lake.iceberg).
         props = {SUMMARY_LOADED_THROUGH: loaded_through}
         if self._newest_ts is not None:
             props[PROP_LOADED_THROUGH_TS] = self._newest_ts
@@ -332,7 +332,7 @@ class HistoryLoad:
     def _driver_load(self, batch: list[LandingFile], result: LoadResult) -> BatchSurvey | None:
         """Load a plain batch on the driver (loader.load.driver): its survey, or None when the
         batch is not plain (nothing was appended; the Spark path loads it)."""
-        from loader.catalog import open_catalog
+        from loader.lake.catalog import open_catalog
         from loader.load.driver import NotPlain, PlainBatch
 
         max_bytes = self.settings.load.driver_max_bytes
@@ -399,9 +399,9 @@ class HistoryLoad:
         last = ChangePosition(int(plain.lsn[rows_at[-1]]), int(plain.seq[rows_at[-1]]))
         if not self._all_new(ident, first):
             raise NotPlain(f"{table.qualified}: history may hold some of these changes")
-        from loader.merge.rowdelta import _iceberg_arrow_schema
+        from loader.lake.files import iceberg_arrow_schema
 
-        target = _iceberg_arrow_schema(self.spark, iceberg_table(self.spark, ident))
+        target = iceberg_arrow_schema(self.spark, iceberg_table(self.spark, ident))
         return table, ident, plain.history_rows(table, hist_columns, target), first, last
 
     def _loaded_through(self, batch: list[LandingFile]) -> str:
@@ -648,7 +648,7 @@ class HistoryLoad:
     def _erased_keys(self) -> tuple[str, dict[str, list[tuple[str, str]]]] | None:
         """(salt, table -> [(column, value hash)]) of erased subjects (see loader.erase), once per load."""
         if self._erased is None:
-            from loader.erase import PROP_SALT
+            from loader.lake.erased import PROP_SALT
 
             ident = self.names.loader_table("erased_keys")
             found: dict[str, list[tuple[str, str]]] = {}
@@ -665,7 +665,7 @@ class HistoryLoad:
         a replay, a resync or a late landing file cannot bring the subject back."""
         from pyspark.sql import functions as F
 
-        from loader.erase import erased_hashes_sql
+        from loader.lake.erased import erased_hashes_sql
 
         erased = self._erased_keys()
         keys = erased[1].get(table.qualified) if erased else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loader.load.typemap import never_toasted, quote_ident, spark_type, sql_string, typed_expr
+from loader.lake.types import never_toasted, quote_ident, spark_type, sql_string, typed_expr
 from loader.lsn import ChangePosition, position_after_sql
 from loader.names import internal, lake_column, lake_column_sql
 

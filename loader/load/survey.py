@@ -14,9 +14,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loader.load.typemap import never_toasted
+from loader.lake.tables import SourceTable
+from loader.lake.types import never_toasted
 from loader.lsn import ChangePosition
-from loader.tables import SourceTable
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

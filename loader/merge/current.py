@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError, MergeConflictError
 from loader.faults import checkpoint
-from loader.iceberg import (
+from loader.lake.iceberg import (
     create_source_table,
     current_snapshot_id,
     ensure_loader_tables,
+    history_tables,
     iceberg_table,
     latest_summary_value,
     table_exists,
@@ -35,15 +36,8 @@ from loader.iceberg import (
     watermark,
     with_commit_properties,
 )
-from loader.load.evolution import can_widen
-from loader.load.typemap import quote_ident, spark_type, sql_string
-from loader.lsn import ChangePosition, position_after_sql, position_before_sql
-from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
-from loader.merge.rowdelta import commit_rows
-from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql, touched_buckets_sql
-from loader.names import lake_column
-from loader.progress import each_table
-from loader.tables import (
+from loader.lake.procedures import rewrite_data_files
+from loader.lake.tables import (
     CURRENT_METADATA,
     PROP_LAST_POSITION,
     PROP_LATE_APPENDS,
@@ -61,6 +55,14 @@ from loader.tables import (
     SourceTable,
     TableNames,
 )
+from loader.lake.types import quote_ident, spark_type, sql_string
+from loader.load.evolution import can_widen
+from loader.lsn import ChangePosition, position_after_sql, position_before_sql
+from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
+from loader.merge.rowdelta import commit_rows
+from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql, touched_buckets_sql
+from loader.names import lake_column
+from loader.progress import each_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -184,11 +186,6 @@ def resolve_key_change_toast(
         else:
             out.append(F.col(col(c)))
     return joined.select(*out)
-
-
-def history_tables(spark: SparkSession, names: TableNames) -> list[SourceTable]:
-    rows = spark.sql(f"SHOW TABLES IN {quote_ident(names.catalog)}.{quote_ident(names.history_ns)}").collect()
-    return sorted(SourceTable.from_iceberg_name(r.tableName) for r in rows)
 
 
 class CurrentMerge:
@@ -468,7 +465,7 @@ class CurrentMerge:
         out: TableMerge,
     ) -> bool:
         """Merge a plain increment on the driver (loader.merge.driver); False if it is not plain."""
-        from loader.catalog import open_catalog
+        from loader.lake.catalog import open_catalog
         from loader.merge.driver import NotPlain, driver_rows
 
         lake_pk = [lake_column(k) for k in pk]
@@ -526,7 +523,7 @@ class CurrentMerge:
         kind: str = "",
         out: TableMerge | None = None,
     ) -> None:
-        """One property commit after the data commit: the watermark again (see loader.iceberg), the
+        """One property commit after the data commit: the watermark again (see loader.lake.iceberg), the
         commit time it stands for, the late appends a rebuild covered, the park (status reads it)
         and the merges since the last compaction; then the compaction when it is due."""
         props = table_properties(self.spark, cur)
@@ -564,8 +561,6 @@ class CurrentMerge:
     def _compact(self, cur: str, out: TableMerge | None) -> None:
         """Rewrite the current table's data files with their deletes applied (what ``loader
         maintain`` does to it, without expiry): the files later merges read stop piling up."""
-        from loader.maintain import rewrite_data_files
-
         checkpoint("merge-before-compaction")
         rep = rewrite_data_files(self.spark, self.settings, f"current {cur}", cur, "deletes")
         update_properties(self.spark, cur, {PROP_MERGES_SINCE_COMPACTION: "0"})

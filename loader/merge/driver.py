@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from loader.load.typemap import spark_type
+from loader.lake.types import spark_type
 from loader.lsn import ChangePosition
 from loader.merge.rowdelta import BUCKET, FILE, POS
 

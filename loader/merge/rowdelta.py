@@ -13,7 +13,6 @@ removes alike.
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import uuid
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.errors import MergeConflictError
 from loader.faults import checkpoint
+from loader.lake.files import iceberg_arrow_schema, parquet_bytes
 from loader.names import internal
 from loader.spark import jvm_class
 
@@ -49,14 +49,6 @@ class DirectOutcome:
         return self.files > 0
 
 
-def _parquet_bytes(table: Any) -> bytes:
-    import pyarrow.parquet as pq
-
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", write_statistics=True)
-    return sink.getvalue()
-
-
 def _position_delete_schema() -> Any:
     import pyarrow as pa
 
@@ -69,15 +61,6 @@ def _position_delete_schema() -> Any:
             pa.field("pos", pa.int64(), nullable=False, metadata=fid(_POS_ID)),
         ]
     )
-
-
-def _iceberg_arrow_schema(spark: SparkSession, table: Any) -> Any:
-    """The table's schema as Arrow, with Iceberg field ids (pyiceberg does the mapping)."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
-    from pyiceberg.schema import Schema
-
-    text = jvm_class(spark, "org.apache.iceberg.SchemaParser").toJson(table.schema())
-    return schema_to_pyarrow(Schema.model_validate_json(text), include_field_ids=True)
 
 
 def _rows_for_schema(rows: Any, schema: Any) -> Any:
@@ -110,7 +93,7 @@ def commit_rows(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from loader.iceberg import iceberg_table
+    from loader.lake.iceberg import iceberg_table
 
     outcome = DirectOutcome(
         deleted=ends.num_rows if ends is not None else 0, written=writes.num_rows if writes is not None else 0
@@ -134,7 +117,7 @@ def commit_rows(
     def put(bucket: int, kind: str, content: Any) -> tuple[Any, str, int, Any]:
         partition = data_files.data(spec, f"{part_name}={bucket}")
         path = str(locations.newDataLocation(spec, partition, f"{stem}-{kind}-{bucket}.parquet"))
-        data = _parquet_bytes(content)
+        data = parquet_bytes(content)
         out = fio.newOutputFile(path)
         stream = out.createOrOverwrite()
         with lock:
@@ -150,7 +133,7 @@ def commit_rows(
         if part is not None and part.num_rows:
             buckets.update(int(x) for x in pc.unique(part.column(BUCKET)).to_pylist())
     try:
-        schema = _iceberg_arrow_schema(spark, table) if writes is not None and writes.num_rows else None
+        schema = iceberg_arrow_schema(spark, table) if writes is not None and writes.num_rows else None
         pos_metrics, data_metrics = metrics_config.forPositionDelete(table), metrics_config.forTable(table)
 
         def delete_file(b: int) -> tuple[str, Any, list[str]] | None:

@@ -7,7 +7,7 @@ loader's own is in the reserved ``pg__`` namespace, so no source column can coll
 
 from __future__ import annotations
 
-from loader.load.typemap import quote_ident, spark_type, sql_string, typed_expr
+from loader.lake.types import quote_ident, spark_type, sql_string, typed_expr
 from loader.lsn import position_after_sql, position_before_sql
 from loader.names import internal
 

@@ -13,9 +13,9 @@ import pytest
 
 from loader.capture import slot as slots
 from loader.capture.capture import Capture
-from loader.capture.landing import LandingStore, open_landing
-from loader.capture.records import COMMIT, ChangeRecord
 from loader.config import LoaderSettings
+from loader.landing.records import COMMIT, ChangeRecord
+from loader.landing.store import LandingStore, open_landing
 from tests.harness import TEST_PG, create_db
 
 

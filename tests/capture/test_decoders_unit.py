@@ -10,11 +10,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from loader.capture.capture import TableFilter
-from loader.capture.landing import LandingFile, LandingWriter, LocalLandingStore
-from loader.capture.records import ChangeRecord, Column, FileHeader, parse_header
+from loader.capture.source_filter import TableFilter
 from loader.capture.wal2json import Wal2JsonDecoder
 from loader.errors import DecodeError
+from loader.landing.records import ChangeRecord, Column, FileHeader, parse_header
+from loader.landing.store import LandingFile, LandingWriter, LocalLandingStore
 from loader.lsn import ChangePosition, parse_lsn
 
 BEGIN = '{"action":"B","xid":727,"timestamp":"2026-11-22 13:44:44.482879+00","lsn":"0/1928650","nextlsn":"0/1928680"}'

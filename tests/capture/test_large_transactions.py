@@ -6,8 +6,8 @@ from __future__ import annotations
 import tracemalloc
 
 from loader.capture.capture import Capture
-from loader.capture.landing import open_landing
-from loader.capture.records import COMMIT
+from loader.landing.records import COMMIT
+from loader.landing.store import open_landing
 from tests.harness import Env
 
 ROWS = 200_000

@@ -30,10 +30,10 @@ from loader.capture.pgoutput import (
     publication_exists,
     tables_without_replica_identity,
 )
-from loader.capture.records import COMMIT, ChangeRecord, Column
 from loader.capture.slot import SESSION_OPTIONS
 from loader.capture.wal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.errors import SourceError
+from loader.landing.records import COMMIT, ChangeRecord, Column
 from loader.lsn import parse_lsn
 from tests.harness import TEST_PG, create_db
 

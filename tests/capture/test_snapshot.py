@@ -14,10 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from loader.capture.capture import Capture
-from loader.capture.landing import open_landing
-from loader.capture.records import COMMIT
-from loader.capture.snapshot import Snapshot
+from loader.capture.capture import Capture, snapshot
+from loader.landing.records import COMMIT
+from loader.landing.store import open_landing
 from tests.harness import Env
 
 
@@ -99,7 +98,7 @@ def test_initial_snapshot_under_concurrent_writes_hands_over_to_streaming(env: E
     writer = Writer(env.settings.source.dsn, ["accounts", "ledger"], seed=1)
     writer.start()
     # Every published chunk waits for more concurrent commits: the snapshot truly overlaps writes.
-    res = Snapshot(env.settings, chunk_rows=300, on_published=lambda _n: writer.wait_for(5)).run()
+    res = snapshot(env.settings, chunk_rows=300, on_published=lambda _n: writer.wait_for(5)).run()
     assert res.slot_created and res.exact and res.rows > 3900  # the writer was already running
     assert len(res.files) >= 10
     writer.wait_for(20)
@@ -128,7 +127,7 @@ def test_table_added_later_is_snapshotted_consistently_while_streaming(env: Env)
     )
     writer = Writer(env.settings.source.dsn, ["accounts", "late"], seed=2)
     writer.start()
-    Snapshot(only_accounts, chunk_rows=500).run()
+    snapshot(only_accounts, chunk_rows=500).run()
     writer.wait_for(30)
     writer.finish()
     Capture(only_accounts).run()
@@ -138,7 +137,7 @@ def test_table_added_later_is_snapshotted_consistently_while_streaming(env: Env)
     writer.start()
     writer.wait_for(30)  # changes to both tables wait in the slot when "late" gets included
     # Now include "late": the snapshot first lands what the slot holds, then reads at a new consistent point.
-    res = Snapshot(
+    res = snapshot(
         env.settings, tables=["public.late"], chunk_rows=400, on_published=lambda _n: writer.wait_for(3)
     ).run()
     assert not res.slot_created and res.exact and res.rows > 0
@@ -173,7 +172,7 @@ def test_snapshot_killed_mid_way_resumes_without_duplicates(env: Env) -> None:
         return hook
 
     with pytest.raises(Crash):
-        Snapshot(env.settings, chunk_rows=250, on_published=crash_on(3)).run()
+        snapshot(env.settings, chunk_rows=250, on_published=crash_on(3)).run()
     store = open_landing(env.settings)
 
     def crash_in_events(name: str) -> None:
@@ -211,7 +210,7 @@ def test_table_empty_at_snapshot_gets_its_current_table(env: Env) -> None:
     env.sql("CREATE TABLE public.empty (id int PRIMARY KEY, v text, n numeric(10,2))")
     env.sql("CREATE TABLE public.full (id int PRIMARY KEY)")
     env.sql("INSERT INTO public.full VALUES (1)")
-    Snapshot(env.settings).run()
+    snapshot(env.settings).run()
     env.load()
     env.merge()
     env.assert_reconciled()

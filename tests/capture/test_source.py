@@ -16,10 +16,10 @@ import pytest
 
 from loader.capture import slot as slots
 from loader.capture.capture import Capture
-from loader.capture.landing import LocalLandingStore, open_landing
-from loader.capture.records import COMMIT, ChangeRecord
 from loader.capture.source_tables import list_tables
 from loader.errors import LandingError, SlotBusyError, SlotMissingError
+from loader.landing.records import COMMIT, ChangeRecord
+from loader.landing.store import LocalLandingStore, open_landing
 from loader.lsn import ChangePosition
 from tests.capture.conftest import Crash, Src, crash_after_each_file, landing_snapshot
 from tests.harness import ROOT, s3_bucket
@@ -254,10 +254,10 @@ def test_every_type_lands_as_postgres_text(src: Src) -> None:
 
 
 def test_snapshot_keeps_every_type_including_nan(src: Src) -> None:
-    from loader.capture.snapshot import Snapshot
+    from loader.capture.capture import snapshot
 
     create_type_table(src)
-    Snapshot(src.settings).run()
+    snapshot(src.settings).run()
     expected = source_text(src, "typed")
     reads = src.changes("typed")
     assert reads[0].op == "S" and {r.op for r in reads[1:]} == {"R"}
@@ -475,9 +475,9 @@ def test_landing_lines_validate_against_the_published_schema(src: Src) -> None:
     validator = jsonschema.Draft202012Validator(schema)
     src.sql("CREATE TABLE t (id int primary key, v text, big text)")
     src.sql("INSERT INTO t VALUES (0, 'before slot', NULL)")
-    from loader.capture.snapshot import Snapshot
+    from loader.capture.capture import snapshot
 
-    Snapshot(src.settings).run()
+    snapshot(src.settings).run()
     src.sql("INSERT INTO t SELECT 1, 'x', string_agg(md5(g::text), '') FROM generate_series(1, 400) g")
     src.sql("UPDATE t SET v = NULL WHERE id = 1")
     src.sql("UPDATE t SET id = 2 WHERE id = 1")
@@ -600,8 +600,7 @@ def test_column_rename_is_detected_by_attnum(src: Src) -> None:
 
 def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> None:
 
-    from loader.capture.capture import SnapshotInProgressError
-    from loader.capture.snapshot import Snapshot
+    from loader.capture.capture import SnapshotInProgressError, snapshot
 
     _, bucket = s3_bucket(s3_server, "snap")
     settings = src.settings.model_copy(
@@ -620,10 +619,10 @@ def test_snapshot_state_and_resume_on_s3_landing(src: Src, s3_server: str) -> No
             raise Crash()
 
     with pytest.raises(Crash):
-        Snapshot(settings, chunk_rows=100, on_published=crash_after_two).run()
+        snapshot(settings, chunk_rows=100, on_published=crash_after_two).run()
     with pytest.raises(SnapshotInProgressError):
         Capture(settings, watch=False).run()  # a capture that does not resume snapshots refuses to stream
-    res = Snapshot(settings, chunk_rows=100).run()
+    res = snapshot(settings, chunk_rows=100).run()
     assert res.resumed and res.rows == 100  # the third chunk only
     src.sql("INSERT INTO t VALUES (1000, 'after')")
     Capture(settings).run()

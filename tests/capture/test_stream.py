@@ -18,9 +18,9 @@ import pytest
 
 from loader.capture import slot as slots
 from loader.capture.capture import Capture
-from loader.capture.records import HEADER
 from loader.capture.stream import RoundFetcher
 from loader.config import LoaderSettings, SourceSettings
+from loader.landing.records import HEADER
 from tests.capture.conftest import Src, crash_after_each_file, landing_snapshot
 from tests.harness import ROOT
 

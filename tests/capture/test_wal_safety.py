@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from loader.capture.records import COMMIT
 from loader.config import LoaderSettings
+from loader.landing.records import COMMIT
 from loader.lsn import parse_lsn
 from tests.capture.conftest import Src, cli
 from tests.harness import TEST_PG

@@ -160,7 +160,7 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(
 
     # --- corrupt behind the loader's back; each audit concerned must fail ---------------------
     cur, hist = env.names.current, env.names.history
-    from loader.tables import SourceTable
+    from loader.lake.tables import SourceTable
 
     accounts, customers, txns = (SourceTable("public", t) for t in ("accounts", "customers", "transactions"))
     spark.sql(
@@ -179,7 +179,8 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(
     # a customer erased (its salted hash in the loader's erased_keys) whose values are still there
     from datetime import UTC, datetime
 
-    from loader.erase import ERASED_KEYS_DDL, Erasure, value_hash
+    from loader.erase import Erasure
+    from loader.lake.erased import ERASED_KEYS_DDL, value_hash
 
     erased_id = str(env.current("public.accounts").first().customer_id)
     erasure = Erasure(spark, settings)

@@ -18,8 +18,8 @@ from loader.dbtgen import (
     render_generated,
     source_drift,
 )
+from loader.lake.tables import SourceTable
 from loader.sqlserver import server_command, server_conf
-from loader.tables import SourceTable
 
 SETTINGS = LoaderSettings(
     catalog={"uri": "postgresql://u@127.0.0.1:5432/cat", "history_namespace": "h", "current_namespace": "c"},

@@ -22,7 +22,7 @@ from psycopg import sql
 from loader.config import LoaderSettings
 from loader.dbt import invoke_dbt
 from loader.dbtgen import model_name
-from loader.tables import PROP_PG_TYPES, PROP_PRIMARY_KEY, PROP_SOURCE_TABLE, SourceTable
+from loader.lake.tables import PROP_PG_TYPES, PROP_PRIMARY_KEY, PROP_SOURCE_TABLE, SourceTable
 from tests.harness import TEST_PG, create_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.dbt]
@@ -43,7 +43,7 @@ def test_names_from_the_source_never_run_in_dbt(
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType
 
-    from loader.catalog import open_catalog
+    from loader.lake.catalog import open_catalog
 
     canary = f"canary-{uuid.uuid4().hex}"
     monkeypatch.setenv(CANARY_VAR, canary)

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from loader.capture import slot as slots
-from loader.catalog import open_catalog
 from loader.errors import SlotLostError
+from loader.lake.catalog import open_catalog
 from tests.harness import Env, settings_env
 
 

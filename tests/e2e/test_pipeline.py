@@ -22,7 +22,7 @@ def _snapshot_ids(env: Env) -> dict[str, list[int]]:
         for kind in ("history", "current"):
             ident = env.names.history if kind == "history" else env.names.current
             schema, _, name = t.partition(".")
-            from loader.tables import SourceTable
+            from loader.lake.tables import SourceTable
 
             rows = env.spark.sql(f"SELECT snapshot_id FROM {ident(SourceTable(schema, name))}.snapshots").collect()
             out[f"{kind}:{t}"] = sorted(r[0] for r in rows)
@@ -124,7 +124,7 @@ def test_oracle_catches_a_corrupted_current_row(env: Env) -> None:
     env.transaction("INSERT INTO t VALUES (1, 10.50, 'a'), (2, 20.00, 'b'), (3, 30.25, NULL)")
     env.run_all()
     env.assert_reconciled()
-    cur = env.names.current(__import__("loader.tables", fromlist=["SourceTable"]).SourceTable("public", "t"))
+    cur = env.names.current(__import__("loader.lake.tables", fromlist=["SourceTable"]).SourceTable("public", "t"))
     env.spark.sql(f"UPDATE {cur} SET amount = 99.99 WHERE id = 2")
     results = env.reconcile()
     assert results[0].different == 1 and not results[0].ok

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from loader.capture.landing import S3LandingStore, open_landing
+from loader.landing.store import S3LandingStore, open_landing
 from loader.workload import BankWorkload
 from tests.harness import Env, s3_bucket
 from tests.oracle import assert_history_matches

@@ -9,8 +9,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from loader.capture.landing import open_landing
 from loader.errors import LandingUnavailableError
+from loader.landing.store import open_landing
 from loader.workload import BankWorkload
 from tests.harness import Env, s3_bucket
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions

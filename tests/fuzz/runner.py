@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from loader.capture.snapshot import Snapshot
+from loader.capture.capture import snapshot
 from loader.errors import SlotBusyError, StageBusyError
 from loader.names import lake_column
 from tests.fuzz.workload import AUDIT_SCHEMA, SCHEMAS, Loader, Sql, Workload, is_copy
@@ -81,7 +81,7 @@ class FuzzRun:
         env = self.env
         if step.action == "snapshot":
             self.audit_from = int(env.sql(f"SELECT coalesce(max(n), 0) FROM {AUDIT_SCHEMA}.changes")[0][0])
-            Snapshot(env.settings).run()
+            snapshot(env.settings).run()
             env.capture()
         elif step.action == "capture":
             env.capture()

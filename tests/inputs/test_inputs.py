@@ -22,14 +22,14 @@ import psycopg
 import pytest
 
 from loader.capture import slot as slots
-from loader.capture.landing import LocalLandingStore
-from loader.capture.records import COMMIT, ChangeRecord
 from loader.capture.wal2json import WAL2JSON_OPTIONS, parse_json_exact
 from loader.config import LoaderSettings
 from loader.errors import DecodeError
 from loader.inputs.common import QUARANTINE_STATE, ImportResult
 from loader.inputs.debezium import UNAVAILABLE_VALUE_PLACEHOLDER
 from loader.inputs.importer import import_files
+from loader.landing.records import COMMIT, ChangeRecord
+from loader.landing.store import LocalLandingStore
 from loader.load.decode import decode_file
 from tests.harness import ROOT, Env
 

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import loader.load.driver as driver
-from loader.capture.records import ChangeRecord, Column
 from loader.config import LoaderSettings, LoadSettings
+from loader.lake.tables import SourceTable, TableNames
+from loader.landing.records import ChangeRecord, Column
 from loader.load.history import HistoryLoad
-from loader.tables import SourceTable, TableNames
 from tests.harness import TS, Txn, lake_settings, write_files
 
 ON = LoadSettings(driver_max_bytes=512 << 20)

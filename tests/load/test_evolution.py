@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from loader.capture.snapshot import Snapshot
-from loader.catalog import open_catalog
-from loader.tables import PROP_DROPPED_COLUMNS, SourceTable
+from loader.capture.capture import snapshot
+from loader.lake.catalog import open_catalog
+from loader.lake.tables import PROP_DROPPED_COLUMNS, SourceTable
 from tests.harness import Env
 
 BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
@@ -82,7 +82,7 @@ def test_schema_changes_mid_stream(env: Env) -> None:
     assert results["public.other"].ok
     assert results["public.t"].parked and "resync" in results["public.t"].parked
     # The resync replaces the table's state (every row's w was rewritten by USING, without WAL rows).
-    Snapshot(env.settings, tables=["public.t"], reason="test: after a retype").run()
+    snapshot(env.settings, tables=["public.t"], reason="test: after a retype").run()
     env.run_all()
     env.assert_reconciled()
     assert not env.merge().parked

@@ -10,12 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from loader.capture.landing import LandingFile, open_landing
 from loader.config import LoaderSettings, LoadSettings
+from loader.lake.tables import SourceTable, TableNames
+from loader.landing.store import LandingFile, open_landing
 from loader.load.history import HistoryLoad
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
-from loader.tables import SourceTable, TableNames
 from tests.harness import (
     TABLE,
     Txn,

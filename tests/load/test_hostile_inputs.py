@@ -13,8 +13,8 @@ import gzip
 import json
 from dataclasses import dataclass
 
-from loader.capture.landing import LandingFile, open_landing
-from loader.capture.records import FileHeader
+from loader.landing.records import FileHeader
+from loader.landing.store import LandingFile, open_landing
 from loader.lsn import ChangePosition
 from tests.harness import Env
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from loader.capture.landing import LandingFile, open_landing
-from loader.capture.records import ChangeRecord, FileHeader
 from loader.config import LoaderSettings
 from loader.errors import DecompressedSizeError, LandingError
 from loader.inputs.importer import import_files
+from loader.landing.records import ChangeRecord, FileHeader
+from loader.landing.store import LandingFile, open_landing
 from loader.load.decode import decode_file, make_decoder
 from loader.load.driver import _read_text
 from loader.lsn import ChangePosition

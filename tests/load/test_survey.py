@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loader.lake.tables import SourceTable
+from loader.lake.types import never_toasted
 from loader.load.decode import CHANGE_ROW_DDL
 from loader.load.survey import survey
-from loader.load.typemap import never_toasted
 from loader.lsn import ChangePosition
-from loader.tables import SourceTable
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loader.catalog import open_catalog
-from loader.load.typemap import spark_type
-from loader.tables import PROP_PG_TYPES, SourceTable
+from loader.lake.catalog import open_catalog
+from loader.lake.tables import PROP_PG_TYPES, SourceTable
+from loader.lake.types import spark_type
 from loader.verify import _lake_rows, _source_rows, normalize_column
 from tests.harness import Env
 
@@ -127,7 +127,7 @@ def test_multidimensional_array_value_is_rejected_not_flattened(env: Env) -> Non
 def test_timestamptz_fast_path_equals_the_general_parse_in_any_session_time_zone(spark: Any) -> None:
     """capture's UTC text ('...+00') is typed without Spark's per-value zone parsing; the result
     must be the general path's for every form PostgreSQL prints, whatever the session's zone."""
-    from loader.load.typemap import _TSTZ_ANY, _UTC_TEXT_REGEX
+    from loader.lake.types import _TSTZ_ANY, _UTC_TEXT_REGEX
 
     values = [
         "2024-01-31 12:00:00.123456+00",
@@ -183,7 +183,7 @@ _EDGE_TEMPORALS = [
 
 
 def test_infinity_bc_and_far_future_dates_and_timestamps_are_kept(env: Env) -> None:
-    from loader.load.typemap import NON_FINITE
+    from loader.lake.types import NON_FINITE
 
     env.sql("CREATE TABLE public.validity (id int PRIMARY KEY, d date, ts timestamp, tstz timestamptz, v text)")
     env.sql("CREATE TABLE public.early (id int PRIMARY KEY, d date, ts timestamp, tstz timestamptz)")

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.capture.landing import LandingWriter, LocalLandingStore
-from loader.capture.records import ChangeRecord, Column
+from loader.lake.types import never_toasted, quote_ident, spark_type
+from loader.landing.records import ChangeRecord, Column
+from loader.landing.store import LandingWriter, LocalLandingStore
 from loader.load.decode import decode_file, gunzip_salvage
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.sql import HistoryColumn, absent_columns_sql, typed_select
-from loader.load.typemap import never_toasted, quote_ident, spark_type
 from loader.lsn import ChangePosition
 
 

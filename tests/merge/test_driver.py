@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 import loader.merge.current as current_mod
 import loader.merge.rowdelta as rowdelta_mod
-from loader.catalog import open_catalog
 from loader.config import LoaderSettings
-from loader.iceberg import watermark
+from loader.lake.catalog import open_catalog
+from loader.lake.iceberg import watermark
+from loader.lake.tables import SUMMARY_MERGED_THROUGH, TableNames
 from loader.load.history import HistoryLoad
 from loader.merge.current import CurrentMerge
-from loader.tables import SUMMARY_MERGED_THROUGH, TableNames
 from tests.harness import (
     TABLE,
     Env,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from loader.lake.tables import SUMMARY_MERGED_THROUGH, SourceTable
 from loader.lsn import ChangePosition
 from loader.merge.current import CurrentMerge
-from loader.tables import SUMMARY_MERGED_THROUGH, SourceTable
 from tests.harness import Env, assert_frames_equal, settings_env
 
 # Random md5 text does not compress: 300 * 32 bytes is stored out of line (TOASTed).
@@ -160,7 +160,7 @@ def test_merge_is_idempotent_and_monotone_under_replays(env: Env) -> None:
 
 
 def _merged(env: Env, table: str) -> ChangePosition:
-    from loader.iceberg import latest_summary_value
+    from loader.lake.iceberg import latest_summary_value
 
     schema, _, name = table.partition(".")
     token = latest_summary_value(env.spark, env.names.current(SourceTable(schema, name)), SUMMARY_MERGED_THROUGH)
@@ -171,7 +171,7 @@ def _merged(env: Env, table: str) -> ChangePosition:
 def test_merges_compact_their_current_table_and_keep_it_equal_to_the_source(env: Env) -> None:
     """Every merge.compact_every merges a table's merge rewrites its current table with the deletes
     applied (the files later merges read stop piling up); the rows stay the source's throughout."""
-    from loader.iceberg import iceberg_table
+    from loader.lake.iceberg import iceberg_table
     from loader.spark import java_map
 
     env.configure("merge", compact_every=3)

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 from loader.config import LoaderSettings, redact, secret_text
 from loader.errors import CatalogError
-from loader.tables import newest_position
+from loader.lake.tables import newest_position
 
 
 def pyiceberg_uri(uri: str, password: str | None = None) -> str:
@@ -66,7 +66,7 @@ def lake_tables(settings: LoaderSettings) -> list[str]:
     """The source tables the lake holds (``schema.table`` of every history table), without a JVM."""
     from pyiceberg.exceptions import NoSuchNamespaceError
 
-    from loader.tables import SourceTable
+    from loader.lake.tables import SourceTable
 
     try:
         idents = open_catalog(settings).list_tables(settings.catalog.history_namespace)
@@ -89,7 +89,7 @@ def latest_summary(table: Any, key: str) -> str | None:
 
 
 def watermark(table: Any, key: str) -> str | None:
-    """The newer of the property ``key`` and its snapshot-summary value (see loader.iceberg)."""
+    """The newer of the property ``key`` and its snapshot-summary value (see loader.lake.iceberg)."""
     return newest_position(table.properties.get(key), latest_summary(table, key))
 
 

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from loader.lake.tables import SourceTable, TableNames, newest_position
+from loader.lake.types import quote_ident
 from loader.spark import java_map, jvm_class
-from loader.tables import TableNames, newest_position
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -183,9 +184,9 @@ def create_source_table(
     partitioning and write order."""
     import json
 
-    from loader.load.typemap import quote_ident, spark_type, sql_string
+    from loader.lake.tables import PROP_PG_TYPES
+    from loader.lake.types import quote_ident, spark_type, sql_string
     from loader.names import lake_column
-    from loader.tables import PROP_PG_TYPES
 
     columns = [f"{quote_ident(lake_column(n))} {spark_type(t).sql}" for n, t in pg_types.items()]
     columns += [f"{n} {t}" for n, t in metadata]
@@ -196,3 +197,8 @@ def create_source_table(
         f"PARTITIONED BY ({partition}) TBLPROPERTIES ({prop_sql})"
     )
     spark.sql(f"ALTER TABLE {ident} WRITE LOCALLY ORDERED BY {order}")
+
+
+def history_tables(spark: SparkSession, names: TableNames) -> list[SourceTable]:
+    rows = spark.sql(f"SHOW TABLES IN {quote_ident(names.catalog)}.{quote_ident(names.history_ns)}").collect()
+    return sorted(SourceTable.from_iceberg_name(r.tableName) for r in rows)

@@ -38,10 +38,10 @@ from urllib.parse import urlparse
 
 from isal import igzip, igzip_lib
 
-from loader.capture.records import COMMIT, ChangeRecord, FileHeader
 from loader.config import LoaderSettings, secret_text
 from loader.errors import DecompressedSizeError, LandingError
 from loader.faults import checkpoint
+from loader.landing.records import COMMIT, ChangeRecord, FileHeader
 from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
 

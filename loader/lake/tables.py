@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loader.config import LoaderSettings
-from loader.load.typemap import quote_ident
+from loader.lake.types import quote_ident
 from loader.names import parse_table_name, table_name
 
 # Metadata columns of history tables, in order, with their Spark types.

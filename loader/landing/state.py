@@ -1,0 +1,23 @@
+"""Names of the state objects kept in the landing area's ``_state/`` folder, beside the files they describe.
+
+Each is a small JSON document written atomically through the store (``LandingStore.write_state``).
+"""
+
+from __future__ import annotations
+
+from loader.landing.store import LandingStore
+
+# Name of the state object an unfinished snapshot leaves in the landing area (see snapshot.py).
+SNAPSHOT_STATE = "snapshot.state.json"
+# What the catalog looked like at the last run, and resyncs still to do (see loader.capture.watch).
+CATALOG_STATE = "catalog.state.json"
+# The last position this loader confirmed on the slot (written before each advance).
+SLOT_STATE = "slot.state.json"
+# What the source-side filter left out (skipped tables, for ``loader status``), the tables the
+# pgoutput publication listed, and whether the "every table" notice was given for this slot.
+SOURCE_STATE = "source.state.json"
+
+
+def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
+    """Remember, before the slot moves, how far this loader confirms it (see slots.check_not_lost)."""
+    store.write_state(SLOT_STATE, {"slot": slot, "confirmed": lsn})
