@@ -1,6 +1,6 @@
 """The package's layering, read from the code: no import cycle between modules, and no module
 importing a higher layer. ARCHITECTURE.md's drawing of the layers is this test's table, rendered
-(``python -m pytest tests/test_layers_unit.py`` prints the drawing the code gives when they differ).
+(``python tests/test_layers_unit.py --write`` redraws it from the code).
 
 Function-level imports count like top-level ones: a lazy import is still a dependency.
 """
@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("services", ["retry", "spark", "embedded"]),
     ("stage locks", ["locks"]),
     ("formats", ["landing", "lake"]),
+    ("canonical form", ["canonical"]),
     ("capture", ["capture"]),
     ("other inputs", ["inputs"]),
     ("load", ["load"]),
@@ -139,7 +140,20 @@ def test_no_import_cycle() -> None:
 
 def test_architecture_draws_the_layers_the_code_has() -> None:
     text = (ROOT / "ARCHITECTURE.md").read_text()
-    start, end = "<!-- layers: tests/test_layers_unit.py -->\n```\n", "\n```\n<!-- /layers -->"
+    start, end = _START, _END
     assert start in text and end in text, "ARCHITECTURE.md lost its layers block"
     drawn = text[text.index(start) + len(start) : text.index(end)]
     assert drawn == render(), "ARCHITECTURE.md's layers differ from the code; the code gives:\n" + render()
+
+
+_START, _END = "<!-- layers: tests/test_layers_unit.py -->\n```\n", "\n```\n<!-- /layers -->"
+
+if __name__ == "__main__":
+    import sys
+
+    doc = ROOT / "ARCHITECTURE.md"
+    if sys.argv[1:] == ["--write"]:
+        text = doc.read_text()
+        doc.write_text(text[: text.index(_START) + len(_START)] + render() + text[text.index(_END) :])
+    else:
+        print(render())
