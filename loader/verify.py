@@ -19,21 +19,44 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import secrets
 import struct
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from psycopg import sql
+
 from loader import canonical
 from loader.capture import slot as slots
 from loader.config import LoaderSettings
-from loader.lake.catalog import open_catalog, row_count
-from loader.lake.tables import PROP_PARKED, PROP_PG_TYPES, PROP_PRIMARY_KEY, SourceTable
+from loader.lake.catalog import open_catalog, row_count, watermark
+from loader.lake.tables import (
+    PROP_PARKED,
+    PROP_PG_TYPES,
+    PROP_PRIMARY_KEY,
+    SUMMARY_LOADED_THROUGH,
+    SUMMARY_MERGED_THROUGH,
+    SourceTable,
+)
 from loader.lake.types import NON_FINITE, spark_type
+from loader.lsn import ChangePosition, format_lsn
 from loader.names import lake_column
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One key that differs, before the cut decides whether it is a difference or a change in flight."""
+
+    key: tuple[str, ...]  # canonical pieces of the key columns
+    kind: str  # missing, extra, different
+    text: str  # what the report says
+    lake_position: ChangePosition | None  # the lake row's (pg_lsn, pg_seq), if it has one
+    in_flight: bool = False  # a change of this key lies between the lake's position and the cut
 
 
 @dataclass
@@ -48,6 +71,9 @@ class Reconciliation:
     note: str = ""
     parked: str | None = None  # the table waits for a resync: why, and the repair
     buckets: int = 0  # checksum buckets compared
+    found: list[Finding] = field(default_factory=list)  # differing keys, before the cut's verdict
+    in_flight: int = 0  # differing keys with a change between the lake's position and the cut: lag
+    unsettled: str | None = None  # why differing keys could not be told from lag (nothing is BAD then)
     buckets_differing: int = 0  # buckets whose rows were read and compared
 
     @property
@@ -277,9 +303,9 @@ def _source_checksums(
     return counts, sums
 
 
-def _lake_batches(lake_table: Any, columns: dict[str, str]) -> Any:
+def _lake_batches(lake_table: Any, columns: dict[str, str], positions: bool = False) -> Any:
     """The current table's rows, a record batch at a time (memory: one batch)."""
-    fields = tuple(lake_column(c) for c in columns)
+    fields = tuple(lake_column(c) for c in columns) + (("pg_lsn", "pg_seq") if positions else ())
     return lake_table.scan(selected_fields=fields).to_arrow_batch_reader()
 
 
@@ -301,6 +327,7 @@ def _drill(
 ) -> None:
     """Compare, row by row and column by column, the rows of ``buckets`` on both sides."""
     import numpy as np
+    import pyarrow as pa
     from psycopg import sql
 
     keys = {k: columns[k] for k in pk}
@@ -319,45 +346,41 @@ def _drill(
     source: dict[tuple[str, ...], tuple[str, ...]] = {}
     for row in conn.execute(query, (buckets,)):
         source[key_of(row)] = tuple(row)
-    lake: dict[tuple[str, ...], tuple[str, ...]] = {}
+    # The lake's rows: their values' pieces, and the position (pg_lsn, pg_seq) the loader wrote them at.
+    lake: dict[tuple[str, ...], tuple[tuple[str, ...], ChangePosition | None]] = {}
     wanted = np.array(buckets, np.int64)
-    for batch in _lake_batches(lake_table, columns):
+    for batch in _lake_batches(lake_table, columns, positions=True):
         mask = np.isin(canonical.key_buckets(_row_text(batch, keys), bits), wanted)
         if not mask.any():
             continue
-        import pyarrow as pa
-
         picked = batch.filter(pa.array(mask))
         pieces = [
             canonical.lake_pieces(picked.column(lake_column(c)), spark_type(t)).to_pylist() for c, t in columns.items()
         ]
-        for row in zip(*pieces):
+        lsns, seqs = picked.column("pg_lsn").to_pylist(), picked.column("pg_seq").to_pylist()
+        for row, lsn, seq in zip(zip(*pieces), lsns, seqs):
             k = key_of(row)
+            at = ChangePosition(int(lsn), int(seq)) if lsn is not None and seq is not None else None
             if k in lake:
-                res.extra += 1
-                _example(res, max_examples, f"duplicate key {_shown_key(k, keys)}")
-            lake[k] = row
+                res.found.append(Finding(k, "extra", f"duplicate key {_shown_key(k, keys)}", at))
+            lake[k] = (row, at)
     for k, row in source.items():
-        other = lake.get(k)
-        if other is None:
-            res.missing += 1
-            _example(res, max_examples, f"missing key {_shown_key(k, keys)}")
-        elif other != row:
-            res.different += 1
-            differing = [names[i] for i in range(len(names)) if row[i] != other[i]]
-            if show_values:
-                diff = {
-                    names[i]: (_piece_value(row[i]), _piece_value(other[i]))
-                    for i in range(len(names))
-                    if row[i] != other[i]
-                }
-                _example(res, max_examples, f"key {_shown_key(k, keys)} differs (source, lakehouse): {diff}")
-            else:
-                _example(res, max_examples, f"key {_shown_key(k, keys)} differs in: {', '.join(differing)}")
-    for k in lake:
+        if k not in lake:
+            res.found.append(Finding(k, "missing", f"missing key {_shown_key(k, keys)}", None))
+            continue
+        other, at = lake[k]
+        if other == row:
+            continue
+        differing = [i for i in range(len(names)) if row[i] != other[i]]
+        if show_values:
+            diff = {names[i]: (_piece_value(row[i]), _piece_value(other[i])) for i in differing}
+            text = f"key {_shown_key(k, keys)} differs (source, lakehouse): {diff}"
+        else:
+            text = f"key {_shown_key(k, keys)} differs in: {', '.join(names[i] for i in differing)}"
+        res.found.append(Finding(k, "different", text, at))
+    for k, (_, at) in lake.items():
         if k not in source:
-            res.extra += 1
-            _example(res, max_examples, f"extra key {_shown_key(k, keys)}")
+            res.found.append(Finding(k, "extra", f"extra key {_shown_key(k, keys)}", at))
 
 
 def _piece_value(p: str) -> str | None:
@@ -380,20 +403,192 @@ def _example(res: Reconciliation, limit: int, text: str) -> None:
 
 
 def reconcile(
-    settings: LoaderSettings, tables: list[str] | None = None, show_values: bool = False
+    settings: LoaderSettings,
+    tables: list[str] | None = None,
+    show_values: bool = False,
+    *,
+    at_cut: bool = True,
+    max_examples: int = 5,
 ) -> list[Reconciliation]:
-    """Every (or the named) captured table reconciled; ``show_values`` puts differing values in the examples."""
+    """Every (or the named) captured table reconciled; ``show_values`` puts differing values in the examples.
+
+    ``at_cut``: the source is read in the snapshot a temporary slot exports with its consistent
+    point (the *cut*): exactly the changes committed before the cut, every table in one snapshot.
+    Keys that differ are then judged against the stream: a key with a change between the lake's
+    position and the cut (in history not merged yet, in landing files not loaded yet, or a lake row
+    written after the cut) is lag, counted as in flight, not as a difference. Changes before the cut
+    not landed yet are landed first (a capture up to the cut), so on a quiet source every difference
+    is real, and on a busy one only real ones are reported."""
     catalog = open_catalog(settings)
-    out = []
-    with slots.connect(settings.source.conninfo()) as conn:
-        for ident in sorted(catalog.list_tables(settings.catalog.history_namespace)):
-            table = SourceTable.from_iceberg_name(ident[-1])
-            if tables and table.qualified not in tables:
-                continue
-            # One snapshot per table: its checksums and the rows drilled into agree with each other.
+    selected = []
+    for ident in sorted(catalog.list_tables(settings.catalog.history_namespace)):
+        table = SourceTable.from_iceberg_name(ident[-1])
+        if not tables or table.qualified in tables:
+            selected.append(table)
+    out: list[Reconciliation] = []
+    src = settings.source
+    cut: int | None = None
+    with slots.connect(src.conninfo()) as conn:
+        exported = None
+        if at_cut and selected:
+            name = f"{src.slot[:36]}_verify_{os.getpid()}_{secrets.token_hex(2)}"
+            exported = slots.create_slot_exporting_snapshot(src.conninfo(), name, temporary=True, plugin="pgoutput")
+        try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            try:
+            if exported is not None:
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported.snapshot_name)))
+                cut = exported.consistent_lsn
+                exported.close()  # the transaction holds the snapshot now; drops the temporary slot
+            for table in selected:
                 out.append(reconcile_table(settings, conn, catalog, table, show_values=show_values))
-            finally:
-                conn.execute("ROLLBACK")
+        finally:
+            conn.execute("ROLLBACK")
+            if exported is not None:
+                exported.close()
+    if cut is not None and any(r.found for r in out):
+        _settle(settings, catalog, out, cut)
+    for r in out:
+        _judge(r, max_examples)
     return out
+
+
+def _judge(res: Reconciliation, max_examples: int) -> None:
+    """Findings become differences, except keys in flight; with the cut unsettled, none are."""
+    for f in res.found:
+        if res.unsettled is not None or f.in_flight:
+            res.in_flight += 1
+            continue
+        setattr(res, f.kind, getattr(res, f.kind) + 1)
+        _example(res, max_examples, f.text)
+    if res.in_flight:
+        res.note = (res.note + "; " if res.note else "") + (
+            f"{res.in_flight} keys in flight (changed between the lake's position and the cut)"
+            if res.unsettled is None
+            else f"{res.in_flight} differing keys not judged: {res.unsettled}"
+        )
+
+
+def _settle(settings: LoaderSettings, catalog: Any, results: list[Reconciliation], cut: int) -> None:
+    """Mark the findings whose keys have a change in flight around the cut (see :func:`reconcile`)."""
+    from loader.landing.store import open_landing
+
+    src = settings.source
+    with slots.connect(src.conninfo()) as conn:
+        info = slots.slot_info(conn, src.slot)
+    if info is None or info.confirmed_flush_lsn is None or info.confirmed_flush_lsn < cut:
+        from loader.capture.capture import Capture
+        from loader.errors import LoaderError
+
+        try:  # land what committed before the cut, exactly as 'loader capture' would
+            Capture(settings).run(create_slot=False, upto_lsn=cut)
+        except LoaderError as exc:
+            why = (
+                f"changes committed before the cut {format_lsn(cut)} are not captured yet "
+                f"({str(exc).splitlines()[0]}); run 'loader capture' and verify again"
+            )
+            for r in results:
+                r.unsettled = why if r.found else r.unsettled
+            return
+    c = settings.catalog
+    store = open_landing(settings)
+    ledger = catalog.load_table((c.loader_namespace, "landing_files"))
+    loaded = watermark(ledger, SUMMARY_LOADED_THROUGH)
+    loaded_at = ChangePosition.from_token(loaded) if loaded else None
+    pending = [f for f in store.files() if loaded_at is None or f.last > loaded_at]
+    after_cut = ChangePosition(cut, 0)
+    for res in results:
+        if not res.found:
+            continue
+        table = SourceTable.parse(res.table)
+        current = catalog.load_table((c.current_namespace, table.iceberg_name))
+        hist = catalog.load_table((c.history_namespace, table.iceberg_name))
+        pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
+        types: dict[str, str] = json.loads(current.properties.get(PROP_PG_TYPES, "{}"))
+        keys = {k: types[k] for k in pk}
+        merged = watermark(current, SUMMARY_MERGED_THROUGH)
+        low = min(ChangePosition.from_token(merged), ChangePosition(cut - 1, 1 << 62)) if merged else None
+        moving = _keys_in_history(hist, keys, low)
+        for f in pending:
+            found = _keys_in_landing(store, f.name, table, keys)
+            moving = None if moving is None or found is None else moving | found
+        if moving is None:
+            res.unsettled = "keys changed around the cut cannot be typed for comparison"
+            continue
+        res.found = [
+            replace(f, in_flight=f.key in moving or (f.lake_position is not None and f.lake_position >= after_cut))
+            for f in res.found
+        ]
+
+
+def _keys_in_history(hist: Any, keys: dict[str, str], low: ChangePosition | None) -> set[tuple[str, ...]] | None:
+    """Keys (old and new) of the history rows after ``low`` (all rows without one)."""
+    import pyarrow.compute as pc
+    from pyiceberg.expressions import AlwaysTrue, GreaterThanOrEqual
+
+    fields = (*(lake_column(k) for k in keys), "pg_lsn", "pg_seq", "pg_old_key")
+    where = (
+        GreaterThanOrEqual("pg_lsn", low.commit_lsn)  # type: ignore[misc,call-arg,arg-type]
+        if low is not None
+        else AlwaysTrue()
+    )
+    out: set[tuple[str, ...]] = set()
+    for batch in hist.scan(row_filter=where, selected_fields=fields).to_arrow_batch_reader():
+        if low is not None:
+            lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
+            later = pc.or_(
+                pc.greater(lsn, low.commit_lsn),
+                pc.and_(pc.equal(lsn, low.commit_lsn), pc.greater(seq, low.seq)),
+            )
+            batch = batch.filter(later)
+        pieces = [
+            canonical.lake_pieces(batch.column(lake_column(k)), spark_type(t)).to_pylist() for k, t in keys.items()
+        ]
+        out.update(zip(*pieces))
+        for old in batch.column("pg_old_key").drop_null().to_pylist():
+            doc = json.loads(old)
+            typed = _text_key([doc.get(lake_column(k)) for k in keys], keys)
+            if typed is None:
+                return None
+            out.add(typed)
+    return out
+
+
+def _keys_in_landing(store: Any, name: str, table: SourceTable, keys: dict[str, str]) -> set[tuple[str, ...]] | None:
+    """Keys (old and new) of the table's changes in one landing file."""
+    out: set[tuple[str, ...]] = set()
+    for rec in store.read_records(name):
+        if (rec.schema, rec.table) != (table.schema, table.table):
+            continue
+        for cols in (rec.columns, rec.identity):
+            values = {c.name: c.value for c in cols}
+            if not all(k in values for k in keys):
+                continue
+            typed = _text_key([values[k] for k in keys], keys)
+            if typed is None:
+                return None
+            out.add(typed)
+    return out
+
+
+def _text_key(values: list[str | None], keys: dict[str, str]) -> tuple[str, ...] | None:
+    """A key given as PostgreSQL text (a landing record, an old key) in canonical pieces; None when
+    a key type's text is not its canonical text and the load's Arrow typing cannot type it."""
+    import pyarrow as pa
+
+    from loader.load.driver import NotPlain, _typed
+    from loader.load.sql import HistoryColumn
+
+    out = []
+    for value, (name, pg_type) in zip(values, keys.items()):
+        st = spark_type(pg_type)
+        if value is None:
+            out.append(canonical.NULL_PIECE)
+        elif st.lossless_text or st.sql in ("INT", "BIGINT") or st.sql.startswith("DECIMAL("):
+            out.append(canonical.piece(str(value)))
+        else:
+            try:
+                typed = _typed(pa.array([str(value)]), HistoryColumn(name, pg_type), SourceTable("", ""))
+            except NotPlain:
+                return None
+            out.append(canonical.lake_pieces(typed, st)[0].as_py())
+    return tuple(out)
