@@ -262,6 +262,18 @@ class MaintenanceSettings(_Section):
     target_file_mb: int = 128
 
 
+class VerifySettings(_Section):
+    """Continuous verification in follow mode (``loader verify`` by hand needs none of this)."""
+
+    enabled: bool = True
+    every_minutes: float = Field(default=10.0, gt=0)  # a round at most this often
+    # A round verifies tables in turn (rolling through all of them across rounds) until this
+    # much time is spent; at least one table per round.
+    budget_s: float = Field(default=30.0, gt=0)
+    # A table found different is resynced by the next capture (its current state replaced).
+    auto_repair: bool = False
+
+
 class RetrySettings(_Section):
     """Outages of the source or the catalog database (refused, reset, restarting, failing over, full)."""
 
@@ -385,6 +397,7 @@ class LoaderSettings(BaseSettings):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     follow: FollowSettings = Field(default_factory=FollowSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
     dbt: DbtSettings = Field(default_factory=DbtSettings)
     sql_server: SqlServerSettings = Field(default_factory=SqlServerSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

@@ -71,6 +71,10 @@ class Follower:
         self._capture_runs = (0, 0)
         self._wake = threading.Event()
         self._capture_thread: threading.Thread | None = None
+        from loader.verify import RollingVerifier
+
+        # Continuous verification: the first round one verify.every_minutes after the start.
+        self.verifier = RollingVerifier(settings, self.metrics, land=self._land_until, started=time.monotonic())
 
     # --- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -226,6 +230,8 @@ class Follower:
                 and time.monotonic() - self._last_maintenance >= self.settings.maintenance.every_minutes * 60
             ):
                 self._maintain()
+            if not self.stop.is_set() and self.verifier.due(time.monotonic()):
+                self._verify()
             self.stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
     def cycle(self) -> bool:
@@ -287,6 +293,31 @@ class Follower:
         for table, parked in self._parked.items():
             if not parked:
                 self.metrics.table_fresh_as_of(table, ts)
+
+    def _land_until(self, cut: int) -> None:
+        """Continuous verification's cut: the capture thread lands everything committed before it."""
+        from loader.capture import slot as slots
+        from loader.errors import SourceError
+
+        deadline = time.monotonic() + self.settings.follow.capture_wait_s + 60
+        while time.monotonic() < deadline and not self.stop.is_set():
+            self.capture_now(self.settings.follow.capture_wait_s)
+            with slots.connect(self.settings.source.conninfo()) as conn:
+                info = slots.slot_info(conn, self.settings.source.slot)
+            if info is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn >= cut:
+                return
+        raise SourceError("the capture thread did not reach the verification's cut in time")
+
+    def _verify(self) -> None:
+        try:
+            done = self.verifier.round(time.monotonic())
+            log.info("%s", done.summary())
+        except Exception as exc:
+            if self._outage("verify", exc):
+                return
+            if not isinstance(exc, TransientError):
+                raise
+            log.warning("verification will be retried: %s", exc.one_line())
 
     def _maintain(self) -> None:
         from loader.maintain import Maintenance

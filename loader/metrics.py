@@ -69,6 +69,13 @@ class Metrics:
         )
         self._fresh_as_of: dict[str, float] = {}
         self.freshness_max.set_function(self._stalest)
+        self.verify_differences = Gauge(
+            "loader_verify_differences",
+            "Keys that differed from the source at the table's last continuous verification (lag excluded)",
+            ["table"],
+            registry=r,
+        )
+        self.verify_rows = Counter("loader_verify_rows", "Source rows compared by continuous verification", registry=r)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

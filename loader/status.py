@@ -31,7 +31,7 @@ from loader.lake.tables import (
     SourceTable,
     newest_position,
 )
-from loader.landing.state import SLOT_STATE, SOURCE_STATE
+from loader.landing.state import SLOT_STATE, SOURCE_STATE, VERIFY_STATE
 from loader.landing.store import open_landing
 from loader.lsn import ChangePosition
 
@@ -67,6 +67,8 @@ class TableStatus:
     # Commit time of the newest source transaction the current table reflects, and its age.
     fresh_as_of: str | None = None
     lag_seconds: float | None = None
+    # Continuous verification's last verdict on the table (follow mode; see loader.verify.RollingVerifier).
+    verified: dict[str, Any] | None = None
 
 
 @dataclass
@@ -114,6 +116,14 @@ class Status:
                 f"parked tables ({len(parked)}): their current tables wait for a resync; every other table advances",
             ]
             lines += [f"  {t.table}: {t.parked}" for t in parked]
+        differing = [t for t in self.tables if t.verified and t.verified.get("differing_keys")]
+        if differing:
+            lines += ["", f"tables that differed from the source at their last verification ({len(differing)}):"]
+            lines += [
+                f"  {t.table}: {t.verified['differing_keys']} keys at {t.verified['at']} (keys in the verify_log table)"
+                for t in differing
+                if t.verified
+            ]
         if self.skipped:
             lines += ["", f"skipped source tables ({len(self.skipped)}): never read from the source, not in the lake"]
             lines += [f"  {table}: {why}" for table, why in sorted(self.skipped.items())]
@@ -213,6 +223,7 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
     catalog = open_catalog(settings)
     c = settings.catalog
     landing = open_landing(settings)
+    verified: dict[str, Any] = dict((landing.read_state(VERIFY_STATE) or {}).get("tables", {}))
     files = landing.files()
     source_state = landing.read_state(SOURCE_STATE) or {}
     skipped = source_state.get("skipped", {}) if source_state.get("slot") == settings.source.slot else {}
@@ -274,6 +285,7 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
             ts.lag_seconds = (now - when).total_seconds() if when else None
         else:
             ts.note = "not merged yet"
+        ts.verified = verified.get(ts.table)
         tables.append(ts)
     keyed = [t for t in tables if t.primary_key]
     consistent = min(merged_positions) if merged_positions and len(merged_positions) == len(keyed) else None

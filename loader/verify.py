@@ -24,6 +24,7 @@ import re
 import secrets
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -79,6 +80,24 @@ class Reconciliation:
     @property
     def ok(self) -> bool:
         return self.parked is None and self.missing == 0 and self.extra == 0 and self.different == 0
+
+    def to_doc(self) -> dict[str, Any]:
+        """For ``--json``: counts, notes and the examples (keys, never values unless asked for)."""
+        return {
+            "table": self.table,
+            "ok": self.ok,
+            "source_rows": self.source_rows,
+            "lake_rows": self.lake_rows,
+            "missing": self.missing,
+            "extra": self.extra,
+            "different": self.different,
+            "in_flight": self.in_flight,
+            "buckets": self.buckets,
+            "buckets_differing": self.buckets_differing,
+            "parked": self.parked,
+            "note": self.note,
+            "examples": self.examples,
+        }
 
     def line(self) -> str:
         if self.parked is not None:
@@ -206,7 +225,11 @@ def reconcile_table(
     table: SourceTable,
     max_examples: int = 5,
     show_values: bool = False,
+    cut: int | None = None,
 ) -> Reconciliation:
+    """One table against its source; differences are recorded as findings for :func:`reconcile`
+    to judge. ``cut``: the consistent point the source is read at (keyless tables are rebuilt from
+    history as of it)."""
     c = settings.catalog
     res = Reconciliation(table.qualified)
     hist = catalog.load_table((c.history_namespace, table.iceberg_name))
@@ -215,7 +238,7 @@ def reconcile_table(
         res.parked = json.loads(hist.properties[PROP_PARKED]).get("reason", "parked")
         return res
     if not pk:
-        res.note = "no primary key: history only, not reconciled"
+        _reconcile_keyless(res, conn, hist, table, cut, show_values)
         return res
     cur_table = catalog.load_table((c.current_namespace, table.iceberg_name))
     if PROP_PARKED in cur_table.properties:
@@ -383,6 +406,100 @@ def _drill(
             res.found.append(Finding(k, "extra", f"extra key {_shown_key(k, keys)}", at))
 
 
+def _reconcile_keyless(
+    res: Reconciliation, conn: Any, hist: Any, table: SourceTable, cut: int | None, show_values: bool
+) -> None:
+    """A table without a key compares as a multiset of rows: the source's rows against history's
+    state (rows inserted, read or updated to, minus rows updated from or deleted, after the last
+    resync or truncate), by checksums of whole rows per bucket, then row counts in differing buckets."""
+    import numpy as np
+
+    types: dict[str, str] = json.loads(hist.properties.get(PROP_PG_TYPES, "{}"))
+    live = _existing_source_columns(conn, table)
+    columns = {k: v for k, v in types.items() if k in live}
+    res.note = "no primary key: compared as a multiset of rows"
+    bits = canonical.bucket_bits(max(row_count(hist), _source_estimate(conn, table)))
+    source_counts, source_sums = _source_checksums(conn, table, columns, columns, bits)
+    lake_counts = np.zeros(1 << bits, np.int64)
+    lake_sums = np.zeros(1 << bits, np.int64)
+    for texts, sign in _history_state(hist, columns, cut):
+        hashes, buckets = canonical.hashes(texts, bits)
+        assert buckets is not None
+        np.add.at(lake_counts, buckets, sign)
+        np.add.at(lake_sums, buckets, hashes * sign)
+    res.source_rows, res.lake_rows = int(source_counts.sum()), int(lake_counts.sum())
+    differing = np.flatnonzero((source_counts != lake_counts) | (source_sums != lake_sums))
+    res.buckets, res.buckets_differing = 1 << bits, len(differing)
+    if not len(differing):
+        return
+    from collections import Counter
+
+    from psycopg import sql as q
+
+    wanted = differing.tolist()
+    row_text = canonical.source_row_text(columns)
+    query = q.SQL("SELECT {} FROM {}.{} WHERE {} = ANY(%s)").format(
+        row_text, q.Identifier(table.schema), q.Identifier(table.table), canonical.source_bucket_sql(row_text, bits)
+    )
+    counts: Counter[str] = Counter(r[0] for r in conn.execute(query, (wanted,)))
+    wanted_set = set(wanted)
+    for texts, sign in _history_state(hist, columns, cut):
+        _, buckets = canonical.hashes(texts, bits)
+        assert buckets is not None
+        for text, bucket in zip(texts.to_pylist(), buckets.tolist()):
+            if bucket in wanted_set:
+                counts[text] -= sign
+    for text, n in sorted(counts.items()):
+        if n == 0:
+            continue
+        shown = f": {text}" if show_values else ""
+        kind, what = (
+            ("missing", "in the source, not in history's state")
+            if n > 0
+            else ("extra", "in history's state, not in the source")
+        )
+        for _ in range(abs(n)):
+            res.found.append(Finding((text,), kind, f"a row {what}{shown}", None))
+
+
+def _history_state(hist: Any, columns: dict[str, str], cut: int | None) -> Any:
+    """History's rows as (canonical row texts, +1 or -1) batches: what the table holds as of ``cut``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyiceberg.expressions import AlwaysTrue, LessThan
+
+    before_cut = LessThan("pg_lsn", cut) if cut is not None else AlwaysTrue()  # type: ignore[misc,call-arg,arg-type]
+    control = ("pg_lsn", "pg_seq", "pg_operation")
+    start: tuple[int, int] | None = None
+    for batch in hist.scan(row_filter=before_cut, selected_fields=control).to_arrow_batch_reader():
+        resets = batch.filter(pc.is_in(batch.column("pg_operation"), pa.array(["resync", "truncate"])))
+        for lsn, seq in zip(resets.column("pg_lsn").to_pylist(), resets.column("pg_seq").to_pylist()):
+            start = max(start or (lsn, seq), (lsn, seq))
+    names = list(columns)
+    fields = (*(lake_column(c) for c in names), *control, "pg_old_key", "pg_absent_columns")
+    for batch in hist.scan(row_filter=before_cut, selected_fields=fields).to_arrow_batch_reader():
+        if start is not None:
+            lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
+            batch = batch.filter(
+                pc.or_(pc.greater(lsn, start[0]), pc.and_(pc.equal(lsn, start[0]), pc.greater(seq, start[1])))
+            )
+        ops = batch.column("pg_operation")
+        added = batch.filter(pc.is_in(ops, pa.array(["insert", "read", "update"])))
+        if added.num_rows:
+            yield canonical.lake_row_text([added.column(lake_column(c)) for c in names], list(columns.values())), 1
+        removed = batch.filter(pc.is_in(ops, pa.array(["update", "delete"])))
+        old_texts = []
+        for old in removed.column("pg_old_key").to_pylist():
+            if old is None:
+                continue  # no replica identity: PostgreSQL never says which row went (see status)
+            doc = json.loads(old)
+            typed = _text_key([doc.get(lake_column(c)) for c in names], columns)
+            if typed is not None:
+                old_texts.append("".join(typed))
+        if old_texts:
+            yield pa.array(old_texts, pa.string()), -1
+
+
 def _piece_value(p: str) -> str | None:
     """The canonical text of a piece (None for NULL)."""
     return None if p == canonical.NULL_PIECE else p[p.index(":") + 1 : -1]
@@ -409,6 +526,7 @@ def reconcile(
     *,
     at_cut: bool = True,
     max_examples: int = 5,
+    land: Callable[[int], None] | None = None,
 ) -> list[Reconciliation]:
     """Every (or the named) captured table reconciled; ``show_values`` puts differing values in the examples.
 
@@ -418,7 +536,8 @@ def reconcile(
     position and the cut (in history not merged yet, in landing files not loaded yet, or a lake row
     written after the cut) is lag, counted as in flight, not as a difference. Changes before the cut
     not landed yet are landed first (a capture up to the cut), so on a quiet source every difference
-    is real, and on a busy one only real ones are reported."""
+    is real, and on a busy one only real ones are reported. ``land(cut)`` lands them instead (follow
+    mode: its own capture thread, which holds the slot)."""
     catalog = open_catalog(settings)
     selected = []
     for ident in sorted(catalog.list_tables(settings.catalog.history_namespace)):
@@ -440,13 +559,13 @@ def reconcile(
                 cut = exported.consistent_lsn
                 exported.close()  # the transaction holds the snapshot now; drops the temporary slot
             for table in selected:
-                out.append(reconcile_table(settings, conn, catalog, table, show_values=show_values))
+                out.append(reconcile_table(settings, conn, catalog, table, show_values=show_values, cut=cut))
         finally:
             conn.execute("ROLLBACK")
             if exported is not None:
                 exported.close()
     if cut is not None and any(r.found for r in out):
-        _settle(settings, catalog, out, cut)
+        _settle(settings, catalog, out, cut, land)
     for r in out:
         _judge(r, max_examples)
     return out
@@ -468,7 +587,13 @@ def _judge(res: Reconciliation, max_examples: int) -> None:
         )
 
 
-def _settle(settings: LoaderSettings, catalog: Any, results: list[Reconciliation], cut: int) -> None:
+def _settle(
+    settings: LoaderSettings,
+    catalog: Any,
+    results: list[Reconciliation],
+    cut: int,
+    land: Callable[[int], None] | None = None,
+) -> None:
     """Mark the findings whose keys have a change in flight around the cut (see :func:`reconcile`)."""
     from loader.landing.store import open_landing
 
@@ -480,7 +605,10 @@ def _settle(settings: LoaderSettings, catalog: Any, results: list[Reconciliation
         from loader.errors import LoaderError
 
         try:  # land what committed before the cut, exactly as 'loader capture' would
-            Capture(settings).run(create_slot=False, upto_lsn=cut)
+            if land is not None:
+                land(cut)
+            else:
+                Capture(settings).run(create_slot=False, upto_lsn=cut)
         except LoaderError as exc:
             why = (
                 f"changes committed before the cut {format_lsn(cut)} are not captured yet "
@@ -500,9 +628,14 @@ def _settle(settings: LoaderSettings, catalog: Any, results: list[Reconciliation
         if not res.found:
             continue
         table = SourceTable.parse(res.table)
-        current = catalog.load_table((c.current_namespace, table.iceberg_name))
         hist = catalog.load_table((c.history_namespace, table.iceberg_name))
         pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
+        if not pk:
+            # History is read as of the cut; only changes before it that are not loaded yet are lag.
+            if any(_table_in_landing(store, f.name, table) for f in pending):
+                res.found = [replace(f, in_flight=True) for f in res.found]
+            continue
+        current = catalog.load_table((c.current_namespace, table.iceberg_name))
         types: dict[str, str] = json.loads(current.properties.get(PROP_PG_TYPES, "{}"))
         keys = {k: types[k] for k in pk}
         merged = watermark(current, SUMMARY_MERGED_THROUGH)
@@ -553,6 +686,10 @@ def _keys_in_history(hist: Any, keys: dict[str, str], low: ChangePosition | None
     return out
 
 
+def _table_in_landing(store: Any, name: str, table: SourceTable) -> bool:
+    return any((rec.schema, rec.table) == (table.schema, table.table) for rec in store.read_records(name))
+
+
 def _keys_in_landing(store: Any, name: str, table: SourceTable, keys: dict[str, str]) -> set[tuple[str, ...]] | None:
     """Keys (old and new) of the table's changes in one landing file."""
     out: set[tuple[str, ...]] = set()
@@ -592,3 +729,140 @@ def _text_key(values: list[str | None], keys: dict[str, str]) -> tuple[str, ...]
                 return None
             out.append(canonical.lake_pieces(typed, st)[0].as_py())
     return tuple(out)
+
+
+# --- continuous verification (follow mode) ------------------------------------------------------
+VERIFY_LOG = "verify_log"
+
+
+@dataclass
+class VerifyRound:
+    results: list[Reconciliation] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)  # tables whose resync was requested
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        bad = [r for r in self.results if not r.ok and r.parked is None]
+        rows = sum(r.source_rows for r in self.results)
+        text = f"verify: {len(self.results)} tables, {rows} rows in {self.seconds:.1f}s"
+        if bad:
+            text += "; DIFFERENT: " + ", ".join(f"{r.table} ({r.missing + r.extra + r.different} keys)" for r in bad)
+        if self.repairs:
+            text += "; resync requested: " + ", ".join(self.repairs)
+        return text
+
+
+class RollingVerifier:
+    """Follow mode's continuous verification: every ``verify.every_minutes``, tables are verified in
+    turn (where the last round stopped, in name order) until ``verify.budget_s`` is spent. A table
+    that differs is logged, counted in ``loader_verify_differences``, recorded in the landing area's
+    ``_state/verify.state.json`` (``loader status`` shows it) and its differing keys appended to the
+    ``verify_log`` table of the loader's namespace (keys only; a keyless row as its checksum); with
+    ``verify.auto_repair`` the next capture resyncs it."""
+
+    def __init__(
+        self,
+        settings: LoaderSettings,
+        metrics: Any = None,
+        store: Any = None,
+        land: Callable[[int], None] | None = None,
+        started: float | None = None,
+    ) -> None:
+        from loader.landing.store import open_landing
+
+        self.land = land
+        self.settings = settings
+        self.metrics = metrics
+        self.store = store or open_landing(settings)
+        self._last_round: float | None = started
+
+    def due(self, now: float) -> bool:
+        c = self.settings.verify
+        return c.enabled and (self._last_round is None or now - self._last_round >= c.every_minutes * 60)
+
+    def round(self, now: float | None = None) -> VerifyRound:
+        import logging
+        import time
+
+        from loader.landing.state import VERIFY_STATE, request_resync
+
+        log = logging.getLogger("loader.verify")
+        started = time.monotonic()
+        self._last_round = now if now is not None else started
+        out = VerifyRound()
+        catalog = open_catalog(self.settings)
+        every = sorted(
+            SourceTable.from_iceberg_name(i[-1]).qualified
+            for i in catalog.list_tables(self.settings.catalog.history_namespace)
+        )
+        if not every:
+            return out
+        state = self.store.read_state(VERIFY_STATE) or {}
+        after = state.get("last_table")
+        order = [t for t in every if after is None or t > after] + [
+            t for t in every if after is not None and t <= after
+        ]
+        tables = dict(state.get("tables", {}))
+        for table in order:
+            if out.results and time.monotonic() - started >= self.settings.verify.budget_s:
+                break
+            (res,) = reconcile(self.settings, [table], land=self.land)
+            out.results.append(res)
+            differing = res.missing + res.extra + res.different
+            tables[table] = {
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "ok": res.ok,
+                "differing_keys": differing,
+                "in_flight": res.in_flight,
+                "rows": res.source_rows,
+                "parked": res.parked,
+            }
+            state = {"last_table": table, "tables": tables}
+            if self.metrics is not None:
+                self.metrics.verify_differences.labels(table=table).set(differing)
+                self.metrics.verify_rows.inc(res.source_rows)
+            if differing:
+                log.warning("verify: %s", res.line())
+                self._log_keys(catalog, res)
+                if self.settings.verify.auto_repair and res.parked is None:
+                    request_resync(self.store, table, f"continuous verification found {differing} differing keys")
+                    out.repairs.append(table)
+            self.store.write_state(VERIFY_STATE, state)
+        out.seconds = time.monotonic() - started
+        return out
+
+    def _log_keys(self, catalog: Any, res: Reconciliation) -> None:
+        """The judged differences' keys in ``verify_log`` (never values: a keyless row as its md5)."""
+        import hashlib
+
+        import pyarrow as pa
+
+        c = self.settings.catalog
+        rows = [f for f in res.found if not f.in_flight]
+        if not rows:
+            return
+        schema = pa.schema(
+            [
+                pa.field("verified_at", pa.timestamp("us", tz="UTC")),
+                pa.field("source_table", pa.string()),
+                pa.field("kind", pa.string()),
+                pa.field("key", pa.string()),
+            ]
+        )
+        table = catalog.create_table_if_not_exists((c.loader_namespace, VERIFY_LOG), schema=schema)
+        keyless = res.note.startswith("no primary key")
+        now = datetime.now(UTC)
+        table.append(
+            pa.table(
+                {
+                    "verified_at": [now] * len(rows),
+                    "source_table": [res.table] * len(rows),
+                    "kind": [f.kind for f in rows],
+                    "key": [
+                        "row md5 " + hashlib.md5(f.key[0].encode()).hexdigest() if keyless else "".join(f.key)
+                        for f in rows
+                    ],
+                },
+                schema=schema,
+            )
+        )

@@ -46,7 +46,14 @@ from loader.config import LoaderSettings
 from loader.errors import DecodeError, LandingError, SlotLostError, TransientError
 from loader.faults import checkpoint
 from loader.landing.records import COMMIT, ChangeRecord
-from loader.landing.state import CATALOG_STATE, SLOT_STATE, SNAPSHOT_STATE, SOURCE_STATE, record_confirmed
+from loader.landing.state import (
+    CATALOG_STATE,
+    RESYNC_REQUESTS,
+    SLOT_STATE,
+    SNAPSHOT_STATE,
+    SOURCE_STATE,
+    record_confirmed,
+)
 from loader.landing.store import LandingStore, LandingWriter, open_landing
 from loader.lsn import ChangePosition, format_lsn, parse_lsn
 from loader.progress import bar
@@ -181,6 +188,7 @@ class Capture:
         self._emitted: tuple[int, int, float] | None = None  # (seq, lsn, when) of this run's heartbeat
         self.controls = _Controls(None, True)
         self._pending_resyncs: dict[str, str] = {}
+        self._requested: dict[str, str] = {}
         self._last_confirm: int | None = None
         self._progress: Any = None  # the run's progress bar, moved as the slot is confirmed
         self._begin: int | None = None
@@ -495,6 +503,10 @@ class Capture:
             roots_now=self.roots,
         )
         pending = dict(state.get("pending_resyncs", {})) if state else {}
+        # Resyncs another process asked for (continuous verification's auto-repair): pending from
+        # now on, saved with the catalog state, then the request is cleared.
+        self._requested = dict((self.store.read_state(RESYNC_REQUESTS) or {}).get("tables", {}))
+        pending.update({t: f"requested: {why}" for t, why in self._requested.items()})
         for table, why in self._publication_resyncs.items():
             plan.resync.setdefault(table, why)
         if src.auto_resync:
@@ -526,6 +538,9 @@ class Capture:
                 "pending_resyncs": dict(sorted(self._pending_resyncs.items())),
             },
         )
+        if self._requested:
+            self.store.write_state(RESYNC_REQUESTS, {"tables": {}})
+            self._requested = {}
 
     def _resync(self, result: CaptureResult) -> None:
         """Run the pending resyncs (a consistent snapshot of each table through a temporary slot)."""

@@ -21,3 +21,17 @@ SOURCE_STATE = "source.state.json"
 def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
     """Remember, before the slot moves, how far this loader confirms it (see slots.check_not_lost)."""
     store.write_state(SLOT_STATE, {"slot": slot, "confirmed": lsn})
+
+
+# Tables to resync at the next capture run, asked for by another process (continuous verification
+# with verify.auto_repair): {table: reason}. Capture moves them to its pending resyncs.
+RESYNC_REQUESTS = "resync_requests.json"
+# Continuous verification's rolling position and each table's last verdict (for status).
+VERIFY_STATE = "verify.state.json"
+
+
+def request_resync(store: LandingStore, table: str, reason: str) -> None:
+    """Ask the next capture run to resync ``table``."""
+    requests = dict((store.read_state(RESYNC_REQUESTS) or {}).get("tables", {}))
+    requests[table] = reason
+    store.write_state(RESYNC_REQUESTS, {"tables": requests})

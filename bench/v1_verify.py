@@ -1,0 +1,145 @@
+"""V1 ``loader verify`` of a large table while pgbench writes to it.
+
+``pgbench -i -s BENCH_VERIFY_SCALE`` (default 100: 10M rows in pgbench_accounts) is loaded into a
+fresh lake (``capture --snapshot``, ``load``, ``merge`` as commands); then pgbench's simple-update
+workload writes to the table (``BENCH_VERIFY_CLIENTS`` clients, default 1) while ``loader verify
+--json`` runs as its own process, ``BENCH_VERIFY_REPEATS`` times (default 1). Printed: rows/s
+(median), the process's peak RSS and CPU seconds, the differences it reported (goal 0: every
+difference under writes is lag, which verify must count as in flight), and the ceiling measured in
+the same run: ``COPY pgbench_accounts TO STDOUT`` to a client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import psycopg
+
+from bench.common import Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+
+
+def _env(settings: object) -> dict[str, str]:
+    s = settings  # LoaderSettings
+    env = dict(os.environ)
+    env.update(
+        {
+            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__INCLUDE": '["public.pgbench_accounts"]',
+            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
+            "LOADER_SPARK__SHUFFLE_PARTITIONS": "4",
+            "LOADER_SPARK__DRIVER_MEMORY": "2g",
+        }
+    )
+    return env
+
+
+def _copy_ceiling(dsn: str) -> float:
+    """rows/s of ``COPY pgbench_accounts TO STDOUT`` to this client."""
+    with psycopg.connect(dsn) as conn:
+        started = time.perf_counter()
+        rows = 0
+        with conn.cursor().copy("COPY pgbench_accounts TO STDOUT") as copy:
+            for chunk in copy:
+                rows += bytes(chunk).count(b"\n")
+        return rows / (time.perf_counter() - started)
+
+
+def run() -> None:
+    scale = env_int("BENCH_VERIFY_SCALE", 100)
+    repeats = env_int("BENCH_VERIFY_REPEATS", 1)
+    clients = env_int("BENCH_VERIFY_CLIENTS", 1)
+    with (
+        scratch_database("bench_verify_src") as src,
+        scratch_database("bench_verify_cat") as cat,
+        scratch_dir("bench-verify-") as root,
+    ):
+        subprocess.run(["pgbench", "-i", "-q", "-s", str(scale), "--dbname", src], check=True, capture_output=True)
+        settings = lake_settings(root, cat, source_dsn=src)
+        env = _env(settings)
+        cli = [sys.executable, "-m", "loader.cli"]
+        started = time.monotonic()
+        for step in (["capture", "--snapshot"], ["load"], ["merge"]):
+            subprocess.run([*cli, *step], env=env, check=True, capture_output=True)
+        print(f"  lake built from pgbench scale {scale} in {time.monotonic() - started:.0f}s", flush=True)
+        ceiling = _copy_ceiling(src)
+        writer = subprocess.Popen(
+            ["pgbench", "-n", "-b", "simple-update", "-c", str(clients), "-T", "100000", "--dbname", src],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        rates, cpu, reports = [], [], []
+        try:
+            time.sleep(5)  # writes under way before the first cut
+            for _ in range(repeats):
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t0 = time.perf_counter()
+                done = subprocess.run(
+                    [*cli, "verify", "--json", "--table", "public.pgbench_accounts"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                elapsed = time.perf_counter() - t0
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if done.returncode not in (0, 4):
+                    raise RuntimeError(f"verify failed ({done.returncode}): {done.stderr[-2000:]}")
+                doc = json.loads(done.stdout)
+                reports.append(doc)
+                rates.append(doc["rows"] / elapsed)
+                cpu.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+                t = doc["tables"][0]
+                print(
+                    f"  verify: {doc['rows']:,} rows in {elapsed:.1f}s, missing={t['missing']} extra={t['extra']} "
+                    f"different={t['different']} in flight={t['in_flight']} buckets differing={t['buckets_differing']}",
+                    flush=True,
+                )
+        finally:
+            writer.terminate()
+            writer.wait(timeout=60)
+        # ru_maxrss of children: the largest of any child so far (kB on Linux) - verify's own
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        rate = statistics.median(rates)
+        rows = reports[-1]["rows"]
+        differences = sum(t["missing"] + t["extra"] + t["different"] for r in reports for t in r["tables"])
+        seconds_for_10m = 10_000_000 / rate
+        record(
+            Figure(
+                "V1",
+                f"verify of {rows / 1e6:.0f}M rows while pgbench writes ({clients} client)",
+                rate,
+                "rows/s",
+                rival=ceiling,
+                rival_what="COPY of the table to a client",
+                ratio=rate / ceiling,
+                goal="10M rows <= 60 s, peak RSS <= 1 GB, 0 differences",
+                met=seconds_for_10m <= 60 and peak_mb <= 1024 and differences == 0,
+                extra={
+                    "seconds_per_10m_rows": seconds_for_10m,
+                    "peak_rss_mb_any_child": peak_mb,
+                    "cpu_seconds_median": statistics.median(cpu),
+                    "differences": differences,
+                    "in_flight": [t["in_flight"] for r in reports for t in r["tables"]],
+                },
+            )
+        )
+        print(
+            f"  peak RSS of any child (the lake build included): {peak_mb:.0f} MB; "
+            f"CPU {statistics.median(cpu):.1f}s per verify"
+        )
+
+
+if __name__ == "__main__":
+    run()
