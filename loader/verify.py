@@ -58,6 +58,9 @@ class Finding:
     text: str  # what the report says
     lake_position: ChangePosition | None  # the lake row's (pg_lsn, pg_seq), if it has one
     in_flight: bool = False  # a change of this key lies between the lake's position and the cut
+    # A missing row's source values (column -> canonical text): an erased subject is not a difference.
+    source_values: dict[str, str | None] | None = None
+    erased: bool = False  # the row holds a value 'loader erase' erased: the source still has it
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Reconciliation:
     found: list[Finding] = field(default_factory=list)  # differing keys, before the cut's verdict
     in_flight: int = 0  # differing keys with a change between the lake's position and the cut: lag
     unsettled: str | None = None  # why differing keys could not be told from lag (nothing is BAD then)
+    erased: int = 0  # source rows of erased subjects, absent from the lake as they should be
     buckets_differing: int = 0  # buckets whose rows were read and compared
 
     @property
@@ -92,6 +96,7 @@ class Reconciliation:
             "extra": self.extra,
             "different": self.different,
             "in_flight": self.in_flight,
+            "erased": self.erased,
             "buckets": self.buckets,
             "buckets_differing": self.buckets_differing,
             "parked": self.parked,
@@ -389,7 +394,8 @@ def _drill(
             lake[k] = (row, at)
     for k, row in source.items():
         if k not in lake:
-            res.found.append(Finding(k, "missing", f"missing key {_shown_key(k, keys)}", None))
+            values = {names[i]: _piece_value(row[i]) for i in range(len(names))}
+            res.found.append(Finding(k, "missing", f"missing key {_shown_key(k, keys)}", None, source_values=values))
             continue
         other, at = lake[k]
         if other == row:
@@ -566,6 +572,8 @@ def reconcile(
                 exported.close()
     if cut is not None and any(r.found for r in out):
         _settle(settings, catalog, out, cut, land)
+    if any(f.source_values for r in out for f in r.found):
+        _mark_erased(settings, catalog, out)
     for r in out:
         _judge(r, max_examples)
     return out
@@ -574,17 +582,61 @@ def reconcile(
 def _judge(res: Reconciliation, max_examples: int) -> None:
     """Findings become differences, except keys in flight; with the cut unsettled, none are."""
     for f in res.found:
+        if f.erased:
+            res.erased += 1
+            continue
         if res.unsettled is not None or f.in_flight:
             res.in_flight += 1
             continue
         setattr(res, f.kind, getattr(res, f.kind) + 1)
         _example(res, max_examples, f.text)
+    if res.erased:
+        res.note = (res.note + "; " if res.note else "") + (
+            f"{res.erased} rows erased from the lake ('loader erase') are still in the source: delete them there"
+        )
     if res.in_flight:
         res.note = (res.note + "; " if res.note else "") + (
             f"{res.in_flight} keys in flight (changed between the lake's position and the cut)"
             if res.unsettled is None
             else f"{res.in_flight} differing keys not judged: {res.unsettled}"
         )
+
+
+def _mark_erased(settings: LoaderSettings, catalog: Any, results: list[Reconciliation]) -> None:
+    """Missing rows that hold an erased value (its salted hash in the erased-keys table) are the
+    erasure's doing, not a difference: the lake must not have them."""
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.expressions import EqualTo
+
+    from loader.lake.erased import PROP_SALT, value_hash
+
+    try:
+        erased = catalog.load_table((settings.catalog.loader_namespace, "erased_keys"))
+    except NoSuchTableError:
+        return
+    salt = erased.properties.get(PROP_SALT)
+    if salt is None:
+        return
+    for res in results:
+        if not any(f.source_values for f in res.found):
+            continue
+        rows = erased.scan(row_filter=EqualTo("source_table", res.table)).to_arrow()  # type: ignore[misc,call-arg,arg-type]
+        hashes = set(zip(rows.column("source_column").to_pylist(), rows.column("value_hash").to_pylist()))
+        if not hashes:
+            continue
+        res.found = [
+            replace(
+                f,
+                erased=any(
+                    (column, value_hash(salt, value)) in hashes
+                    for column, value in f.source_values.items()
+                    if value is not None
+                ),
+            )
+            if f.source_values
+            else f
+            for f in res.found
+        ]
 
 
 def _settle(

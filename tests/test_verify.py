@@ -100,3 +100,19 @@ def test_follow_mode_finds_a_planted_difference_and_repairs_it(env: Env) -> None
     assert found._value.get() == 0
     env.assert_reconciled()
     assert {r["id"] for r in env.current("public.acct").collect()} == set(range(1, 101))
+
+
+def test_rows_of_an_erased_subject_are_not_differences(env: Env) -> None:
+    from loader.erase import Erasure
+
+    env.sql("CREATE TABLE public.cust (id int PRIMARY KEY, email text)")
+    env.capture()
+    env.transaction("INSERT INTO public.cust SELECT g, 'user' || g || '@example.com' FROM generate_series(1, 20) g")
+    env.run_all()
+    Erasure(env.spark, env.settings).run(None, "public.cust", "email=user7@example.com")
+    (res,) = reconcile(env.settings, ["public.cust"])
+    assert res.ok and res.erased == 1 and "still in the source" in res.note, res.line()
+    env.sql("DELETE FROM public.cust WHERE id = 7")  # the erasure done at the source too
+    env.run_all()
+    (after,) = reconcile(env.settings, ["public.cust"])
+    assert after.ok and after.erased == 0 and (after.source_rows, after.lake_rows) == (19, 19), after.line()
