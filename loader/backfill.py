@@ -99,6 +99,15 @@ class Backfill:
         if to_lsn < from_lsn:
             raise UsageError("--to-lsn is before --from-lsn", hint="give the range in commit order")
         selected = [SourceTable.parse(t) for t in tables] if tables else None
+        from loader.landing.state import RETENTION_STATE
+
+        retired = (self.store.read_state(RETENTION_STATE) or {}).get("retired_through")
+        if retired and from_lsn <= ChangePosition.from_token(retired).commit_lsn:
+            raise UsageError(
+                f"landing files through {ChangePosition.from_token(retired)} were retired "
+                f"(landing.retention_hours): a replay can begin only after that position",
+                hint="replay a later range, or rebuild a current table from history with 'loader backfill rebuild-current'",
+            )
         files = files_for_range(self.store, from_lsn, to_lsn)
         out = ReplayResult(from_lsn, to_lsn, dry_run, files=[f.name for f in files])
         load = HistoryLoad(self.spark, self.settings, self.store).replay(

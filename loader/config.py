@@ -159,6 +159,9 @@ class LandingSettings(_Section):
     # reading stops with an error naming the file (a gzip bomb must not exhaust an executor's memory).
     # Capture's files hold source.max_changes_per_file changes: far below this.
     max_decompressed_mb: int = Field(default=4096, ge=1)
+    # Landing files loaded into history more than this long ago are retired by 'loader maintain'
+    # (and follow mode's maintenance); 'backfill replay' reaches back only this far. None: keep all.
+    retention_hours: float | None = Field(default=168.0, gt=0)
 
 
 class CatalogSettings(_Redacted):

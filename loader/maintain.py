@@ -37,9 +37,22 @@ log = logging.getLogger("loader.maintain")
 @dataclass
 class MaintenanceReport:
     tables: list[TableReport] = field(default_factory=list)
+    landing_retired: int = 0  # landing files retired (loaded, older than landing.retention_hours)
+    landing_retired_through: str | None = None
 
     def summary(self) -> str:
-        return "maintenance: " + ("; ".join(t.line() for t in self.tables) if self.tables else "no tables")
+        """One short line of totals (every table's figures: --json, and the log at INFO)."""
+        if not self.tables:
+            return "maintenance: no tables"
+        t = self.tables
+        text = (
+            f"maintenance: {len(t)} tables, {sum(r.rewritten_files for r in t)} files rewritten into "
+            f"{sum(r.added_files for r in t)}, {sum(r.removed_delete_files for r in t)} delete files removed, "
+            f"{sum(r.expired_snapshots for r in t)} snapshots expired, {sum(r.orphans_removed for r in t)} orphans removed"
+        )
+        if self.landing_retired:
+            text += f"; {self.landing_retired} landing files retired (through {self.landing_retired_through})"
+        return text
 
 
 class Maintenance:
@@ -58,12 +71,53 @@ class Maintenance:
             if not tables:
                 for ident in (self.names.ledger, self.names.rejects):
                     report.tables.append(self._table(ident, ident, "binpack", None, expire, orphans))
+                self._retire_landing(report)
         with stage_lock(self.settings, "merge"):
             for t in selected:
                 cur = self.names.current(t)
                 if self.spark.catalog.tableExists(cur):
                     report.tables.append(self._table(f"current {t.qualified}", cur, "deletes", None, expire, orphans))
         return report
+
+    def _retire_landing(self, report: MaintenanceReport) -> None:
+        """Delete landing files that history holds (in the ledger, at or below loaded-through) and
+        that were loaded more than ``landing.retention_hours`` ago; never a file of an unfinished
+        snapshot. The horizon is recorded first, so replay refuses what is gone."""
+        from loader.lake.iceberg import table_properties
+        from loader.lake.tables import SUMMARY_LOADED_THROUGH, newest_position
+        from loader.landing.state import RETENTION_STATE, SNAPSHOT_STATE
+        from loader.landing.store import open_landing
+        from loader.lsn import ChangePosition
+
+        hours = self.settings.landing.retention_hours
+        if hours is None:
+            return
+        store = open_landing(self.settings)
+        snapshot = store.read_state(SNAPSHOT_STATE)
+        if snapshot is not None and not snapshot.get("done"):
+            return  # a snapshot in progress: its files wait for the load
+        loaded = newest_position(table_properties(self.spark, self.names.ledger).get(SUMMARY_LOADED_THROUGH))
+        if loaded is None:
+            return
+        through = ChangePosition.from_token(loaded)
+        cutoff = (self.now - timedelta(hours=hours)).replace(tzinfo=None)
+        old = {
+            r[0]
+            for r in self.spark.sql(
+                f"SELECT file FROM {self.names.ledger} WHERE loaded_at < TIMESTAMP '{cutoff.isoformat(sep=' ')}'"
+            ).collect()
+        }
+        retire = [f for f in store.files() if f.name in old and f.last <= through]
+        if not retire:
+            return
+        horizon = max(f.last for f in retire)
+        state = store.read_state(RETENTION_STATE) or {}
+        if not state.get("retired_through") or state["retired_through"] < horizon.token():
+            store.write_state(RETENTION_STATE, {"retired_through": horizon.token()})
+        for f in retire:
+            store.delete(f.name)
+        report.landing_retired = len(retire)
+        report.landing_retired_through = str(horizon)
 
     def _history(self, t: SourceTable, expire: bool, orphans: bool) -> TableReport:
         return self._table(

@@ -35,3 +35,8 @@ def request_resync(store: LandingStore, table: str, reason: str) -> None:
     requests = dict((store.read_state(RESYNC_REQUESTS) or {}).get("tables", {}))
     requests[table] = reason
     store.write_state(RESYNC_REQUESTS, {"tables": requests})
+
+
+# How far landing retention has retired files: {"retired_through": position token}; replay refuses
+# ranges that begin at or before it.
+RETENTION_STATE = "retention.state.json"
