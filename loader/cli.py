@@ -782,6 +782,7 @@ def demo(ctx: Context, transactions: int, seed: int, with_dbt: bool) -> None:
 @main.command(
     "dbt",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    short_help="Run dbt (build, test, docs generate, ...) on the loader's catalog.",
 )
 @click.argument("dbt_args", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
