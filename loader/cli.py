@@ -816,11 +816,11 @@ def dbt_sources(ctx: Context, project: str | None, check: bool) -> None:
     from pathlib import Path
 
     from loader.dbt import project_dir, write_sources
-    from loader.dbtgen import declared_sources, read_catalog, source_drift
+    from loader.dbtgen import declared_columns, declared_sources, read_catalog, source_drift
 
     target = Path(project) if project else project_dir(ctx.settings)
     if check:
-        problems = source_drift(read_catalog(ctx.settings), declared_sources(target))
+        problems = source_drift(read_catalog(ctx.settings), declared_sources(target), declared_columns(target))
         for p in problems:
             click.echo(p)
         if problems:

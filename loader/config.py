@@ -343,6 +343,11 @@ class DbtSettings(_Section):
     # Subject type -> "schema.table.column" holding that subject's id (audited against the
     # erased_subjects seed).
     subject_columns: dict[str, list[str]] = Field(default_factory=dict)
+    # `dbt source freshness`: a table whose newest change committed longer ago than this warns /
+    # errors (loaded_at_field pg_txn_timestamp: source activity, so set them to what the source's
+    # quietest table allows; None leaves the threshold out).
+    freshness_warn_hours: int | None = Field(default=24, ge=1)
+    freshness_error_hours: int | None = Field(default=None, ge=1)
 
 
 class SqlServerSettings(_Redacted):

@@ -273,6 +273,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
                 "meta": {"source_table": src, "primary_key": spec.pk},
                 "columns": _column_entries(settings, spec, comments, history=True),
                 "data_tests": tests,
+                **_freshness(settings),
             }
         )
     for name in catalog.current_names:
@@ -301,6 +302,7 @@ def render_sources(settings: LoaderSettings, catalog: CatalogTables, comments: C
             if strings:
                 current_tests.append({"loader_no_toast_placeholder": {"arguments": {"columns": strings}}})
             entry["data_tests"] = current_tests
+            entry.update(_freshness(settings))
         current_tables.append(entry)
     c = settings.catalog
     return {
@@ -426,8 +428,26 @@ def render_generated(settings: LoaderSettings, catalog: CatalogTables, comments:
     return files
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Every value written out where it is used: no ``&id001`` anchors and ``*id001`` aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def _yaml(doc: Any) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
+    return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True, width=120)
+
+
+def _freshness(settings: LoaderSettings) -> dict[str, Any]:
+    """A source table's ``dbt source freshness`` settings (the newest change's commit time)."""
+    d = settings.dbt
+    thresholds = {
+        key: {"count": hours, "period": "hour"}
+        for key, hours in (("warn_after", d.freshness_warn_hours), ("error_after", d.freshness_error_hours))
+        if hours is not None
+    }
+    return {"loaded_at_field": "pg_txn_timestamp", "freshness": thresholds} if thresholds else {}
 
 
 def project_vars(settings: LoaderSettings) -> dict[str, Any]:
@@ -456,8 +476,27 @@ def declared_sources(project_dir: Path) -> dict[str, set[str]]:
     return out
 
 
-def source_drift(catalog: CatalogTables, declared: dict[str, set[str]]) -> list[str]:
-    """One line per table in the catalog but not declared, or declared but not in the catalog."""
+def declared_columns(project_dir: Path) -> dict[tuple[str, str], set[str]]:
+    """(source, table identifier) -> the columns its yml declares (tables that declare any)."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for path in sorted((project_dir / "models").rglob("*.yml")):
+        doc = yaml.safe_load(path.read_text()) or {}
+        for src in doc.get("sources", []) or []:
+            for t in src.get("tables", []) or []:
+                cols = {str(c["name"]).lower() for c in t.get("columns", []) or [] if "name" in c}
+                if cols:
+                    out[(src["name"], str(t.get("identifier", t["name"])).lower())] = cols
+    return out
+
+
+def source_drift(
+    catalog: CatalogTables,
+    declared: dict[str, set[str]],
+    columns: dict[tuple[str, str], set[str]] | None = None,
+) -> list[str]:
+    """One line per table in the catalog but not declared, or declared but not in the catalog; with
+    ``columns``, one per source column of a declared table that the catalog has and the yml does not,
+    or the other way round (metadata columns are the loader's own and may be left out)."""
     found = {
         "history": {s.history_name.lower() for s in catalog.specs},
         "current": {n.lower() for n in catalog.current_names},
@@ -467,4 +506,14 @@ def source_drift(catalog: CatalogTables, declared: dict[str, set[str]]) -> list[
         have, want = declared.get(source, set()), found[source]
         problems += [f"{source}.{t}: in the catalog, not declared as a source" for t in sorted(want - have)]
         problems += [f"{source}.{t}: declared as a source, not in the catalog" for t in sorted(have - want)]
+    for (source, table), cols in sorted((columns or {}).items()):
+        spec = next((s for s in catalog.specs if s.history_name.lower() == table), None)  # same name in both
+        if spec is None:
+            continue
+        have_cols = {c.lower() for c in spec.pg_types}
+        problems += [f"{source}.{table}.{c}: in the catalog, not declared" for c in sorted(have_cols - cols)]
+        problems += [
+            f"{source}.{table}.{c}: declared, not in the catalog"
+            for c in sorted(cols - have_cols - {n.lower() for n in METADATA_DESCRIPTIONS})
+        ]
     return problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from loader.dbtgen import (
     CatalogTables,
     Comments,
     TableSpec,
+    declared_columns,
     declared_sources,
     inert,
     render_generated,
@@ -75,6 +77,24 @@ def test_generated_sources_and_models(tmp_path: Path) -> None:
         "history.public__log: declared as a source, not in the catalog",
         "current.public__extra: in the catalog, not declared as a source",
     ]
+    # A column added at the source (and in the catalog) that the project does not declare yet.
+    columns = declared_columns(tmp_path)
+    assert source_drift(CATALOG, declared, columns) == []
+    widened = replace(PEOPLE, pg_types={**PEOPLE.pg_types, "nickname": "text"})
+    assert source_drift(CatalogTables([LOG, widened], CATALOG.current_names), declared, columns) == [
+        "current.public__people.nickname: in the catalog, not declared",
+        "history.public__people.nickname: in the catalog, not declared",
+    ]
+    # Plain YAML (no anchors), and freshness on every source table.
+    text = files["models/generated/_sources.yml"]
+    assert "&id" not in text and "*id" not in text
+    doc = yaml.safe_load(text)
+    for source in doc["sources"]:
+        for table in source["tables"]:
+            if "columns" in table:
+                assert (
+                    table["loaded_at_field"] == "pg_txn_timestamp" and table["freshness"]["warn_after"]["count"] == 24
+                )
 
 
 @pytest.mark.parametrize(
