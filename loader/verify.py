@@ -79,6 +79,10 @@ class Reconciliation:
     in_flight: int = 0  # differing keys with a change between the lake's position and the cut: lag
     unsettled: str | None = None  # why differing keys could not be told from lag (nothing is BAD then)
     erased: int = 0  # source rows of erased subjects, absent from the lake as they should be
+    # Why this table's lake cannot follow the source (a keyless table without REPLICA IDENTITY FULL):
+    # rows that differ are reported in the note, not as differences.
+    limited: str | None = None
+    limited_rows: int = 0
     buckets_differing: int = 0  # buckets whose rows were read and compared
 
     @property
@@ -97,6 +101,7 @@ class Reconciliation:
             "different": self.different,
             "in_flight": self.in_flight,
             "erased": self.erased,
+            "limited": self.limited if self.limited_rows else None,
             "buckets": self.buckets,
             "buckets_differing": self.buckets_differing,
             "parked": self.parked,
@@ -107,7 +112,7 @@ class Reconciliation:
     def line(self) -> str:
         if self.parked is not None:
             return f"PARKED {self.table:<29} {self.parked}"
-        state = "OK " if self.ok else "BAD"
+        state = ("NOT FOLLOWED" if self.limited_rows else "OK ") if self.ok else "BAD"
         return (
             f"{state} {self.table:<32} source={self.source_rows:<7} lakehouse={self.lake_rows:<7} "
             f"missing={self.missing} extra={self.extra} different={self.different}"
@@ -424,6 +429,16 @@ def _reconcile_keyless(
     live = _existing_source_columns(conn, table)
     columns = {k: v for k, v in types.items() if k in live}
     res.note = "no primary key: compared as a multiset of rows"
+    row = conn.execute(
+        "SELECT relreplident FROM pg_class WHERE oid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass",
+        (table.schema, table.table),
+    ).fetchone()
+    if row is not None and row[0] != "f":
+        # PostgreSQL sends no updates or deletes of this table: history can hold only its inserts.
+        res.limited = (
+            "no replica identity: PostgreSQL sends none of its updates and deletes, so history holds its inserts "
+            "only (ALTER TABLE ... REPLICA IDENTITY FULL, or add a primary key, then 'loader resync')"
+        )
     bits = canonical.bucket_bits(max(row_count(hist), _source_estimate(conn, table)))
     source_counts, source_sums = _source_checksums(conn, table, columns, columns, bits)
     lake_counts = np.zeros(1 << bits, np.int64)
@@ -585,11 +600,16 @@ def _judge(res: Reconciliation, max_examples: int) -> None:
         if f.erased:
             res.erased += 1
             continue
+        if res.limited is not None and not f.in_flight and res.unsettled is None:
+            res.limited_rows += 1
+            continue
         if res.unsettled is not None or f.in_flight:
             res.in_flight += 1
             continue
         setattr(res, f.kind, getattr(res, f.kind) + 1)
         _example(res, max_examples, f.text)
+    if res.limited_rows:
+        res.note = (res.note + "; " if res.note else "") + f"{res.limited_rows} rows differ: {res.limited}"
     if res.erased:
         res.note = (res.note + "; " if res.note else "") + (
             f"{res.erased} rows erased from the lake ('loader erase') are still in the source: delete them there"

@@ -213,7 +213,9 @@ def test_replica_identity_nothing_never_builds_a_current_table(env: Env) -> None
     assert "updates/deletes" in cap.limited_tables["public.k"]
     assert {t.table: t.skipped_reason for t in merge.tables}["public.k"] == "no primary key: history only"
     result = {r.table: r for r in env.reconcile()}["public.k"]
-    assert result.ok and "history only" in result.note
+    # Verify says so: rows 1 (changed) and 2 (deleted) differ, with why; not a loader fault (exit 0).
+    assert result.ok and result.limited_rows == 3 and "no replica identity" in result.note, result.line()
+    assert result.line().startswith("NOT FOLLOWED")
     out = CliRunner().invoke(main, ["slot", "tables"], env=settings_env(env.settings))
     assert "public.k" in out.output and "REPLICA IDENTITY NOTHING" in out.output, out.output
     # Identity restored: capture resyncs it, and only now is a current table built, equal to the source.
