@@ -382,14 +382,13 @@ def slot() -> None:
 @pass_ctx
 @catch_errors
 def slot_create(ctx: Context) -> None:
-    """Create the wal2json slot."""
-    from loader.capture import slot as slots
+    """Create the slot as the first 'loader capture' would (source.plugin; pgoutput: its publication)."""
+    from loader.capture.capture import Capture
     from loader.lsn import format_lsn
 
-    with slots.connect(ctx.settings.source.conninfo()) as conn:
-        slots.check_wal_level(conn)
-        lsn = slots.create_slot(conn, ctx.settings.source.slot)
-    click.echo(f"slot {ctx.settings.source.slot} created at {format_lsn(lsn)}")
+    src = ctx.settings.source
+    lsn = Capture(ctx.settings).create_slot()
+    click.echo(f"slot {src.slot} ({src.plugin}) created at {format_lsn(lsn)}")
 
 
 @slot.command("drop")
@@ -483,21 +482,18 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
     from loader.capture import slot as slots
     from loader.capture.capture import snapshot
     from loader.errors import SlotLostError
-    from loader.landing.state import SLOT_STATE
     from loader.landing.store import open_landing
 
     src = ctx.settings.source
     store = open_landing(ctx.settings)
     files = store.files()
-    state = store.read_state(SLOT_STATE) or {}
     with slots.connect(src.conninfo()) as conn:
         info = slots.slot_info(conn, src.slot)
     try:
-        ours = int(state["confirmed"]) if state.get("slot") == src.slot else None
-        slots.check_not_lost(info, src.slot, str(files[-1].last) if files else None, ours)
+        slots.check_landed(info, src.slot, store, files)
         lost = False
     except SlotLostError:
-        lost = bool(files)
+        lost = bool(files)  # nothing landed yet: no change was lost, the snapshot creates the slot
     if lost and tables:
         click.echo("the replication slot is lost, so every captured table is resynced (not only --table)", err=True)
     snap = snapshot(
