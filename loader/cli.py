@@ -103,9 +103,18 @@ def main(ctx: click.Context, config: str | None, debug: bool, log_level: str | N
     """PostgreSQL change history into Iceberg: capture -> load -> merge, plus status and checks."""
     from loader.logs import setup_logging
 
-    follow = "--follow" in sys.argv
-    setup_logging(log_level or ("INFO" if follow else "WARNING"), log_format)
+    setup_logging(log_level or "WARNING", log_format)
     ctx.obj = Context(config, debug)
+
+
+def _follow_logs(click_ctx: click.Context, _param: click.Parameter, follow: bool) -> bool:
+    """``run --follow`` logs at INFO unless --log-level (or LOADER_LOG_LEVEL) chose a level."""
+    root = click_ctx.find_root().params
+    if follow and root.get("log_level") is None:
+        from loader.logs import setup_logging
+
+        setup_logging("INFO", root.get("log_format") or "text")
+    return follow
 
 
 def emit(result: Any, as_json: bool) -> None:
@@ -246,7 +255,12 @@ def merge(ctx: Context, tables: tuple[str, ...], as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--follow", is_flag=True, help="Keep running: capture continuously, load and merge every interval.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    callback=_follow_logs,
+    help="Keep running: capture continuously, load and merge every interval (logs at INFO by default).",
+)
 @click.option("--interval", type=float, default=None, help="Follow mode: seconds between cycles (follow.interval_s).")
 @click.option(
     "--max-batch-files", type=int, default=None, help="Follow mode: landing files per load (follow.max_batch_files)."
