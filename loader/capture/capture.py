@@ -361,13 +361,21 @@ class Capture:
         """The slot with source.plugin (pgoutput: its publication first, since pgoutput reads the
         publication as of each change it decodes), and the slot state that says this loader made it."""
         src = self.settings.source
+        published: list[str] | None = None
         if src.plugin == "pgoutput":
             from loader.capture import pgoutput
 
             plan = publication_plan(conn, self.settings)
             pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
+            published = pgoutput.published_tables(conn, src.publication)
         created_at = slots.create_slot(conn, src.slot, src.plugin)
         record_confirmed(self.store, src.slot, created_at)
+        if src.plugin == "pgoutput" and published is not None:
+            # What the publication listed as the slot began: a table a later sync adds (one created
+            # meanwhile, however long before the first capture) had its changes withheld, and is resynced.
+            state = self.store.read_state(SOURCE_STATE) or {}
+            state = state if state.get("slot") == src.slot else {"slot": src.slot}
+            self.store.write_state(SOURCE_STATE, {**state, "published": published})
         return created_at
 
     def create_slot(self) -> int:
