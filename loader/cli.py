@@ -103,9 +103,18 @@ def main(ctx: click.Context, config: str | None, debug: bool, log_level: str | N
     """PostgreSQL change history into Iceberg: capture -> load -> merge, plus status and checks."""
     from loader.logs import setup_logging
 
-    follow = "--follow" in sys.argv
-    setup_logging(log_level or ("INFO" if follow else "WARNING"), log_format)
+    setup_logging(log_level or "WARNING", log_format)
     ctx.obj = Context(config, debug)
+
+
+def _follow_logs(click_ctx: click.Context, _param: click.Parameter, follow: bool) -> bool:
+    """``run --follow`` logs at INFO unless --log-level (or LOADER_LOG_LEVEL) chose a level."""
+    root = click_ctx.find_root().params
+    if follow and root.get("log_level") is None:
+        from loader.logs import setup_logging
+
+        setup_logging("INFO", root.get("log_format") or "text")
+    return follow
 
 
 def emit(result: Any, as_json: bool) -> None:
@@ -246,7 +255,12 @@ def merge(ctx: Context, tables: tuple[str, ...], as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--follow", is_flag=True, help="Keep running: capture continuously, load and merge every interval.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    callback=_follow_logs,
+    help="Keep running: capture continuously, load and merge every interval (logs at INFO by default).",
+)
 @click.option("--interval", type=float, default=None, help="Follow mode: seconds between cycles (follow.interval_s).")
 @click.option(
     "--max-batch-files", type=int, default=None, help="Follow mode: landing files per load (follow.max_batch_files)."
@@ -417,14 +431,13 @@ def slot() -> None:
 @pass_ctx
 @catch_errors
 def slot_create(ctx: Context) -> None:
-    """Create the wal2json slot."""
-    from loader.capture import slot as slots
+    """Create the slot as the first 'loader capture' would (source.plugin; pgoutput: its publication)."""
+    from loader.capture.capture import Capture
     from loader.lsn import format_lsn
 
-    with slots.connect(ctx.settings.source.conninfo()) as conn:
-        slots.check_wal_level(conn)
-        lsn = slots.create_slot(conn, ctx.settings.source.slot)
-    click.echo(f"slot {ctx.settings.source.slot} created at {format_lsn(lsn)}")
+    src = ctx.settings.source
+    lsn = Capture(ctx.settings).create_slot()
+    click.echo(f"slot {src.slot} ({src.plugin}) created at {format_lsn(lsn)}")
 
 
 @slot.command("drop")
@@ -518,21 +531,18 @@ def resync(ctx: Context, tables: tuple[str, ...], chunk_rows: int | None) -> Non
     from loader.capture import slot as slots
     from loader.capture.capture import snapshot
     from loader.errors import SlotLostError
-    from loader.landing.state import SLOT_STATE
     from loader.landing.store import open_landing
 
     src = ctx.settings.source
     store = open_landing(ctx.settings)
     files = store.files()
-    state = store.read_state(SLOT_STATE) or {}
     with slots.connect(src.conninfo()) as conn:
         info = slots.slot_info(conn, src.slot)
     try:
-        ours = int(state["confirmed"]) if state.get("slot") == src.slot else None
-        slots.check_not_lost(info, src.slot, str(files[-1].last) if files else None, ours)
+        slots.check_landed(info, src.slot, store, files)
         lost = False
     except SlotLostError:
-        lost = bool(files)
+        lost = bool(files)  # nothing landed yet: no change was lost, the snapshot creates the slot
     if lost and tables:
         click.echo("the replication slot is lost, so every captured table is resynced (not only --table)", err=True)
     snap = snapshot(

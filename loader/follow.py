@@ -23,11 +23,11 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from loader.config import LoaderSettings
 from loader.errors import LoaderError, SlotLostError, TerminalError, TransientError
+from loader.faults import checkpoint
 from loader.locks import stage_lock
 from loader.metrics import Metrics
 from loader.status import commit_time
@@ -133,6 +133,8 @@ class Follower:
                     if not self._outage("capture", exc):
                         raise
                 else:
+                    if res.files:
+                        checkpoint("follow-after-capture")  # a round landed, the next cycle not started
                     self.stats.captured_changes += res.changes
                     self.metrics.changes.labels(stage="capture").inc(res.changes)
                     self.metrics.slot_lag.set(res.lag_bytes)
@@ -254,6 +256,7 @@ class Follower:
         if batch:
             res = load.run(known_loaded=self._loaded, max_files=self.settings.follow.max_batch_files)
             self._loaded.update(res.files)
+            checkpoint("follow-after-load")  # history and ledger committed, the merge not begun
             changed = sum(res.rows_per_table.values())
             self.stats.loaded_changes += changed
             self.metrics.changes.labels(stage="load").inc(changed)
@@ -265,6 +268,7 @@ class Follower:
             return True  # stopping: the merge runs on the next start
         loaded_at = time.monotonic()
         merge = CurrentMerge(self.spark, self.settings).run(sorted(self._dirty) if self._dirty is not None else None)
+        checkpoint("follow-after-merge")  # current tables committed, before the cycle's bookkeeping
         self._dirty = set()
         log.info(
             "cycle: loaded %d changes from %d files in %.2fs, merged %d tables in %.2fs",
@@ -332,7 +336,3 @@ class Follower:
             if not isinstance(exc, TransientError):
                 raise
             log.warning("maintenance will be retried: %s", exc.one_line())
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)

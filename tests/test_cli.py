@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -224,3 +226,36 @@ def test_spark_commands_log_only_zoned_json_lines_under_log_format_json(env: Env
         when = datetime.fromisoformat(doc["time"])
         assert when.tzinfo is not None and when.utcoffset() is not None, line
     assert not any("WARN Utils" in ln or "NativeCodeLoader" in ln for ln in lines)
+
+
+def test_follow_mode_logs_at_info_unless_a_level_is_given(monkeypatch: Any) -> None:
+    """The level comes from the options click parsed (``run --follow`` raises the default to INFO),
+    not from scanning the command line."""
+    import logging
+
+    import loader.cli
+    import loader.follow
+
+    class Follower:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.stats = SimpleNamespace(cycles=0, idle_cycles=0, captured_changes=0, loaded_changes=0, errors=[])
+
+        def run(self) -> int:
+            levels.append(logging.getLogger().level)
+            return 0
+
+    levels: list[int] = []
+    monkeypatch.setattr(loader.follow, "Follower", Follower)
+    monkeypatch.setattr(loader.cli.Context, "spark", lambda self: None)
+    monkeypatch.setattr(sys, "argv", ["loader"])  # nothing to find there
+    env = {"LOADER_LOG_LEVEL": None}
+    for args, level in (
+        (["run", "--follow"], logging.INFO),
+        (["--log-level", "ERROR", "run", "--follow"], logging.ERROR),
+    ):
+        levels.clear()
+        res = CliRunner().invoke(main, args, env=env)
+        assert res.exit_code == 0 and "follow: 0 cycles" in res.output, (args, res.output)
+        assert levels == [level], args
+    res = CliRunner().invoke(main, ["run", "--follow"], env={"LOADER_LOG_LEVEL": "WARNING"})
+    assert res.exit_code == 0 and logging.getLogger().level == logging.WARNING, res.output

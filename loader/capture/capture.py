@@ -43,13 +43,12 @@ from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
 from loader.config import LoaderSettings
-from loader.errors import DecodeError, LandingError, SlotLostError, TransientError
+from loader.errors import DecodeError, LandingError, SlotLostError, SourceError, TransientError
 from loader.faults import checkpoint
 from loader.landing.records import COMMIT, ChangeRecord
 from loader.landing.state import (
     CATALOG_STATE,
     RESYNC_REQUESTS,
-    SLOT_STATE,
     SNAPSHOT_STATE,
     SOURCE_STATE,
     record_confirmed,
@@ -349,25 +348,14 @@ class Capture:
         """Create the slot on the first run; detect a lost one. False: the slot must be recovered."""
         src = self.settings.source
         info = slots.slot_info(conn, src.slot)
-        state = self.store.read_state(SLOT_STATE) or {}
-        confirmed_by_us = int(state["confirmed"]) if state.get("slot") == src.slot and "confirmed" in state else None
         if info is None and not landing_files and create_slot:
-            if src.plugin == "pgoutput":
-                from loader.capture import pgoutput
-
-                # Before the slot: pgoutput reads the publication as of each change it decodes.
-                plan = publication_plan(conn, self.settings)
-                pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
-            created_at = slots.create_slot(conn, src.slot, src.plugin)
-            record_confirmed(self.store, src.slot, created_at)
+            self._create_slot(conn)
             result.slot_created = True
             return True
         if info is None and not landing_files:
             slots.require_slot(conn, src.slot, src.plugin)  # raises SlotMissingError with the fix
         try:
-            slots.check_not_lost(
-                info, src.slot, str(landing_files[-1].last) if landing_files else None, confirmed_by_us
-            )
+            slots.check_landed(info, src.slot, self.store, landing_files)
         except SlotLostError:
             if src.on_slot_loss == "resync" and self.watch:
                 log.warning("replication slot %s was lost; recovering with a resync of every table", src.slot)
@@ -375,6 +363,42 @@ class Capture:
             raise
         slots.require_slot(conn, src.slot, src.plugin)
         return True
+
+    def _create_slot(self, conn: psycopg.Connection) -> int:
+        """The slot with source.plugin (pgoutput: its publication first, since pgoutput reads the
+        publication as of each change it decodes), and the slot state that says this loader made it."""
+        src = self.settings.source
+        published: list[str] | None = None
+        if src.plugin == "pgoutput":
+            from loader.capture import pgoutput
+
+            plan = publication_plan(conn, self.settings)
+            pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
+            published = pgoutput.published_tables(conn, src.publication)
+        created_at = slots.create_slot(conn, src.slot, src.plugin)
+        record_confirmed(self.store, src.slot, created_at)
+        if src.plugin == "pgoutput" and published is not None:
+            # What the publication listed as the slot began: a table a later sync adds (one created
+            # meanwhile, however long before the first capture) had its changes withheld, and is resynced.
+            state = self.store.read_state(SOURCE_STATE) or {}
+            state = state if state.get("slot") == src.slot else {"slot": src.slot}
+            self.store.write_state(SOURCE_STATE, {**state, "published": published})
+        return created_at
+
+    def create_slot(self) -> int:
+        """``loader slot create``: the slot a first run would create, made ahead of it; returns its
+        consistent point. Refused when the slot exists, and when the landing area already holds
+        changes (the slot was lost: a new one would hide the changes missed, 'loader resync' repairs it)."""
+        src = self.settings.source
+        with slots.connect(src.conninfo()) as conn, slots.owning(conn, src.slot):
+            slots.check_wal_level(conn)
+            info = slots.slot_info(conn, src.slot)
+            if info is not None:
+                raise SourceError(f"replication slot {src.slot!r} already exists (plugin {info.plugin})")
+            landing_files = self.store.files()
+            if landing_files:
+                slots.check_landed(None, src.slot, self.store, landing_files)  # raises SlotLostError
+            return self._create_slot(conn)
 
     def _recover_slot(self, result: CaptureResult) -> CaptureResult:
         snap = snapshot(self.settings, self.store, on_published=self.on_published, recover=True).run(locked=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +13,8 @@ import psycopg
 from loader import locks
 from loader.config import redact
 from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError, SourceUnavailableError
+from loader.landing.state import SLOT_STATE
+from loader.landing.store import LandingFile, LandingStore
 from loader.lsn import format_lsn, parse_lsn
 
 # Session settings that make wal2json's text output deterministic (UTC offsets, ISO dates,
@@ -122,6 +124,15 @@ def check_not_lost(info: SlotInfo | None, slot: str, landed: str | None, confirm
             "the changes in between were not captured",
             hint=hint,
         )
+
+
+def check_landed(info: SlotInfo | None, slot: str, store: LandingStore, files: Sequence[LandingFile]) -> None:
+    """:func:`check_not_lost` against what the landing area ``store`` says: the last position landed
+    (``files``, its listing) and the last one this loader confirmed on ``slot`` (the slot state
+    :func:`loader.landing.state.record_confirmed` keeps)."""
+    state = store.read_state(SLOT_STATE) or {}
+    confirmed_by_us = int(state["confirmed"]) if state.get("slot") == slot and "confirmed" in state else None
+    check_not_lost(info, slot, str(files[-1].last) if files else None, confirmed_by_us)
 
 
 def create_slot(conn: psycopg.Connection, slot: str, plugin: str = "wal2json") -> int:

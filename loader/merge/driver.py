@@ -41,8 +41,12 @@ _CONTROL_OPS = ("truncate", "resync", "park")
 _UPSERT_OPS = ("insert", "update", "read")
 
 
-class NotPlain(Exception):
+class NotPlainIncrement(Exception):
     """The increment or the table needs the Spark path (the reason is the message)."""
+
+
+# The name loader.merge.current still imports; goes when it imports NotPlainIncrement.
+NotPlain = NotPlainIncrement
 
 
 def _after(lsn: Any, seq: Any, pos: ChangePosition) -> Any:
@@ -63,7 +67,7 @@ def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> 
     import pyarrow.json as pj
 
     if any(t is None for t in texts):
-        raise NotPlain("a change without its old key")
+        raise NotPlainIncrement("a change without its old key")
     parsed: dict[str, Any] | None = None
     if not any("\n" in t for t in texts):  # type: ignore[operator]
         # One JSON object per line: Arrow's reader parses them all at once, into text columns.
@@ -89,11 +93,11 @@ def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> 
     for k in pk:
         arr = parsed[k]
         if arr.null_count:
-            raise NotPlain("an old key without a value for every key column")
+            raise NotPlainIncrement("an old key without a value for every key column")
         try:
             out[k] = arr.cast(types[k])
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise NotPlain(f"old key of {k} does not parse as {types[k]}: {exc}") from exc
+            raise NotPlainIncrement(f"old key of {k} does not parse as {types[k]}: {exc}") from exc
     return out
 
 
@@ -129,7 +133,7 @@ def driver_rows(
     max_rows: int,
 ) -> tuple[Any, Any, int]:
     """(rows to end, rows to write, increment rows) for :func:`loader.merge.rowdelta.commit_rows`;
-    raises :class:`NotPlain` when the Spark path must merge this increment."""
+    raises :class:`NotPlainIncrement` when the Spark path must merge this increment."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyiceberg.expressions import And, EqualTo, GreaterThan, LessThanOrEqual
@@ -138,23 +142,23 @@ def driver_rows(
 
     for k in pk:
         if spark_type(pg_types[k]).sql not in _KEY_TYPES:
-            raise NotPlain(f"key column {k} is {pg_types[k]}")
+            raise NotPlainIncrement(f"key column {k} is {pg_types[k]}")
     if hist_snapshot is None or start_snapshot is None:
-        raise NotPlain("no snapshot to read")
+        raise NotPlainIncrement("no snapshot to read")
 
     # --- the current table: one bucket spec on the first key column, at the watermark's snapshot
     cur = catalog.load_table(cur_id)
     snap = cur.current_snapshot()
     if snap is None or snap.snapshot_id != start_snapshot:
-        raise NotPlain("the current table moved since its watermark was read")
+        raise NotPlainIncrement("the current table moved since its watermark was read")
     specs = cur.specs()
     spec = cur.spec()
     schema = cur.schema()
     if len(specs) != 1 or len(spec.fields) != 1 or not isinstance(spec.fields[0].transform, BucketTransform):
-        raise NotPlain("the current table is not bucketed by its key")
+        raise NotPlainIncrement("the current table is not bucketed by its key")
     key_field = schema.find_field(pk[0])
     if spec.fields[0].source_id != key_field.field_id:
-        raise NotPlain("the current table is not bucketed by its first key column")
+        raise NotPlainIncrement("the current table is not bucketed by its first key column")
     bucket_of = spec.fields[0].transform.transform(key_field.field_type)
 
     # --- the increment: (since, cut] of history at the load's snapshot
@@ -170,7 +174,7 @@ def driver_rows(
         pos_schema = hist.schema().select("pg_lsn", "pg_seq")
         at = ArrowScan(hist.metadata, hist.io, pos_schema, at_since).to_table(at_tasks)
         if pc.any(pc.greater(at.column("pg_seq"), since.seq)).as_py():
-            raise NotPlain("rows at the watermark's LSN follow it (a park)")
+            raise NotPlainIncrement("rows at the watermark's LSN follow it (a park)")
     row_filter = And(
         GreaterThan("pg_lsn", since.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
         LessThanOrEqual("pg_lsn", cut.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
@@ -178,7 +182,7 @@ def driver_rows(
     scan = hist.scan(row_filter=row_filter, snapshot_id=hist_snapshot)
     tasks = list(scan.plan_files())
     if sum(t.file.record_count for t in tasks) > max_rows:
-        raise NotPlain("the increment's files hold more rows than merge.driver_max_rows")
+        raise NotPlainIncrement("the increment's files hold more rows than merge.driver_max_rows")
     inc = ArrowScan(hist.metadata, hist.io, scan.projection(), row_filter).to_table(tasks)
     read_s = time.perf_counter() - started
     inc = inc.filter(
@@ -192,11 +196,11 @@ def driver_rows(
         return None, None, 0
     op = inc.column("pg_operation")
     if pc.any(pc.is_in(op, pa.array(_CONTROL_OPS))).as_py():
-        raise NotPlain("the increment holds control rows")
+        raise NotPlainIncrement("the increment holds control rows")
     is_upsert = pc.is_in(op, pa.array(_UPSERT_OPS))
     absent = pc.list_value_length(inc.column("pg_absent_columns"))
     if pc.any(pc.and_kleene(is_upsert, pc.or_kleene(pc.is_null(absent), pc.greater(absent, 0)))).as_py():
-        raise NotPlain("an update left values out (unchanged TOAST)")
+        raise NotPlainIncrement("an update left values out (unchanged TOAST)")
     key_types = {k: inc.schema.field(k).type for k in pk}
 
     inc = inc.append_column("idx", pa.array(range(n_rows), pa.int64()))
@@ -209,7 +213,7 @@ def driver_rows(
         old = _old_keys(with_old.column("pg_old_key").to_pylist(), pk, key_types)
         for k in pk:
             if not pc.all(pc.equal(old[k], with_old.column(k))).as_py():
-                raise NotPlain("an update changed the key")
+                raise NotPlainIncrement("an update changed the key")
     deletes = inc.filter(pc.equal(op, "delete"))
     meta = ["pg_lsn", "pg_seq", "idx"]
     parts = [upserts.select([*pk, *meta]).append_column("sub", pa.array([1] * upserts.num_rows, pa.int8()))]
@@ -225,7 +229,7 @@ def driver_rows(
         )
     events = pa.concat_tables([p.cast(parts[0].schema) for p in parts])
     if any(events.column(k).null_count for k in pk):
-        raise NotPlain("an event without a key value")
+        raise NotPlainIncrement("an event without a key value")
     newest = _newest_per_key(events, pk)
     keys = newest.select(pk)
 
@@ -242,7 +246,7 @@ def driver_rows(
         time.perf_counter() - started - read_s - reduce_s,
     )
     if matched.num_rows and matched.select(pk).group_by(pk).aggregate([]).num_rows != matched.num_rows:
-        raise NotPlain("the current table holds a key twice")
+        raise NotPlainIncrement("the current table holds a key twice")
     joined = newest.join(matched, pk, join_type="left outer")
     found = pc.is_valid(joined.column(FILE))
     newer = pc.fill_null(
@@ -289,13 +293,13 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows
     wanted = {schema.find_field(c).field_id: c for c in (*pk, "pg_lsn", "pg_seq")}
     tasks = list(cur.scan(snapshot_id=snapshot_id).plan_files())
     if sum(t.file.record_count for t in tasks) > max_rows:
-        raise NotPlain("the current table holds more rows than the driver reads (250 x merge.driver_max_rows)")
+        raise NotPlainIncrement("the current table holds more rows than the driver reads (250 x merge.driver_max_rows)")
     seen_deletes: set[str] = set()
     delete_tables = []
     for task in tasks:
         for d in task.delete_files:
             if d.content != DataFileContent.POSITION_DELETES:
-                raise NotPlain("the current table has equality deletes")
+                raise NotPlainIncrement("the current table has equality deletes")
             if d.file_path not in seen_deletes:
                 seen_deletes.add(d.file_path)
                 with cur.io.new_input(d.file_path).open() as f:
@@ -318,7 +322,7 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows
                 if fid is not None and int(fid) in wanted:
                     names[wanted[int(fid)]] = field.name
             if len(names) != len(wanted):
-                raise NotPlain(f"data file {path} lacks a key or position column")
+                raise NotPlainIncrement(f"data file {path} lacks a key or position column")
             offset = 0
             # Batch by batch: memory holds one batch of three columns, whatever the file's size.
             for batch in pf.iter_batches(batch_size=1 << 20, columns=[names[c] for c in (*pk, "pg_lsn", "pg_seq")]):

@@ -44,10 +44,6 @@ class DirectOutcome:
     written: int = 0  # rows written
     files: int = 0  # files added (data and delete)
 
-    @property
-    def changed(self) -> bool:
-        return self.files > 0
-
 
 def _position_delete_schema() -> Any:
     import pyarrow as pa

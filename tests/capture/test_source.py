@@ -19,9 +19,10 @@ from loader.capture.capture import Capture
 from loader.capture.source_tables import list_tables
 from loader.errors import LandingError, SlotBusyError, SlotMissingError
 from loader.landing.records import COMMIT, ChangeRecord
+from loader.landing.state import SLOT_STATE
 from loader.landing.store import LocalLandingStore, open_landing
 from loader.lsn import ChangePosition
-from tests.capture.conftest import Crash, Src, crash_after_each_file, landing_snapshot
+from tests.capture.conftest import Crash, Src, cli, crash_after_each_file, landing_snapshot
 from tests.harness import ROOT, s3_bucket
 
 SCHEMA_PATH = ROOT / "schemas" / "landing-change.v1.json"
@@ -46,6 +47,60 @@ def test_slot_missing_after_data_landed_is_refused(src: Src) -> None:
     assert src.settings.source.slot in str(err.value) and "loader resync" in err.value.hint
     with pytest.raises(SlotMissingError):
         Capture(src.settings).run(create_slot=False)
+
+
+@pytest.mark.parametrize("plugin", ["wal2json", "pgoutput"])
+def test_slot_create_makes_the_slot_capture_would_and_capture_takes_it(src: Src, plugin: str) -> None:
+    """``loader slot create`` is capture's own creation: source.plugin, the pgoutput publication
+    listing the captured tables, the slot state; then capture reads it. It never hides a lost slot."""
+    src.sql("CREATE TABLE t (id int primary key, v text)")
+    s = src.settings.source
+    settings = src.settings.model_copy(
+        update={"source": s.model_copy(update={"plugin": plugin, "publication": f"pub_{s.slot}"})}
+    )
+    res = cli(settings, src.tmp, "slot", "create")
+    assert res.exit_code == 0 and f"slot {s.slot} ({plugin}) created at" in res.output, res.output
+    with slots.connect(s.dsn) as conn:
+        info = slots.slot_info(conn, s.slot)
+    assert info is not None and info.plugin == plugin
+    published = src.sql(
+        "SELECT n.nspname || '.' || c.relname FROM pg_publication_rel pr JOIN pg_class c ON c.oid = pr.prrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_publication p ON p.oid = pr.prpubid"
+        " WHERE p.pubname = %s",
+        (f"pub_{s.slot}",),
+    )
+    assert published == ([("public.t",)] if plugin == "pgoutput" else [])
+    state = open_landing(settings).read_state(SLOT_STATE)
+    assert state == {"slot": s.slot, "confirmed": info.confirmed_flush_lsn}
+    src.sql("INSERT INTO t VALUES (1, 'a')")
+    # A table created before the first capture: pgoutput withheld its changes until that capture
+    # added it to the publication, so it is resynced; wal2json sent them.
+    src.sql("CREATE TABLE u (id int primary key)")
+    src.sql("INSERT INTO u VALUES (1)")
+    res = cli(settings, src.tmp, "capture")
+    assert res.exit_code == 0 and "captured" in res.output, res.output
+    assert [(r.op, values(r)["id"]) for r in src.changes("t")] == [("I", "1")]
+    assert [(r.op, values(r)["id"]) for r in src.changes("u") if r.op in ("I", "R")] == [
+        ("R" if plugin == "pgoutput" else "I", "1")
+    ], res.output
+    res = cli(settings, src.tmp, "slot", "create")
+    assert res.exit_code == 1 and "already exists" in res.output, res.output
+    # Gone after changes landed: a new slot would hide the changes missed in between.
+    with slots.connect(s.dsn) as conn:
+        slots.drop_slot(conn, s.slot)
+    res = cli(settings, src.tmp, "slot", "create")
+    assert res.exit_code == 1 and "is gone" in res.output and "loader resync" in res.output, res.output
+    with slots.connect(s.dsn) as conn:
+        assert slots.slot_info(conn, s.slot) is None
+    # The repair it names: resync finds the loss by the same check, makes the slot again, resyncs all.
+    res = cli(settings, src.tmp, "resync", "--table", "public.t")
+    assert res.exit_code == 0 and "every captured table is resynced" in res.output, res.output
+    with slots.connect(s.dsn) as conn:
+        again = slots.slot_info(conn, s.slot)
+    assert again is not None and again.plugin == plugin
+    src.sql("INSERT INTO t VALUES (2, 'b')")
+    res = cli(settings, src.tmp, "capture")
+    assert res.exit_code == 0 and "captured 1 changes" in res.output, res.output
 
 
 def test_slot_held_by_another_process_is_refused(src: Src) -> None:

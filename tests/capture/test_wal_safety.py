@@ -1,4 +1,4 @@
-"""The source's disk is safe: the slot never holds WAL the loader does not need (issue 29).
+"""The source's disk is safe: the slot never holds WAL the loader does not need.
 
 Through the CLI against the real server: a heartbeat through the stream confirms the position
 decoding reached although the captured tables are quiet while another database (or an excluded

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.merge.driver import NotPlain, _newest_per_key, _old_keys
+from loader.merge.driver import NotPlainIncrement, _newest_per_key, _old_keys
 
 events_st = st.lists(
     st.tuples(
@@ -59,5 +59,5 @@ def test_old_keys_are_typed_like_the_key_columns() -> None:
     [[None], [json.dumps({"id": None})], [json.dumps({"other": "1"})], [json.dumps({"id": "1.5"})]],
 )
 def test_old_keys_that_do_not_parse_send_the_increment_to_spark(texts: list[str | None]) -> None:
-    with pytest.raises(NotPlain):
+    with pytest.raises(NotPlainIncrement):
         _old_keys(texts, ["id"], {"id": pa.int64()})
