@@ -54,7 +54,12 @@ GZIP_DAMAGE: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, c
 _UNREADABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, UnicodeDecodeError)
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
-_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz\Z")
+_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])(\.jsonl\.gz|\.arrows)\Z")
+# Landing formats by file name: v1 gzip JSON lines (every kind of record), v2 an Arrow IPC stream of
+# one snapshot chunk (loader.landing.arrowfile, schemas/landing-snapshot.v2.md).
+JSONL = "jsonl"
+ARROW = "arrow"
+_SUFFIX = {JSONL: ".jsonl.gz", ARROW: ".arrows"}
 
 
 def open_private(path: Path | str) -> IO[bytes]:
@@ -128,6 +133,11 @@ class LandingFile:
     complete: bool
     name: str
 
+    @property
+    def format(self) -> str:
+        """``jsonl`` (landing v1) or ``arrow`` (landing v2, a snapshot chunk)."""
+        return ARROW if self.name.endswith(_SUFFIX[ARROW]) else JSONL
+
     @classmethod
     def parse(cls, name: str) -> LandingFile | None:
         m = _NAME_RE.match(name)
@@ -141,8 +151,8 @@ class LandingFile:
         )
 
     @staticmethod
-    def name_for(first: ChangePosition, last: ChangePosition, complete: bool) -> str:
-        return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}.jsonl.gz"
+    def name_for(first: ChangePosition, last: ChangePosition, complete: bool, format: str = JSONL) -> str:
+        return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}{_SUFFIX[format]}"
 
 
 class LandingStore(ABC):
@@ -229,7 +239,19 @@ class LandingStore(ABC):
         yield from text.splitlines()
 
     def read_records(self, name: str) -> Iterator[ChangeRecord]:
-        """The change and control records of an intact file, without its header."""
+        """The change and control records of an intact file, without its header (either format)."""
+        if name.endswith(_SUFFIX[ARROW]):
+            from loader.landing import arrowfile
+
+            try:
+                yield from arrowfile.records(self.open_bytes(name))
+            except ValueError as exc:
+                raise LandingError(
+                    f"landing file {self.url}/{name} is damaged ({exc})",
+                    hint="'loader load' keeps its readable changes and parks the tables it touched; "
+                    "'loader resync --table ...' repairs them",
+                ) from exc
+            return
         for line in self.read_lines(name):
             if line.strip() and '"op":"H"' not in line[:40]:
                 yield ChangeRecord.from_json(line)
