@@ -446,28 +446,10 @@ class Snapshot:
 
     def _publish_arrow(self, header: Any, first_seq: int, columns: list[Any], result: SnapshotResult) -> None:
         """One v2 file published atomically (0600 spool, ``store.publish``), then handed on like v1's."""
-        import tempfile
-        from pathlib import Path
-
         from loader.faults import checkpoint
-        from loader.landing.arrowfile import write_file
-        from loader.landing.store import ARROW
+        from loader.landing.arrowfile import publish
 
-        marker, commit = header.resync_record(), header.commit_record()
-        start = (
-            marker.position
-            if marker is not None
-            else ChangePosition(header.commit_lsn, first_seq if header.rows else int(header.commit["seq"]))
-        )
-        end = commit.position if commit is not None else ChangePosition(header.commit_lsn, first_seq + header.rows - 1)
-        name = LandingFile.name_for(start, end, header.commit is not None, ARROW)
-        fd, tmp = tempfile.mkstemp(suffix=".arrows")  # mode 0600
-        os.close(fd)
-        try:
-            write_file(Path(tmp), header, first_seq, columns)
-            self.store.publish(Path(tmp), name)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        name = publish(self.store, header, first_seq, columns)
         result.files.append(name)
         checkpoint("snapshot-after-publish")
         if self.on_published is not None:

@@ -170,6 +170,38 @@ def write_file(path: Path, header: SnapshotHeader, first_seq: int | Any, columns
         writer.write_table(table, max_chunksize=IPC_BATCH_ROWS)
 
 
+def publish(store: Any, header: SnapshotHeader, first_seq: int, columns: list[Any]) -> str:
+    """Write one v2 file to a private spool file and publish it atomically in ``store`` (a
+    LandingStore), named by the positions of its first and last record; returns the name."""
+    import os
+    import tempfile
+
+    from loader.landing.store import ARROW, LandingFile
+    from loader.lsn import ChangePosition
+
+    marker, commit = header.resync_record(), header.commit_record()
+    if marker is not None:
+        start = marker.position
+    elif header.rows:
+        start = ChangePosition(header.commit_lsn, first_seq)
+    else:
+        assert commit is not None, "a v2 file holds a row or a marker"
+        start = commit.position
+    end = commit.position if commit is not None else ChangePosition(header.commit_lsn, first_seq + header.rows - 1)
+    if header.rows == 0 and commit is None:
+        assert marker is not None
+        end = marker.position
+    name = LandingFile.name_for(start, end, commit is not None, ARROW)
+    fd, tmp = tempfile.mkstemp(suffix=EXTENSION)  # mode 0600
+    os.close(fd)
+    try:
+        write_file(Path(tmp), header, first_seq, columns)
+        store.publish(Path(tmp), name)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return name
+
+
 @dataclass
 class Salvage:
     """What a v2 file still holds: its header (None if unreadable), the row batches read, damage."""
