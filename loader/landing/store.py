@@ -9,6 +9,10 @@ into place, S3 objects appear atomically when the PUT (or multipart upload) comp
 Each file is two gzip members: a header line (the tables it holds, with counts) and the records.
 A truncated or damaged file therefore still names every table it touched.
 
+Snapshot files may instead be landing format v2, ``<first>_<last>_<c|p>.arrows``: one Arrow IPC
+stream per chunk of one table (``loader.landing.arrowfile``, ``schemas/landing-snapshot.v2.md``);
+``LandingFile.format`` tells them apart and ``read_records`` reads both.
+
 Landing files hold personal data as it was in the source. Locally, every file the loader writes here
 (landing files, ``_state/`` objects, spool and temporary files) is created 0600 and every directory
 0700, whatever the umask (``open_private``, ``private_dir``); the slot's directory and its ``_state``
@@ -221,7 +225,18 @@ class LandingStore(ABC):
         """Every line of an intact file (header included); a damaged file raises LandingError.
 
         The load does not use this: it salvages what a damaged file still holds (loader.load.decode).
+        A landing v2 file gives the lines a v1 file with the same records holds.
         """
+        if name.endswith(_SUFFIX[ARROW]):
+            from loader.landing import arrowfile
+
+            data = self.open_bytes(name)
+            header = arrowfile.salvage(data).header
+            if header is not None:
+                yield FileHeader(header.tables).to_json()
+            for rec in self.read_records(name):
+                yield rec.to_json()
+            return
         data = self.open_bytes(name)
         try:
             if name.endswith(".gz"):
