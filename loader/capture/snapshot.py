@@ -12,8 +12,11 @@ How it stays consistent with the stream:
   inside the WAL record that ends at ``cp``). A final commit marker closes the snapshot, so the
   history load takes it whole, like one transaction.
 
-Chunked and resumable: the rows are read in key order through a server-side cursor and landed in
-files of ``source.snapshot_chunk_rows`` rows (files never mix tables). A state object in the
+Chunked and resumable: the rows are read in key order and landed in files of
+``source.snapshot_chunk_rows`` rows (files never mix tables). With ``source.snapshot_format =
+"arrow"`` (the default) ADBC reads each table as Arrow batches (COPY BINARY) in a transaction that
+imports the reader's snapshot, and each chunk is one landing v2 file (loader.landing.arrowfile); with
+``"jsonl"`` a server-side cursor's rows become v1 lines. A state object in the
 landing area (``_state/snapshot.state.json``) marks the snapshot unfinished; capture refuses to stream
 until it is done. After a crash, ``loader backfill snapshot`` resumes after the last landed key
 of a keyed table. The exported snapshot died with the crash, so the remaining rows are read from
