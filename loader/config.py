@@ -120,6 +120,10 @@ class SourceSettings(_Redacted):
     # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot
     # restarts at most this much work.
     snapshot_chunk_rows: int = 50_000
+    # Landing format of snapshot files: "arrow" (landing v2, one Arrow IPC stream per chunk read
+    # through ADBC's COPY BINARY and loaded column by column: schemas/landing-snapshot.v2.md) or
+    # "jsonl" (landing v1, gzip JSON lines, as before).
+    snapshot_format: Literal["jsonl", "arrow"] = "arrow"
     # Resync a table automatically when capture sees it changed without row changes in the WAL
     # (ADD COLUMN with a default, ALTER TYPE ... USING, renames, SET LOGGED, identity restored, ...).
     auto_resync: bool = True

@@ -52,7 +52,7 @@ from loader.lake.iceberg import (
 from loader.lake.tables import SUMMARY_LOADED_THROUGH, SourceTable, TableNames
 from loader.lake.types import quote_ident, sql_string
 from loader.landing.records import FileHeader, parse_header
-from loader.landing.store import GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
+from loader.landing.store import ARROW, GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
 from loader.locks import stage_lock
 from loader.names import lake_column
 
@@ -259,6 +259,11 @@ class Erasure:
         removed = files = 0
         for f in self.store.files():
             data = self.store.open_bytes(f.name)
+            if f.format == ARROW:
+                n = self._scrub_arrow(f.name, data, by_table, dry_run, unreadable)
+                removed += n
+                files += 1 if n else 0
+                continue
             try:
                 lines = gunzip_bounded(data, self.store.max_decompressed, f"landing file {f.name}").split(b"\n")
             except _UNSCRUBBABLE as exc:
@@ -294,6 +299,47 @@ class Erasure:
             finally:
                 spool.unlink(missing_ok=True)
         return removed, files
+
+    def _scrub_arrow(
+        self, name: str, data: bytes, by_table: dict[str, list[Target]], dry_run: bool, unreadable: list[str]
+    ) -> int:
+        """A landing v2 file (one table's snapshot rows) rewritten without the rows carrying a target
+        value of its table, header counts adjusted; returns the rows removed."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from loader.landing import arrowfile
+
+        got = arrowfile.salvage(data)
+        if got.header is None or got.damage is not None:
+            log.error("landing file %s cannot be read (%s): the erasure cannot scrub it", name, got.damage)
+            unreadable.append(name)
+            return 0
+        header = got.header
+        targets = by_table.get(header.qualified)
+        if not targets or not header.rows:
+            return 0
+        table = pa.Table.from_batches(got.batches, schema=got.batches[0].schema)
+        index = {c: j for j, (c, _) in enumerate(header.columns)}
+        hit = pa.array([False] * table.num_rows)
+        for t in targets:
+            j = index.get(t.column)
+            if j is not None:
+                hit = pc.or_(hit, pc.fill_null(pc.equal(table.column(j + 1), t.value), False))
+        dropped = int(pc.sum(hit).as_py() or 0)
+        if not dropped or dry_run:
+            return dropped
+        kept = table.filter(pc.invert(hit))
+        header.rows = kept.num_rows
+        spool = self._spool(b"")
+        try:
+            arrowfile.write_file(
+                spool, header, kept.column(0), [kept.column(j + 1) for j in range(len(header.columns))]
+            )
+            self.store.publish(spool, name)
+        finally:
+            spool.unlink(missing_ok=True)
+        return dropped
 
     def _spool(self, data: bytes) -> Any:
         import tempfile

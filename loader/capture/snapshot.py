@@ -12,8 +12,11 @@ How it stays consistent with the stream:
   inside the WAL record that ends at ``cp``). A final commit marker closes the snapshot, so the
   history load takes it whole, like one transaction.
 
-Chunked and resumable: the rows are read in key order through a server-side cursor and landed in
-files of ``source.snapshot_chunk_rows`` rows (files never mix tables). A state object in the
+Chunked and resumable: the rows are read in key order and landed in files of
+``source.snapshot_chunk_rows`` rows (files never mix tables). With ``source.snapshot_format =
+"arrow"`` (the default) ADBC reads each table as Arrow batches (COPY BINARY) in a transaction that
+imports the reader's snapshot, and each chunk is one landing v2 file (loader.landing.arrowfile); with
+``"jsonl"`` a server-side cursor's rows become v1 lines. A state object in the
 landing area (``_state/snapshot.state.json``) marks the snapshot unfinished; capture refuses to stream
 until it is done. After a crash, ``loader backfill snapshot`` resumes after the last landed key
 of a keyed table. The exported snapshot died with the crash, so the remaining rows are read from
@@ -27,7 +30,8 @@ snapshot having no commit yet) and the table is read again.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -58,6 +62,7 @@ class SnapshotResult:
     resumed: bool = False
     exact: bool = True
     streamed_before: int = 0  # changes the main slot landed first (tables added later)
+    last_seq: int = 0  # the position (seq) of the snapshot's last row or marker
 
     def summary(self) -> str:
         lsn = format_lsn(self.consistent_lsn) if self.consistent_lsn is not None else "-"
@@ -247,6 +252,71 @@ class Snapshot:
         result: SnapshotResult,
         marker_written: bool = False,
     ) -> None:
+        if self.settings.source.snapshot_format == "arrow":
+            self._copy_arrow(reader, state, tables, seq, after_key, result, marker_written)
+        else:
+            self._copy_jsonl(reader, state, tables, seq, after_key, result, marker_written)
+        self.store.write_state(SNAPSHOT_STATE, {**state, "done": True, "rows": result.last_seq})
+        self._note_in_catalog_state(reader, list(state["tables"]))
+
+    def _query(
+        self,
+        conn: psycopg.Connection,
+        schema: str,
+        name: str,
+        cols: list[tuple[str, str]],
+        key: list[str],
+        after_key: list[str | None] | None,
+        inline: bool = False,
+    ) -> tuple[sql.Composed, list[Any]]:
+        """The table's SELECT: every value as its type's output function prints it, in key order,
+        after ``after_key`` when given (``inline``: its values as literals, for a reader without
+        psycopg's parameters)."""
+        types = dict(cols)
+        # wal2json prints each value with its type's output function (booleans as true/false).
+        # format('%s') calls that output function; ::text can differ (char(n) trims its padding,
+        # inet adds /32). Output columns are aliased so ORDER BY / WHERE see the typed columns.
+        select = sql.SQL(", ").join(
+            sql.SQL(
+                "_t.{0}::text AS {1}"
+                if t == "boolean"
+                else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
+            ).format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
+            for j, (c, t) in enumerate(cols)
+        )
+        query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(select, sql.Identifier(schema), sql.Identifier(name))
+        params: list[Any] = []
+        if key:
+            if after_key is not None:
+                lhs = sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
+                rhs = sql.SQL(", ").join(
+                    sql.SQL("{}::{}").format(sql.Literal(v) if inline else sql.Placeholder(), sql.SQL(types[k]))
+                    for k, v in zip(key, after_key)
+                )
+                query += sql.SQL(" WHERE ({}) > ({})").format(lhs, rhs)
+                params = [] if inline else list(after_key)
+            query += sql.SQL(" ORDER BY {}").format(
+                sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
+            )
+        return query, params
+
+    def _estimate(self, reader: psycopg.Connection, schema: str, name: str) -> int | None:
+        estimate = reader.execute(
+            "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+            (f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(name).as_string(reader)}",),
+        ).fetchone()
+        return int(estimate[0]) if estimate else None
+
+    def _copy_jsonl(
+        self,
+        reader: psycopg.Connection,
+        state: dict[str, Any],
+        tables: list[str],
+        seq: int,
+        after_key: list[str | None] | None,
+        result: SnapshotResult,
+        marker_written: bool,
+    ) -> None:
         pos = int(state["position_lsn"])
         cp = pos + 1
         writer = LandingWriter(self.store, self.chunk_rows)
@@ -258,7 +328,6 @@ class Snapshot:
                     continue  # dropped since the snapshot was planned
                 cols = column_types(reader, schema, name)
                 key = info.key
-                types = dict(cols)
                 # Every record of this table in the snapshot's one transaction, just before the consistent point.
                 record = partial(
                     ChangeRecord,
@@ -270,33 +339,7 @@ class Snapshot:
                     change_lsn=cp,
                     pk=list(key),
                 )
-
-                # wal2json prints each value with its type's output function (booleans as true/false).
-                # format('%s') calls that output function; ::text can differ (char(n) trims its padding,
-                # inet adds /32). Output columns are aliased so ORDER BY / WHERE see the typed columns.
-                select = sql.SQL(", ").join(
-                    sql.SQL(
-                        "_t.{0}::text AS {1}"
-                        if t == "boolean"
-                        else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
-                    ).format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
-                    for j, (c, t) in enumerate(cols)
-                )
-                query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(
-                    select, sql.Identifier(schema), sql.Identifier(name)
-                )
-                params: list[Any] = []
-                if key:
-                    if after_key is not None and i == 0:
-                        lhs = sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
-                        rhs = sql.SQL(", ").join(
-                            sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(types[k])) for k in key
-                        )
-                        query += sql.SQL(" WHERE ({}) > ({})").format(lhs, rhs)
-                        params = list(after_key)
-                    query += sql.SQL(" ORDER BY {}").format(
-                        sql.SQL(", ").join(sql.SQL("_t.{}").format(sql.Identifier(k)) for k in key)
-                    )
+                query, params = self._query(reader, schema, name, cols, key, after_key if i == 0 else None)
                 if not (marker_written and i == 0):
                     # The table's state is replaced here: keys missing from the rows below are gone.
                     seq += 1
@@ -309,13 +352,9 @@ class Snapshot:
                             reason=self.reason_for(qualified, state),
                         )
                     )
-                estimate = reader.execute(
-                    "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-                    (f"{sql.Identifier(schema).as_string(reader)}.{sql.Identifier(name).as_string(reader)}",),
-                ).fetchone()
                 with (
                     reader.cursor(name=f"loader_snapshot_{i}") as cur,
-                    bar(estimate[0] if estimate else None, f"snapshot {qualified}", "rows") as progress,
+                    bar(self._estimate(reader, schema, name), f"snapshot {qualified}", "rows") as progress,
                 ):
                     cur.itersize = self.settings.source.fetch_size
                     cur.execute(query, params or None)
@@ -336,8 +375,88 @@ class Snapshot:
         except BaseException:
             writer.abort()
             raise
-        self.store.write_state(SNAPSHOT_STATE, {**state, "done": True, "rows": seq})
-        self._note_in_catalog_state(reader, list(state["tables"]))
+        result.last_seq = seq
+
+    def _copy_arrow(
+        self,
+        reader: psycopg.Connection,
+        state: dict[str, Any],
+        tables: list[str],
+        seq: int,
+        after_key: list[str | None] | None,
+        result: SnapshotResult,
+        marker_written: bool,
+    ) -> None:
+        """The same records as ``_copy_jsonl``, landed as v2 files (loader.landing.arrowfile): each
+        table read by ADBC (COPY BINARY into Arrow batches) in a transaction importing ``reader``'s
+        snapshot, cut into chunks of ``chunk_rows`` rows, one file each; the table's resync marker
+        goes in its first file's header, the snapshot's commit marker in the last file's."""
+        from loader.landing.arrowfile import SnapshotHeader
+
+        pos = int(state["position_lsn"])
+        cp = pos + 1
+        snapshot_name = reader.execute("SELECT pg_export_snapshot()").fetchone()
+        assert snapshot_name is not None
+        commit_seq: int | None = None
+        last_table = len(tables) - 1
+        with _adbc_reader(self.settings.source.conninfo(), str(snapshot_name[0])) as cur:
+            for i, qualified in enumerate(tables):
+                schema, _, name = qualified.partition(".")
+                info = table_info(reader, schema, name)
+                if info is None:
+                    continue  # dropped since the snapshot was planned
+                cols = column_types(reader, schema, name)
+                key = info.key
+                query, _ = self._query(reader, schema, name, cols, key, after_key if i == 0 else None, inline=True)
+                resync: dict[str, Any] | None = None
+                if not (marker_written and i == 0):
+                    # The table's state is replaced here: keys missing from the rows below are gone.
+                    seq += 1
+                    resync = {"seq": seq, "reason": self.reason_for(qualified, state)}
+                with bar(self._estimate(reader, schema, name), f"snapshot {qualified}", "rows") as progress:
+                    cur.execute(query.as_string(reader))
+                    for chunk, last in _chunks(cur.fetch_record_batch(), self.chunk_rows):
+                        n = chunk.num_rows if chunk is not None else 0
+                        if n == 0 and resync is None and not (last and i == last_table):
+                            continue
+                        header = SnapshotHeader(
+                            schema=schema,
+                            table=name,
+                            commit_lsn=pos,
+                            change_lsn=cp,
+                            xid=0,
+                            ts=state["ts"],
+                            pk=list(key),
+                            columns=list(cols),
+                            rows=n,
+                            resync=resync,
+                        )
+                        first = seq + 1
+                        seq += n
+                        if last and i == last_table:
+                            commit_seq = seq + 1
+                            header.commit = {"seq": commit_seq}
+                        self._publish_arrow(
+                            header, first, [chunk.column(j) for j in range(len(cols))] if n else [], result
+                        )
+                        result.rows += n
+                        progress.update(n)
+                        resync = None
+        if commit_seq is None:  # the last table was dropped meanwhile: the commit marker alone
+            header = SnapshotHeader("", "", pos, cp, 0, state["ts"], [], [], commit={"seq": seq + 1})
+            self._publish_arrow(header, seq + 1, [], result)
+        result.last_seq = seq
+
+    def _publish_arrow(self, header: Any, first_seq: int, columns: list[Any], result: SnapshotResult) -> None:
+        """One v2 file published atomically (0600 spool, ``store.publish``), then handed on like v1's."""
+        from loader.faults import checkpoint
+        from loader.landing.store import publish_arrow as publish
+
+        name = publish(self.store, header, first_seq, columns)
+        result.files.append(name)
+        checkpoint("snapshot-after-publish")
+        if self.on_published is not None:
+            self.on_published(name)
 
     def _note_in_catalog_state(self, conn: psycopg.Connection, tables: list[str]) -> None:
         """Tell the capture's catalog watch that these tables are resynced as of now.
@@ -430,3 +549,67 @@ class Snapshot:
 
     def _drain(self, writer: LandingWriter, result: SnapshotResult) -> None:
         writer.drain(result.files, "snapshot-after-publish", self.on_published)
+
+
+# Session settings the ADBC reader shares with every source connection (slot.SESSION_OPTIONS): the
+# text form of timestamps, dates, intervals and floats depends on them.
+_ADBC_SESSION = (
+    "SET TimeZone = 'UTC'",
+    "SET DateStyle = 'ISO, YMD'",
+    "SET IntervalStyle = 'postgres'",
+    "SET extra_float_digits = 3",
+    "SET client_encoding = 'UTF8'",
+)
+
+
+@contextmanager
+def _adbc_reader(conninfo: str, snapshot_name: str) -> Iterator[Any]:
+    """An ADBC cursor in a read-only repeatable-read transaction that imports ``snapshot_name``."""
+    import adbc_driver_postgresql.dbapi as adbc
+
+    try:
+        conn = adbc.connect(conninfo, autocommit=True)
+    except Exception as exc:  # the driver's own error types; psycopg connected a moment ago
+        from loader.errors import SourceError
+
+        raise SourceError(f"the snapshot's ADBC reader cannot connect: {str(exc).strip().splitlines()[0]}") from exc
+    try:
+        cur = conn.cursor()
+        for statement in _ADBC_SESSION:
+            cur.execute(statement)
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
+        yield cur
+        cur.execute("COMMIT")
+        cur.close()
+    finally:
+        conn.close()
+
+
+def _chunks(batches: Any, rows: int) -> Iterator[tuple[Any, bool]]:
+    """``batches`` (an Arrow RecordBatchReader) cut into tables of ``rows`` rows, each with whether
+    it is the last; at least one (possibly empty, then None) is yielded. Holds one finished chunk
+    (until it is known whether more follow) and less than one more chunk of read batches."""
+    import pyarrow as pa
+
+    schema = batches.schema
+    buf: list[Any] = []
+    have = 0
+    pending: Any = None
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        buf.append(batch)
+        have += batch.num_rows
+        while have >= rows:
+            table = pa.Table.from_batches(buf, schema=schema)
+            if pending is not None:
+                yield pending, False
+            pending = table.slice(0, rows).combine_chunks()
+            buf = table.slice(rows).to_batches()
+            have -= rows
+    if have:
+        if pending is not None:
+            yield pending, False
+        pending = pa.Table.from_batches(buf, schema=schema).combine_chunks()
+    yield pending, True

@@ -42,7 +42,7 @@ from typing import IO, Any
 import psycopg
 
 from loader.errors import SourceError, TransientError
-from loader.landing.store import open_private
+from loader.landing.private import open_private
 from loader.lsn import format_lsn
 
 log = logging.getLogger("loader.capture")

@@ -9,6 +9,10 @@ into place, S3 objects appear atomically when the PUT (or multipart upload) comp
 Each file is two gzip members: a header line (the tables it holds, with counts) and the records.
 A truncated or damaged file therefore still names every table it touched.
 
+Snapshot files may instead be landing format v2, ``<first>_<last>_<c|p>.arrows``: one Arrow IPC
+stream per chunk of one table (``loader.landing.arrowfile``, ``schemas/landing-snapshot.v2.md``);
+``LandingFile.format`` tells them apart and ``read_records`` reads both.
+
 Landing files hold personal data as it was in the source. Locally, every file the loader writes here
 (landing files, ``_state/`` objects, spool and temporary files) is created 0600 and every directory
 0700, whatever the umask (``open_private``, ``private_dir``); the slot's directory and its ``_state``
@@ -41,6 +45,7 @@ from isal import igzip, igzip_lib
 from loader.config import LoaderSettings, secret_text
 from loader.errors import DecompressedSizeError, LandingError
 from loader.faults import checkpoint
+from loader.landing.private import open_private, private_dir
 from loader.landing.records import COMMIT, ChangeRecord, FileHeader
 from loader.lsn import ChangePosition
 from loader.retry import call_with_retry
@@ -52,46 +57,12 @@ MAX_DECOMPRESSED = 4096 << 20  # landing.max_decompressed_mb's default
 # What reading damaged gzip raises (the gzip module's, zlib's and ISA-L's errors).
 GZIP_DAMAGE: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, cast(type, igzip_lib.IsalError))
 _UNREADABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, UnicodeDecodeError)
-PRIVATE_FILE = 0o600
-PRIVATE_DIR = 0o700
-_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])\.jsonl\.gz\Z")
-
-
-def open_private(path: Path | str) -> IO[bytes]:
-    """``path`` created (or truncated) for writing with mode 0600, whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE)
-    try:
-        os.fchmod(fd, PRIVATE_FILE)  # the mode given to open() is masked by the umask
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def private_dir(path: Path, narrow: bool = False) -> None:
-    """``path`` and its missing parents created with mode 0700, whatever the umask.
-
-    Existing directories are left alone (a landing root may be a shared mount), unless ``narrow``:
-    then ``path`` itself, if it is wider than 0700, is narrowed (a directory of the loader's own).
-    """
-    missing = []
-    p = path
-    while not p.is_dir():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, PRIVATE_DIR)
-        except FileExistsError:
-            continue  # created meanwhile by another process
-        os.chmod(d, PRIVATE_DIR)  # mkdir's mode is masked by the umask
-    if narrow and not missing and path.stat().st_mode & 0o077:
-        try:
-            os.chmod(path, PRIVATE_DIR)
-        except PermissionError:
-            log.warning("%s is readable by others and not ours to narrow: chmod 700 it", path)
+_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])(\.jsonl\.gz|\.arrows)\Z")
+# Landing formats by file name: v1 gzip JSON lines (every kind of record), v2 an Arrow IPC stream of
+# one snapshot chunk (loader.landing.arrowfile, schemas/landing-snapshot.v2.md).
+JSONL = "jsonl"
+ARROW = "arrow"
+_SUFFIX = {JSONL: ".jsonl.gz", ARROW: ".arrows"}
 
 
 def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
@@ -128,6 +99,11 @@ class LandingFile:
     complete: bool
     name: str
 
+    @property
+    def format(self) -> str:
+        """``jsonl`` (landing v1) or ``arrow`` (landing v2, a snapshot chunk)."""
+        return ARROW if self.name.endswith(_SUFFIX[ARROW]) else JSONL
+
     @classmethod
     def parse(cls, name: str) -> LandingFile | None:
         m = _NAME_RE.match(name)
@@ -141,8 +117,8 @@ class LandingFile:
         )
 
     @staticmethod
-    def name_for(first: ChangePosition, last: ChangePosition, complete: bool) -> str:
-        return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}.jsonl.gz"
+    def name_for(first: ChangePosition, last: ChangePosition, complete: bool, format: str = JSONL) -> str:
+        return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}{_SUFFIX[format]}"
 
 
 class LandingStore(ABC):
@@ -211,7 +187,18 @@ class LandingStore(ABC):
         """Every line of an intact file (header included); a damaged file raises LandingError.
 
         The load does not use this: it salvages what a damaged file still holds (loader.load.decode).
+        A landing v2 file gives the lines a v1 file with the same records holds.
         """
+        if name.endswith(_SUFFIX[ARROW]):
+            from loader.landing import arrowfile
+
+            data = self.open_bytes(name)
+            header = arrowfile.salvage(data).header
+            if header is not None:
+                yield FileHeader(header.tables).to_json()
+            for rec in self.read_records(name):
+                yield rec.to_json()
+            return
         data = self.open_bytes(name)
         try:
             if name.endswith(".gz"):
@@ -229,7 +216,19 @@ class LandingStore(ABC):
         yield from text.splitlines()
 
     def read_records(self, name: str) -> Iterator[ChangeRecord]:
-        """The change and control records of an intact file, without its header."""
+        """The change and control records of an intact file, without its header (either format)."""
+        if name.endswith(_SUFFIX[ARROW]):
+            from loader.landing import arrowfile
+
+            try:
+                yield from arrowfile.records(self.open_bytes(name))
+            except ValueError as exc:
+                raise LandingError(
+                    f"landing file {self.url}/{name} is damaged ({exc})",
+                    hint="'loader load' keeps its readable changes and parks the tables it touched; "
+                    "'loader resync --table ...' repairs them",
+                ) from exc
+            return
         for line in self.read_lines(name):
             if line.strip() and '"op":"H"' not in line[:40]:
                 yield ChangeRecord.from_json(line)
@@ -520,3 +519,35 @@ class LandingWriter:
             self._tmp.unlink(missing_ok=True)
         self._gz = None
         self._tmp = None
+
+
+def publish_arrow(store: LandingStore, header: Any, first_seq: int, columns: list[Any]) -> str:
+    """Write one v2 file to a private spool file and publish it atomically in ``store`` (a
+    LandingStore), named by the positions of its first and last record; returns the name."""
+    import os
+    import tempfile
+
+    from loader.landing.arrowfile import EXTENSION, write_file
+    from loader.lsn import ChangePosition
+
+    marker, commit = header.resync_record(), header.commit_record()
+    if marker is not None:
+        start = marker.position
+    elif header.rows:
+        start = ChangePosition(header.commit_lsn, first_seq)
+    else:
+        assert commit is not None, "a v2 file holds a row or a marker"
+        start = commit.position
+    end = commit.position if commit is not None else ChangePosition(header.commit_lsn, first_seq + header.rows - 1)
+    if header.rows == 0 and commit is None:
+        assert marker is not None
+        end = marker.position
+    name = LandingFile.name_for(start, end, commit is not None, ARROW)
+    fd, tmp = tempfile.mkstemp(suffix=EXTENSION)  # mode 0600
+    os.close(fd)
+    try:
+        write_file(Path(tmp), header, first_seq, columns)
+        store.publish(Path(tmp), name)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return name

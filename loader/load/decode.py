@@ -18,6 +18,7 @@ What is bad data and what is not:
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import re
 import zlib
@@ -26,6 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from loader.errors import DecompressedSizeError
+from loader.landing.arrowfile import EXTENSION as ARROW_EXTENSION
 from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
 from loader.landing.store import MAX_DECOMPRESSED, gunzip_bounded, too_large
 from loader.lsn import ChangePosition
@@ -248,6 +250,9 @@ def decode_file(
     exactly-once dedupe would then drop. A file decompressing past ``max_bytes`` raises
     ``DecompressedSizeError`` (the load fails naming it).
     """
+    if file.endswith(ARROW_EXTENSION):
+        yield from _decode_arrow_file(file, data, first_lsn, span)
+        return
     if file.endswith(".gz"):
         text, damage = gunzip_salvage(data, max_bytes, f"landing file {file}")
     else:
@@ -283,8 +288,25 @@ def decode_file(
         yield row
     if tail.strip() and damage is not None:
         yield reject_row(file, len(lines) + 1, tail.decode("utf-8", "backslashreplace"), f"line cut off: {damage}")
-    short = {t: n - seen.get(t, 0) for t, n in (header.tables.items() if header else ()) if n > seen.get(t, 0)}
-    if damage is not None and header is not None and not short and not unplaced:
+    yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
+
+
+def _account(
+    file: str,
+    data: bytes,
+    damage: str | None,
+    announced: dict[str, int] | None,
+    seen: dict[str, int],
+    unplaced: int,
+    first_lsn: int,
+    first_ts: str | None,
+) -> Iterator[dict[str, Any]]:
+    """Park rows for what a file lost: its header's counts (``announced``, None without a readable
+    header) against the records ``seen`` per table, and ``unplaced`` rejects that name no table."""
+    short = {
+        t: n - seen.get(t, 0) for t, n in (announced.items() if announced is not None else ()) if n > seen.get(t, 0)
+    }
+    if damage is not None and announced is not None and not short and not unplaced:
         # Damaged after everything its header announced (e.g. junk appended): nothing is lost,
         # but the damage is recorded rather than passed over.
         yield reject_row(file, 0, data[-64:].hex(), f"landing file damaged after its last record: {damage}")
@@ -295,7 +317,7 @@ def decode_file(
     # A record the capture could not attribute to any table (an X without one) is counted under an
     # empty name: like a file without a header, it may have cost any table a change.
     unattributed = any(not t.partition(".")[2] for t in short)
-    if header is None or unattributed:
+    if announced is None or unattributed:
         yield park_row(
             file,
             None,
@@ -313,9 +335,45 @@ def decode_file(
             table,
             first_lsn,
             first_ts,
-            f"{where}: {lost} of its {header.tables[qualified]} changes of this table are unreadable; "
+            f"{where}: {lost} of its {announced[qualified]} changes of this table are unreadable; "
             f"{repair_hint(qualified)}",
         )
+
+
+def _decode_arrow_file(
+    file: str, data: bytes, first_lsn: int, span: tuple[ChangePosition, ChangePosition] | None
+) -> Iterator[dict[str, Any]]:
+    """``decode_file`` for a landing v2 file (loader.landing.arrowfile): the rows a v1 file with the
+    same records gives (line numbers as there: the header is line 1), every readable batch kept,
+    the header's counts checked like v1's. A record's raw text (in a reject) is its v1 line."""
+    from loader.landing import arrowfile
+
+    got = arrowfile.salvage(data)
+    header, damage = got.header, got.damage
+    seen: dict[str, int] = {}
+    unplaced = 0
+    first_ts: str | None = None
+    positions: set[tuple[int, int]] = set()
+    line_no = 1
+    if header is not None:
+        marker = header.resync_record()
+        records = arrowfile.row_records(header, got.batches)
+        for rec in itertools.chain([marker] if marker is not None else [], records):
+            line_no += 1
+            raw = rec.to_json()
+            row = _record_to_row(file, line_no, rec, raw)
+            if row is None:
+                continue
+            if row["reject_reason"] is None:
+                row = _check_place(file, line_no, raw.encode("utf-8"), row, span, positions)
+            if row["src_table"] is not None:
+                t = f"{row['src_schema']}.{row['src_table']}"
+                seen[t] = seen.get(t, 0) + 1
+            elif row["reject_reason"] is not None:
+                unplaced += 1
+            first_ts = first_ts or row["ts"]
+            yield row
+    yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
 
 
 def _check_place(
@@ -356,6 +414,11 @@ def _decode_line(file: str, line_no: int, raw: bytes) -> dict[str, Any] | None:
         rec = ChangeRecord.from_json(line)
     except (ValueError, KeyError, TypeError) as exc:
         return reject_row(file, line_no, line, f"undecodable change record: {exc}")
+    return _record_to_row(file, line_no, rec, line)
+
+
+def _record_to_row(file: str, line_no: int, rec: ChangeRecord, line: str) -> dict[str, Any] | None:
+    """A decoded record's row (None for a commit marker), or its reject with ``line`` as raw text."""
     if rec.op == COMMIT:
         return None
     problem = _invalid_position(rec)

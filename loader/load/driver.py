@@ -636,3 +636,177 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
                 fio.deleteFile(path)
             except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
                 pass
+
+
+class SnapshotBatch:
+    """A batch of landing v2 files (snapshot chunks, loader.landing.arrowfile) in Arrow, with the
+    interface of :class:`PlainBatch`: its survey and, per table, its history rows. No JSON and no
+    per-row Python: each file's columns are already the text values, typed column by column with
+    ``_typed``. The resync markers become the rows the Spark path writes for them (operation
+    ``resync``, the reason as note, null values). Anything unusual (a damaged file, a shape the
+    Spark path would reject, a commit time not in capture's form) raises NotPlain."""
+
+    def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
+        import numpy as np
+
+        from loader.landing import arrowfile
+
+        self.batch = batch
+        self.files: list[tuple[int, arrowfile.SnapshotHeader, Any]] = []  # (file index, header, rows table)
+        lsn: list[Any] = []
+        seq: list[Any] = []
+        tables: list[str] = []
+        size = 0
+        shapes: list[Shape] = []
+        for i, f in enumerate(batch):
+            if f.format != "arrow":
+                raise NotPlain(f"{f.name}: not a landing v2 file")
+            got = arrowfile.salvage(store.open_bytes(f.name))
+            if got.header is None or got.damage is not None:
+                raise NotPlain(f"{f.name}: damaged ({got.damage})")
+            h = got.header
+            import pyarrow as pa
+
+            rows = pa.Table.from_batches(got.batches, schema=got.batches[0].schema) if got.batches else None
+            size += rows.nbytes if rows is not None else 0
+            if size > max_bytes:
+                raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of snapshot values")
+            if not _TIMESTAMP.match(h.ts) or not re.match(_UTC_TEXT, h.ts):
+                raise NotPlain(f"commit time {h.ts[:40]!r} not in capture's UTC form")
+            if not (0 <= h.commit_lsn < 1 << 63):
+                raise NotPlain("a position out of range")
+            seqs = rows.column(0).to_numpy() if rows is not None else np.array([], np.int64)
+            marker = h.resync_record()
+            at = np.concatenate([np.array([marker.seq] if marker is not None else [], np.int64), seqs.astype(np.int64)])
+            if len(at) and (np.any(np.diff(at) <= 0) or at[0] < 0):
+                raise NotPlain(f"{f.name}: positions not strictly increasing")
+            ends = ([int(at[0]), int(at[-1])] if len(at) else []) + ([int(h.commit["seq"])] if h.commit else [])
+            if ends and (
+                ChangePosition(h.commit_lsn, ends[0]) != f.first or ChangePosition(h.commit_lsn, ends[-1]) != f.last
+            ):
+                raise NotPlain(f"{f.name}: positions outside its name's range")
+            if not len(at):
+                continue  # the commit marker alone
+            table = SourceTable(h.schema, h.table)
+            names, types = tuple(c for c, _ in h.columns), tuple(t for _, t in h.columns)
+            for op, n in (("S", 1 if marker is not None else 0), ("R", len(seqs))):
+                if not n:
+                    continue
+                rec = ChangeRecord(
+                    op,
+                    h.commit_lsn,
+                    0,
+                    0,
+                    h.ts,
+                    h.schema,
+                    h.table,
+                    columns=[Column(c, t, None) for c, t in h.columns],
+                    pk=list(h.pk),
+                )
+                problem = _shape_problem(rec, list(names), [])
+                if problem:
+                    raise NotPlain(f"{h.qualified}: {problem}")
+                first = ChangePosition(h.commit_lsn, int(at[0]) if op == "S" else int(seqs[0]))
+                last = ChangePosition(h.commit_lsn, int(at[0]) if op == "S" else int(seqs[-1]))
+                shapes.append(
+                    Shape(
+                        landing_file=f.name,
+                        table=table,
+                        kind=OTHER if op == "S" else ROW,
+                        col_names=names,
+                        col_types=types,
+                        changes=n,
+                        first=first,
+                        last=last,
+                        newest=(last.commit_lsn, last.seq, h.ts),
+                        pk=tuple(h.pk) if h.pk else None,
+                        pk_at=last if h.pk else None,
+                    )
+                )
+            self.files.append((i, h, rows))
+            lsn.append(np.full(len(at), h.commit_lsn, np.int64))
+            seq.append(at)
+            tables += [h.qualified] * len(at)
+        self.lsn = np.concatenate(lsn) if lsn else np.array([], np.int64)
+        self.seq = np.concatenate(seq) if seq else np.array([], np.int64)
+        self._tables = np.array(tables, dtype=object)
+        self.num_rows = len(self.lsn)
+        self.survey = BatchSurvey(shapes)
+
+    def table_rows(self, table: SourceTable) -> np.ndarray:
+        import numpy as np
+
+        return np.flatnonzero(self._tables == table.qualified)
+
+    def resyncs(self, table: SourceTable) -> int:
+        """The table's resync markers in the batch."""
+        return sum(1 for _, h, _ in self.files if h.qualified == table.qualified and h.resync is not None)
+
+    def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
+        """The table's history rows in ``target``'s columns and types, as the Spark path writes them."""
+        import pyarrow as pa
+
+        parts = [(i, h, rows) for i, h, rows in self.files if h.qualified == table.qualified]
+        values: dict[str, list[Any]] = {c.lake: [] for c in columns}
+        ops: list[Any] = []
+        notes: list[Any] = []
+        files: list[Any] = []
+        seqs: list[Any] = []
+        for i, h, rows in parts:
+            n = rows.num_rows if rows is not None else 0
+            marker = 1 if h.resync is not None else 0
+            index = {c: j for j, (c, _) in enumerate(h.columns)}
+            types = dict(h.columns)
+            for col in columns:
+                j = index.get(col.source)
+                if j is not None and types[col.source] != col.pg_type:
+                    raise NotPlain(f"{table.qualified}: column {col.source} changes type in the batch")
+                if marker:
+                    values[col.lake].append(pa.nulls(1, pa.string()))
+                if n:
+                    values[col.lake].append(
+                        rows.column(j + 1).combine_chunks() if j is not None else pa.nulls(n, pa.string())
+                    )
+            if marker:
+                ops.append(pa.array(["resync"], pa.string()))
+                notes.append(pa.array([str(h.resync["reason"] or "") or None], pa.string()))  # type: ignore[index]
+                seqs.append(pa.array([int(h.resync["seq"])], pa.int64()))  # type: ignore[index]
+            if n:
+                ops.append(pa.array(["read"], pa.string()).take(pa.array([0] * n, pa.int32())))
+                notes.append(pa.nulls(n, pa.string()))
+                seqs.append(rows.column(0).combine_chunks())
+            files.append(pa.array([self.batch[i].name], pa.string()).take(pa.array([0] * (n + marker), pa.int32())))
+        total = sum(len(a) for a in ops)
+
+        def cat(arrays: list[Any], t: Any) -> Any:
+            return pa.concat_arrays([a.cast(t) for a in arrays]) if arrays else pa.array([], t)
+
+        out: dict[str, Any] = {c.lake: _typed(cat(values[c.lake], pa.string()), c, table) for c in columns}
+        header = parts[0][1]
+
+        def const(value: Any, t: Any) -> Any:
+            return pa.array([value], t).take(pa.array([0] * total, pa.int32())) if total else pa.array([], t)
+
+        ts = _typed(const(header.ts, pa.string()), HistoryColumn("", "timestamp with time zone"), table)
+        out.update(
+            pg_lsn=const(header.commit_lsn, pa.int64()),
+            pg_seq=cat(seqs, pa.int64()),
+            pg_txn_id=const(header.xid, pa.int64()),
+            pg_operation=cat(ops, pa.string()),
+            pg_txn_timestamp=ts,
+            pg_change_lsn=const(header.change_lsn, pa.int64()),
+            pg_old_key=pa.nulls(total, pa.string()),
+            pg_absent_columns=const([], pa.list_(pa.string())),
+            pg_landing_file=cat(files, pa.string()),
+            pg_note=cat(notes, pa.string()),
+        )
+        arrays = []
+        for f in target:
+            if f.name not in out:
+                arrays.append(pa.nulls(total, f.type))
+                continue
+            arr = out[f.name]
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            arrays.append(arr.cast(f.type))
+        return pa.Table.from_arrays(arrays, schema=target)

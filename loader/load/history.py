@@ -203,8 +203,21 @@ class HistoryLoad:
             ensure_loader_tables(self.spark, self.names)
             batch, waiting = self.pending_files(known_loaded, max_files)
             result = LoadResult(waiting_files=waiting, gap=self.gap)
-            if batch:
+            segments = _by_format(batch)
+            if len(segments) == 1:
                 self._load_batch(batch, result)
+                return result
+            # Snapshot chunks (landing v2) and v1 files load as batches of their own, one after
+            # another, each with its ledger rows: each can take its own driver path.
+            for segment in segments:
+                part = LoadResult()
+                self._load_batch(segment, part)
+                result.files += part.files
+                for t, n in part.rows_per_table.items():
+                    result.rows_per_table[t] = result.rows_per_table.get(t, 0) + n
+                part.rows_per_table = {}
+                result.absorb(part)
+                result.loaded_through = part.loaded_through or result.loaded_through
             return result
 
     def replay(self, files: list[LandingFile], row_filter: str, dry_run: bool = False) -> LoadResult:
@@ -333,15 +346,20 @@ class HistoryLoad:
         """Load a plain batch on the driver (loader.load.driver): its survey, or None when the
         batch is not plain (nothing was appended; the Spark path loads it)."""
         from loader.lake.catalog import open_catalog
-        from loader.load.driver import NotPlain, PlainBatch
+        from loader.landing.store import ARROW
+        from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch
 
         max_bytes = self.settings.load.driver_max_bytes
         if not max_bytes or not self._positions_unique:
             return None
         prepared: list[tuple[SourceTable, str, Any, ChangePosition, ChangePosition]] = []
         started = time.perf_counter()
+        formats = {f.format for f in batch}
+        if len(formats) > 1:
+            return None
+        kind = SnapshotBatch if formats == {ARROW} else PlainBatch
         try:
-            plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes))
+            plain = _landing_read_explained(lambda: kind(self.store, batch, max_bytes))
             read = time.perf_counter()
             for table, (columns, pk) in sorted(plain.survey.tables().items()):
                 prepared.append(self._driver_prepare(plain, table, columns, pk, result))
@@ -357,6 +375,10 @@ class HistoryLoad:
 
             table, ident, rows, first, last = item
             part = LoadResult()
+            # What the Spark path's _note_parks does with resync rows alone: the table is not parked.
+            resynced = isinstance(plain, SnapshotBatch) and plain.resyncs(table)
+            if resynced and PROP_PARKED in table_properties(self.spark, ident):
+                update_properties(self.spark, ident, remove=[PROP_PARKED])
             self._before_append(table, ident, first, last)
             file_io = catalog.load_table((self.names.history_ns, table.iceberg_name)).io
             summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
@@ -811,6 +833,18 @@ class HistoryLoad:
 _LEDGER_SCHEMA = (
     "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
 )
+
+
+def _by_format(batch: list[LandingFile]) -> list[list[LandingFile]]:
+    """``batch`` cut where the landing format changes (v1 / v2 snapshot chunks), only after a file
+    that ends a transaction (a cut never splits one); one segment when nothing is cut."""
+    segments: list[list[LandingFile]] = []
+    for f in batch:
+        if segments and (segments[-1][-1].format == f.format or not segments[-1][-1].complete):
+            segments[-1].append(f)
+        else:
+            segments.append([f])
+    return segments or [batch]
 
 
 def _landing_read_explained(read: Callable[[], T]) -> T:

@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 import loader.load.driver as driver
 from loader.config import LoaderSettings, LoadSettings
 from loader.lake.tables import SourceTable, TableNames
+from loader.landing import arrowfile
 from loader.landing.records import ChangeRecord, Column
+from loader.landing.store import open_landing, publish_arrow
 from loader.load.history import HistoryLoad
 from tests.harness import TS, Txn, lake_settings, write_files
 
@@ -115,6 +117,49 @@ def _batch(seed: int, columns: list[str], odd: float, text_keys: bool) -> list[T
             )
         txns.append(txn)
     return txns
+
+
+def _column_name(pg_type: str) -> str:
+    return pg_type.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "_").replace("[]", "_arr")
+
+
+def _write_snapshot(settings: LoaderSettings, seed: int, columns: list[str], odd: float, chunk: int) -> list[str]:
+    """A snapshot of public.acct (integer key) and public.codes (text key, maybe empty) as landing v2
+    files of ``chunk`` rows, below every position of ``_batch``'s transactions."""
+    import pyarrow as pa
+
+    rnd = random.Random(seed)
+    store = open_landing(settings)
+    lsn, seq, names = 0x800, 0, []
+    tables = [("acct", "integer", [str(k) for k in range(1, rnd.randint(0, 60) + 1)])]
+    tables.append(("codes", "text", ['k"1', "k\\2", "k-3", "k4", "ü5"][: rnd.randint(0, 5)]))
+    for t, (table, key_type, keys) in enumerate(tables):
+        cols = [("id", key_type)] + [(_column_name(c), c) for c in columns]
+        resync: dict[str, Any] | None = {"seq": seq + 1, "reason": f"snapshot of {table}"}
+        seq += 1
+        starts = list(range(0, len(keys), chunk)) or [0]
+        for i, start in enumerate(starts):
+            part = keys[start : start + chunk]
+            values = [pa.array(part, pa.string())]
+            values += [pa.array([_value(rnd, c, odd) for _ in part], pa.string()) for c in columns]
+            last = t == len(tables) - 1 and i == len(starts) - 1
+            header = arrowfile.SnapshotHeader(
+                "public",
+                table,
+                lsn,
+                lsn + 1,
+                0,
+                TS,
+                ["id"],
+                cols,
+                rows=len(part),
+                resync=resync,
+                commit={"seq": seq + len(part) + 1} if last else None,
+            )
+            names.append(publish_arrow(store, header, seq + 1, values))
+            seq += len(part)
+            resync = None
+    return names
 
 
 def _as_text(df: Any) -> Any:
@@ -242,3 +287,52 @@ def test_a_misfit_sends_the_batch_to_spark(
     res = HistoryLoad(spark, s).run()
     assert not used
     assert res.rejects == 1 and ACCT.qualified in res.parked
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    columns=st.lists(st.sampled_from(OPTIONAL), max_size=5, unique=True),
+    odd=st.sampled_from([0.0, 0.0, 0.05, 0.3]),
+    chunk=st.integers(1, 40),
+    then_stream=st.booleans(),
+)
+def test_driver_and_spark_paths_write_the_same_history_for_snapshot_files(
+    spark: Any,
+    base_settings: LoaderSettings,
+    tmp_path: Path,
+    used: list[int],
+    seed: int,
+    columns: list[str],
+    odd: float,
+    chunk: int,
+    then_stream: bool,
+) -> None:
+    """Landing v2 snapshot chunks (resync markers, read rows, the commit marker), alone or followed
+    by v1 streaming files in the same load: the same history, rejects and ledger either way."""
+    txns = _batch(seed, sorted(columns), odd, text_keys=True) if then_stream else []
+    with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    results = []
+    for s in (with_driver, spark_only):
+        _write_snapshot(s, seed, sorted(columns), odd, chunk)
+        write_files(s, txns, 5)
+        r = HistoryLoad(spark, s).run()
+        results.append((sorted(r.rows_per_table.items()), r.duplicates_skipped, r.rejects, sorted(r.parked), r.files))
+    assert results[0][:4] == results[1][:4]
+    assert sorted(results[0][4]) == sorted(results[1][4])
+    assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+
+
+def test_a_plain_snapshot_is_loaded_by_the_driver(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+) -> None:
+    """Snapshot chunks of every plain type go the driver's way, with the Spark path's rows."""
+    plain_types = [t for t, (plain, _) in VALUES.items() if plain]
+    with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    for s in (with_driver, spark_only):
+        _write_snapshot(s, 11, plain_types, 0.0, 7)
+        HistoryLoad(spark, s).run()
+    assert used, "the plain snapshot went to Spark"
+    assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
