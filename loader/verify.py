@@ -443,11 +443,16 @@ def _reconcile_keyless(
     source_counts, source_sums = _source_checksums(conn, table, columns, columns, bits)
     lake_counts = np.zeros(1 << bits, np.int64)
     lake_sums = np.zeros(1 << bits, np.int64)
-    for texts, sign in _history_state(hist, columns, cut):
-        hashes, buckets = canonical.hashes(texts, bits)
-        assert buckets is not None
-        np.add.at(lake_counts, buckets, sign)
-        np.add.at(lake_sums, buckets, hashes * sign)
+    try:
+        for texts, sign in _history_state(hist, columns, cut):
+            hashes, buckets = canonical.hashes(texts, bits)
+            assert buckets is not None
+            np.add.at(lake_counts, buckets, sign)
+            np.add.at(lake_sums, buckets, hashes * sign)
+    except _NotComparable as exc:
+        res.note = f"no primary key: not compared ({exc})"
+        res.source_rows = int(source_counts.sum())
+        return
     res.source_rows, res.lake_rows = int(source_counts.sum()), int(lake_counts.sum())
     differing = np.flatnonzero((source_counts != lake_counts) | (source_sums != lake_sums))
     res.buckets, res.buckets_differing = 1 << bits, len(differing)
@@ -483,6 +488,10 @@ def _reconcile_keyless(
             res.found.append(Finding((text,), kind, f"a row {what}{shown}", None))
 
 
+class _NotComparable(Exception):
+    """History's state of a keyless table cannot be rebuilt exactly (the message says why)."""
+
+
 def _history_state(hist: Any, columns: dict[str, str], cut: int | None) -> Any:
     """History's rows as (canonical row texts, +1 or -1) batches: what the table holds as of ``cut``."""
     import pyarrow as pa
@@ -505,20 +514,44 @@ def _history_state(hist: Any, columns: dict[str, str], cut: int | None) -> Any:
                 pc.or_(pc.greater(lsn, start[0]), pc.and_(pc.equal(lsn, start[0]), pc.greater(seq, start[1])))
             )
         ops = batch.column("pg_operation")
-        added = batch.filter(pc.is_in(ops, pa.array(["insert", "read", "update"])))
+        added = batch.filter(pc.is_in(ops, pa.array(["insert", "read"])))
         if added.num_rows:
             yield canonical.lake_row_text([added.column(lake_column(c)) for c in names], list(columns.values())), 1
-        removed = batch.filter(pc.is_in(ops, pa.array(["update", "delete"])))
-        old_texts = []
-        for old in removed.column("pg_old_key").to_pylist():
-            if old is None:
-                continue  # no replica identity: PostgreSQL never says which row went (see status)
-            doc = json.loads(old)
-            typed = _text_key([doc.get(lake_column(c)) for c in names], columns)
-            if typed is not None:
-                old_texts.append("".join(typed))
+        # Updates and deletes: the old row (the replica identity, every column with FULL) goes; an
+        # update's new row comes, its unsent (unchanged TOAST) columns taken from the old row.
+        changed = batch.filter(pc.is_in(ops, pa.array(["update", "delete"])))
+        if not changed.num_rows:
+            continue
+        new_pieces = [
+            canonical.lake_pieces(changed.column(lake_column(c)), spark_type(t)).to_pylist() for c, t in columns.items()
+        ]
+        old_texts, new_texts = [], []
+        for i, (op, old, absent) in enumerate(
+            zip(
+                changed.column("pg_operation").to_pylist(),
+                changed.column("pg_old_key").to_pylist(),
+                changed.column("pg_absent_columns").to_pylist(),
+            )
+        ):
+            old_row: tuple[str, ...] | None = None
+            if old is not None:
+                doc = json.loads(old)
+                old_row = _text_key([doc.get(lake_column(c)) for c in names], columns)
+                if old_row is None:
+                    raise _NotComparable("a value of its old rows cannot be put in canonical form")
+                old_texts.append("".join(old_row))
+            if op == "update":
+                row = [new_pieces[j][i] for j in range(len(names))]
+                for j, c in enumerate(names):
+                    if absent and lake_column(c) in absent:
+                        if old_row is None:
+                            raise _NotComparable("an update left a TOASTed value unsent and no old row holds it")
+                        row[j] = old_row[j]
+                new_texts.append("".join(row))
         if old_texts:
             yield pa.array(old_texts, pa.string()), -1
+        if new_texts:
+            yield pa.array(new_texts, pa.string()), 1
 
 
 def _piece_value(p: str) -> str | None:
