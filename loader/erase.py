@@ -225,6 +225,13 @@ class Erasure:
         # pattern Iceberg cannot prune on).
         every_file = "source_table IS NULL OR source_table IS NOT NULL"
         places.append(_Place("rejects", self.names.rejects, f"{same_table} AND ({raw})", every_file))
+        # Continuous verification's log of differing keys (loader.verify): a key holding the value as
+        # its canonical piece ('<length>:<value>;').
+        log_table = self.names.loader_table("verify_log")
+        if table_exists(self.spark, log_table):
+            piece = like_escape(f"{len(t.value)}:{t.value};")
+            rows = f"source_table = {sql_string(t.table.qualified)} AND key LIKE {sql_string('%' + piece + '%')}"
+            places.append(_Place("verify log", log_table, rows, "source_table IS NULL OR source_table IS NOT NULL"))
         from loader.dbtgen import model_name
 
         model = model_name(t.table.iceberg_name)

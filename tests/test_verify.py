@@ -100,6 +100,12 @@ def test_follow_mode_finds_a_planted_difference_and_repairs_it(env: Env) -> None
     assert found._value.get() == 0
     env.assert_reconciled()
     assert {r["id"] for r in env.current("public.acct").collect()} == set(range(1, 101))
+    # The logged key is personal data like any other: erasing the subject removes it from the log.
+    from loader.erase import Erasure
+
+    Erasure(env.spark, env.settings).run(None, "public.acct", "id=42")
+    log_table = open_catalog(env.settings).load_table((env.settings.catalog.loader_namespace, "verify_log"))
+    assert log_table.scan().to_arrow().num_rows == 0
 
 
 def test_rows_of_an_erased_subject_are_not_differences(env: Env) -> None:
