@@ -261,6 +261,8 @@ class Follower:
             self.stats.loaded_changes += changed
             self.metrics.changes.labels(stage="load").inc(changed)
             self.metrics.rejects.inc(res.rejects)
+            for engine in res.engines:
+                self.metrics.load_batches.labels(engine=engine.split()[0]).inc()
             if self._dirty is not None:
                 self._dirty.update(res.rows_per_table)
                 self._dirty.update(res.parked)

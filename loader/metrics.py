@@ -75,6 +75,12 @@ class Metrics:
             ["table"],
             registry=r,
         )
+        self.load_batches = Counter(
+            "loader_load_batches",
+            "Load batches by the engine that loaded them (driver or spark)",
+            ["engine"],
+            registry=r,
+        )
         self.verify_rows = Counter("loader_verify_rows", "Source rows compared by continuous verification", registry=r)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:

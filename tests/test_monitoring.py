@@ -38,6 +38,8 @@ def _exported() -> set[str]:
     from datetime import UTC, datetime
 
     m.table_fresh_as_of("public.t", datetime.now(UTC))
+    m.verify_differences.labels(table="public.t").set(0)
+    m.load_batches.labels(engine="driver").inc()
     text = generate_latest(m.registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 

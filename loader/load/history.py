@@ -89,6 +89,8 @@ class LoadResult:
     retired_columns: list[str] = field(default_factory=list)
     gap: str | None = None  # the batch stopped before a file whose transaction's beginning is missing
     erased_dropped: int = 0  # changes of erased subjects not loaded (see loader.erase)
+    # Which engine loaded each batch, and why the Spark path when it was not the driver's.
+    engines: list[str] = field(default_factory=list)
 
     def absorb(self, part: LoadResult) -> None:
         """Add one table's results (see each_table)."""
@@ -98,6 +100,7 @@ class LoadResult:
         self.parked.update(part.parked)
         self.retired_columns.extend(part.retired_columns)
         self.erased_dropped += part.erased_dropped
+        self.engines.extend(part.engines)
 
     def summary(self) -> str:
         gap = f"\n  waiting: {self.gap}" if self.gap else ""
@@ -113,6 +116,8 @@ class LoadResult:
             f"load: {len(self.files)} files, {sum(self.rows_per_table.values())} changes appended ({per}); "
             f"{self.duplicates_skipped} duplicates skipped; {self.rejects} rejected"
         )
+        if self.engines:
+            text += "\n  engine: " + "; ".join(self.engines)
         for col in self.retired_columns:
             text += f"\n  note: {col}"
         for table, reason in sorted(self.parked.items()):
@@ -156,6 +161,7 @@ class HistoryLoad:
         self._erased: tuple[str, dict[str, list[tuple[str, str]]]] | None = None
         # Set per batch: the files' position ranges are disjoint (see _load_table).
         self._positions_unique = False
+        self._spark_reason = "not plain"  # why the last batch went to the Spark path
 
     def loaded_files(self) -> set[str]:
         """Every landing file the ledger says is loaded (one scan of the ledger)."""
@@ -258,10 +264,15 @@ class HistoryLoad:
         if row_filter is None and not dry_run:
             plain = self._driver_load(batch, result)
             if plain is not None:
+                result.engines.append(f"driver ({len(batch)} files)")
                 result.files = [f.name for f in batch]
                 if ledger:
                     self._write_ledger(batch, self._ledger_rows(plain, batch), result)
                 return
+        else:
+            self._spark_reason = "a replay or a dry run"
+        result.engines.append(f"spark ({len(batch)} files): {self._spark_reason}")
+        log.info("load: %d files through Spark: %s", len(batch), self._spark_reason)
         files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
         parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
         decoded = files_df.repartition(parallelism).mapInArrow(
@@ -350,12 +361,17 @@ class HistoryLoad:
         from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch
 
         max_bytes = self.settings.load.driver_max_bytes
-        if not max_bytes or not self._positions_unique:
+        if not max_bytes:
+            self._spark_reason = "load.driver_max_bytes = 0"
+            return None
+        if not self._positions_unique:
+            self._spark_reason = "landing files with overlapping positions (redelivered or re-landed changes)"
             return None
         prepared: list[tuple[SourceTable, str, Any, ChangePosition, ChangePosition]] = []
         started = time.perf_counter()
         formats = {f.format for f in batch}
         if len(formats) > 1:
+            self._spark_reason = "landing formats mixed in one batch"
             return None
         kind = SnapshotBatch if formats == {ARROW} else PlainBatch
         try:
@@ -364,7 +380,7 @@ class HistoryLoad:
             for table, (columns, pk) in sorted(plain.survey.tables().items()):
                 prepared.append(self._driver_prepare(plain, table, columns, pk, result))
         except NotPlain as exc:
-            log.debug("load: the batch goes to Spark: %s", exc)
+            self._spark_reason = str(exc)
             return None
         typed = time.perf_counter()
         catalog = open_catalog(self.settings)
