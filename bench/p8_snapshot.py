@@ -229,7 +229,7 @@ def run() -> None:
         record(
             Figure(
                 "P8",
-                f"initial snapshot of pgbench -s {scale} ({rows / 1e6:g}M rows): capture + load + merge (rows/s)",
+                f"pgbench -s {scale} snapshot, capture+load+merge",
                 ours,
                 "rows/s",
                 ceiling,
