@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
 	@echo "make test   - install, start a private PostgreSQL, run the suite, stop it"
-	@echo "make bench  - benchmarks P1-P6: one table of figures, ceilings, ratios, goals (bench/out/)"
+	@echo "make bench  - benchmarks P1-P8: one table of figures, ceilings, ratios, goals (bench/out/)"
 	@echo "make soak   - 300 follow-mode cycles with maintenance, bounds and oracles (tests/test_soak.py)"
 	@echo "make fuzz SEEDS=N [FUZZ_START=S] [FUZZ_GAPS=all] - the fuzzing oracle on seeds S..S+N-1 (tests/fuzz)"
 	@echo "make lint   - ruff check, ruff format --check, mypy on loader/"

@@ -16,7 +16,17 @@ import time
 from pathlib import Path
 
 # Cheapest first, so a broken environment shows early; P1 (20M history) last.
-MODULES = ["p3_capture", "p2_load", "p6_tables", "p4_freshness", "p1_merge", "capture_format", "p7_wal", "v1_verify"]
+MODULES = [
+    "p3_capture",
+    "p2_load",
+    "p6_tables",
+    "p4_freshness",
+    "p1_merge",
+    "capture_format",
+    "p8_snapshot",
+    "p7_wal",
+    "v1_verify",
+]
 
 
 def modules() -> list[str]:

@@ -1,4 +1,4 @@
-"""Incremental merge: history increment since the last merge -> current table, one MERGE per table.
+"""Incremental merge: history increment since the last merge -> current table (bulk, driver or MERGE).
 
 Watermarks live in the snapshot summary of the very commit they describe:
 - ``loader.loaded-through`` on the ledger's appends: every table's history holds all complete
@@ -9,10 +9,17 @@ The increment is (merged-through, loaded-through], cut at a commit boundary by c
 transaction is never half-applied. The MERGE's LSN guard makes a replay of an older increment a
 no-op, and a re-run after a crash recomputes the same increment. Control rows in the increment
 (truncate, resync, park) are planned by :mod:`loader.merge.plan`: a parked table stops alone.
+
+A resync in the increment is built in bulk (:meth:`CurrentMerge._bulk_build`): the snapshot's rows
+overwrite the whole current table in one commit, written once with no join against the old rows,
+and only the changes after them go through the driver merge or MERGE, in a second commit. The
+first commit's watermark is the snapshot's last row, so a crash between the two re-runs only the
+changes after it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -89,13 +96,18 @@ class TableMerge:
     skipped_reason: str | None = None
     note: str = ""
     parked: str | None = None  # why the table's current table waits for a resync
+    # How the data was committed: "bulk" (a resync's rows written once over the whole table),
+    # "bulk+merge" / "bulk+driver" (then the changes after it), "driver", "merge", "rebuild";
+    # "" when no data commit was needed (nothing new, or only the watermark recorded).
+    method: str = ""
 
     def describe(self) -> str:
         if self.skipped_reason:
             return f"{self.table}: {self.skipped_reason}"
         note = f" ({self.note})" if self.note else ""
         keys = f" -> {self.keys_changed} keys" if self.keys_changed is not None else ""
-        return f"{self.table}: {self.increment_rows} changes{keys}{note}"
+        by = f" by {self.method}" if self.method else ""
+        return f"{self.table}: {self.increment_rows} changes{keys}{by}{note}"
 
 
 @dataclass
@@ -369,6 +381,65 @@ class CurrentMerge:
             events = inc
             if plan.boundary is not None:
                 events = inc.where(position_after_sql("pg_lsn", "pg_seq", plan.boundary))
+            bulk = None
+            if not rebuild and plan.boundary is not None and _op_at(markers, plan.boundary) == "resync":
+                bulk = self._bulk_build(cur, inc, plan, lake_pk, list(lake_types), hist_snapshot, out)
+            if bulk is not None:
+                if bulk.tail_rows == 0:
+                    # The snapshot was the whole increment: one commit, the table is done.
+                    out.merged_through = plan.cut.token()
+                    return out
+                # The changes after the snapshot, merged as any increment after `bulk.end` (what a
+                # re-run after a crash right here merges too).
+                since = bulk.end
+                tail_plan = dataclasses.replace(plan, boundary=None, resynced=False)
+                if (
+                    plan.parked is None
+                    and self.settings.merge.driver_max_rows > 0
+                    and self._driver_merge(
+                        table,
+                        cur,
+                        pk,
+                        source_types,
+                        since,
+                        plan.cut,
+                        hist_snapshot,
+                        current_snapshot_id(self.spark, cur),
+                        out,
+                    )
+                ):
+                    out.increment_rows = stats[0]
+                    out.method = "bulk+driver"
+                    return out
+                tail = inc.where(position_after_sql("pg_lsn", "pg_seq", since))
+                touched_tail = None
+                if buckets is not None:
+                    hit = tail.agg(
+                        *[F.expr(e) for e in touched_buckets_sql(buckets[0], lake_pk[0], lake_types[lake_pk[0]])]
+                    )
+                    row = hit.collect()[0]
+                    touched_tail = (buckets, [*row[0], *([None] if row[1] else [])])
+                kind = self._apply(
+                    _Apply(
+                        table,
+                        cur,
+                        tail,
+                        lake_pk,
+                        lake_types,
+                        props_out,
+                        False,
+                        tail_plan,
+                        bulk.tail_toast > 0,
+                        since,
+                        True,
+                        touched_tail,
+                    ),
+                    out,
+                )
+                out.method = "bulk+merge"
+                self._after_commit(cur, plan, plan.cut.token(), None, kind, out)
+                out.merged_through = plan.cut.token()
+                return out
             kind = self._apply(
                 _Apply(
                     table,
@@ -386,6 +457,7 @@ class CurrentMerge:
                 ),
                 out,
             )
+            out.method = kind
             self._after_commit(cur, plan, plan.cut.token(), late_appends if rebuild else None, kind, out)
         finally:
             inc.unpersist()
@@ -452,6 +524,66 @@ class CurrentMerge:
         finally:
             reduced.unpersist()
 
+    def _bulk_build(
+        self,
+        cur: str,
+        inc: DataFrame,
+        plan: MergePlan,
+        pk: list[str],
+        columns: list[str],
+        hist_snapshot: int | None,
+        out: TableMerge,
+    ) -> _Bulk | None:
+        """Replace the current table with the rows of the resync at ``plan.boundary``, written once.
+
+        A resync lands its marker and then the table's rows as reads, at one commit position: from
+        the marker on, the table's state is those rows, then the changes after them. The rows are
+        written over the whole table in one overwrite (no join with the old current table), with
+        the watermark at the snapshot's last row, or at ``plan.cut`` when nothing follows it; a
+        crash after this commit leaves a table equal to the source there, and the re-run merges
+        only the changes after it. None (nothing committed) when the rows at the resync's
+        position are not plain reads, every value sent: the MERGE handles those.
+        """
+        from pyspark.sql import functions as F
+
+        assert plan.boundary is not None
+        at = plan.boundary
+        in_snapshot = (F.col("pg_lsn") == at.commit_lsn) & (F.col("pg_seq") > at.seq)
+        after = F.col("pg_lsn") > at.commit_lsn
+        all_sent = F.col("pg_absent_columns").isNotNull() & (F.size("pg_absent_columns") == 0)
+        upsert = F.col("pg_operation").isin("insert", "update", "read")
+        rows, last_seq, other, tail, tail_toast = inc.agg(
+            F.count(F.when(in_snapshot, 1)),
+            F.max(F.when(in_snapshot, F.col("pg_seq"))),
+            F.count(F.when(in_snapshot & ~((F.col("pg_operation") == "read") & all_sent), 1)),
+            F.count(F.when(after, 1)),
+            F.count(F.when(after & upsert & ~all_sent, 1)),
+        ).collect()[0]
+        if other:
+            log.info("%s: the resync at %s holds more than plain reads; merged by MERGE", cur, at)
+            return None
+        end = ChangePosition(at.commit_lsn, at.seq if last_seq is None else int(last_seq))
+        through = plan.cut if tail == 0 else end
+        props = {SUMMARY_MERGED_THROUGH: through.token()}
+        if hist_snapshot is not None:
+            props[SUMMARY_HISTORY_SNAPSHOT] = str(hist_snapshot)
+        # The table's write order (and bucket distribution) sorts the rows; no sort of our own.
+        writer = (
+            inc.where(in_snapshot).select(*[col(c) for c in columns], *[n for n, _ in CURRENT_METADATA]).writeTo(cur)
+        )
+        for k, v in props.items():
+            writer = writer.option(f"snapshot-property.{k}", v)
+        checkpoint("merge-before-bulk")
+        # One atomic commit replaces every row of every partition, whatever the table held.
+        writer.overwrite(F.lit(True))
+        checkpoint("merge-after-bulk")
+        if latest_summary_value(self.spark, cur, SUMMARY_MERGED_THROUGH) != through.token():
+            self._record_progress(cur, props)
+        log.info("%s: %d rows of the resync at %s written in bulk, %d changes after it", cur, rows, at, tail)
+        out.method = "bulk"
+        self._after_commit(cur, plan, through.token(), None, "rebuild", out)
+        return _Bulk(end, int(tail), int(tail_toast))
+
     def _driver_merge(
         self,
         table: SourceTable,
@@ -466,7 +598,7 @@ class CurrentMerge:
     ) -> bool:
         """Merge a plain increment on the driver (loader.merge.driver); False if it is not plain."""
         from loader.lake.catalog import open_catalog
-        from loader.merge.driver import NotPlain, driver_rows
+        from loader.merge.driver import NotPlainIncrement, driver_rows
 
         lake_pk = [lake_column(k) for k in pk]
         try:
@@ -482,7 +614,7 @@ class CurrentMerge:
                 start_snapshot,
                 self.settings.merge.driver_max_rows,
             )
-        except NotPlain as exc:
+        except NotPlainIncrement as exc:
             log.debug("%s: merged by Spark (%s)", table.qualified, exc)
             return False
         except OSError as exc:
@@ -497,6 +629,7 @@ class CurrentMerge:
         checkpoint("merge-after-commit")
         log.info("%s: %d rows ended, %d written, %d files (driver)", cur, done.deleted, done.written, done.files)
         out.increment_rows = rows
+        out.method = "driver"
         plan = MergePlan(cut=cut, boundary=None, parked=None, resynced=False)
         self._after_commit(cur, plan, cut.token(), None, "merge", out)
         out.merged_through = cut.token()
@@ -644,6 +777,21 @@ class CurrentMerge:
                     self.spark.sql(f"ALTER TABLE {cur} DROP COLUMN {col(lake)}")
                     self.spark.sql(f"ALTER TABLE {cur} ADD COLUMN {col(lake)} {new_sql}")
         update_properties(self.spark, cur, {PROP_PG_TYPES: json.dumps(pg_types)})
+
+
+def _op_at(markers: list[Marker], position: ChangePosition) -> str | None:
+    """The operation of the control row at ``position`` (the newest one there, if several)."""
+    ops = [m.op for m in sorted(markers) if m.position == position]
+    return ops[-1] if ops else None
+
+
+@dataclass(frozen=True)
+class _Bulk:
+    """A resync's rows committed in bulk: through which position, and what follows them."""
+
+    end: ChangePosition  # the snapshot's last row (the bulk commit's watermark when changes follow)
+    tail_rows: int  # history rows after the snapshot in the increment
+    tail_toast: int  # upserts among them that may leave a value out
 
 
 @dataclass

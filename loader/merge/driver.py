@@ -45,10 +45,6 @@ class NotPlainIncrement(Exception):
     """The increment or the table needs the Spark path (the reason is the message)."""
 
 
-# The name loader.merge.current still imports; goes when it imports NotPlainIncrement.
-NotPlain = NotPlainIncrement
-
-
 def _after(lsn: Any, seq: Any, pos: ChangePosition) -> Any:
     import pyarrow.compute as pc
 

@@ -1,0 +1,254 @@
+"""P8 initial snapshot of ``pgbench -i -s S`` through whole ``loader`` commands vs the COPY ceiling.
+
+A source database initialised by ``pgbench -i -s BENCH_SNAPSHOT_SCALE`` (default 100: 10M rows of
+``pgbench_accounts``; ``BENCH_SNAPSHOT_SCALE=10`` for a quick run), captured with
+``source.include = ["public.pgbench_*"]`` by three commands, each its own process, as a scheduler
+runs them: ``loader capture --snapshot`` (creates the slot and lands the snapshot), ``loader load``,
+``loader merge``; after them history and current tables are queryable (their row counts are read
+from the Iceberg metadata and checked). Per stage: wall seconds, CPU seconds (the command's own
+rusage plus the last sampled CPU time of its descendants: PySpark does not wait for its JVM, so the
+JVM's time never reaches a rusage), rows/s of ``pgbench_accounts`` and the peak RSS of the process
+tree (sampled every ``BENCH_SNAPSHOT_SAMPLE_S``, default 0.2 s).
+
+``BENCH_SNAPSHOT_MERGE_REPEATS`` (default 1) times the merge again that many times more on fresh
+current tables (dropped between runs; the table's first current state is the snapshot's case) and
+reports the median. The ceiling, measured in the same run: ``COPY pgbench_accounts TO STDOUT`` to a
+client that discards the bytes (rows/s, median of 3); the ratio is the end-to-end rows/s (capture +
+load + merge wall time) over it, goal >= 0.25.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from bench.common import SERIES, Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Stage:
+    name: str
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    output: str
+
+
+def _env(settings: object) -> dict[str, str]:
+    s = settings  # LoaderSettings
+    env = dict(os.environ)
+    env.update(
+        {
+            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
+            "LOADER_SOURCE__INCLUDE": '["public.pgbench_*"]',
+            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
+            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
+            "LOADER_SPARK__SHUFFLE_PARTITIONS": str(s.spark.shuffle_partitions),  # type: ignore[attr-defined]
+            "LOADER_SPARK__DRIVER_MEMORY": os.environ.get("BENCH_SNAPSHOT_DRIVER_MEMORY", "4g"),
+        }
+    )
+    return env
+
+
+def _proc_stat(pid: int) -> tuple[int, float, int] | None:
+    """(parent pid, CPU seconds, RSS bytes) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK, int(fields[21]) * PAGE
+
+
+def _descendants(root: int) -> dict[int, tuple[float, int]]:
+    """CPU seconds and RSS bytes of ``root`` and every process below it."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _proc_stat(int(name))
+            if st is not None:
+                stats[int(name)] = st
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            out[pid] = (stats[pid][1], stats[pid][2])
+            todo.extend(p for p, st in stats.items() if st[0] == pid)
+    return out
+
+
+def _stage(name: str, args: list[str], env: dict[str, str], sample_s: float) -> Stage:
+    """Run ``loader <args>`` to the end, sampling its process tree; raise if it fails."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loader.cli", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    cpu: dict[int, float] = {}  # last seen CPU seconds of each descendant
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            tree = _descendants(proc.pid)
+            for pid, (c, _) in tree.items():
+                if pid != proc.pid:
+                    cpu[pid] = c
+            peak[0] = max(peak[0], sum(r for _, r in tree.values()))
+            done.wait(sample_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"loader {' '.join(args)} failed (exit {proc.returncode}):\n{output}")
+    own = usage.ru_utime + usage.ru_stime
+    peak_mb = max(peak[0] / 2**20, usage.ru_maxrss / 1024)
+    stage = Stage(name, wall, own + sum(cpu.values()), peak_mb, output)
+    print(f"  {name}: {wall:.1f}s wall, {stage.cpu_s:.1f}s CPU, peak RSS {peak_mb:,.0f} MB", flush=True)
+    return stage
+
+
+def _ceiling(dsn: str, rows: int, repeats: int = 3) -> float:
+    """rows/s of ``COPY pgbench_accounts TO STDOUT`` read by a client that keeps nothing."""
+    times = []
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            with cur.copy("COPY pgbench_accounts TO STDOUT") as copy:
+                for _block in copy:
+                    pass
+            times.append(time.perf_counter() - started)
+    return rows / statistics.median(times)
+
+
+def _counts(settings: object, table: str) -> tuple[int, int]:
+    """(history rows, current rows) of ``public.<table>`` from the tables' Iceberg metadata."""
+    from loader.lake.catalog import open_catalog
+    from loader.lake.tables import SourceTable
+
+    catalog = open_catalog(settings)  # type: ignore[arg-type]
+    name = SourceTable("public", table).iceberg_name
+    out = []
+    for ns in (settings.catalog.history_namespace, settings.catalog.current_namespace):  # type: ignore[attr-defined]
+        summary = catalog.load_table((ns, name)).current_snapshot().summary
+        out.append(int(summary["total-records"]) - int(summary.get("total-position-deletes", "0")))
+    return out[0], out[1]
+
+
+def _drop_current(settings: object) -> None:
+    from loader.lake.catalog import open_catalog
+
+    catalog = open_catalog(settings)  # type: ignore[arg-type]
+    ns = settings.catalog.current_namespace  # type: ignore[attr-defined]
+    for ident in catalog.list_tables(ns):
+        catalog.drop_table(ident)
+
+
+def run() -> None:
+    scale = env_int("BENCH_SNAPSHOT_SCALE", 100)
+    repeats = env_int("BENCH_SNAPSHOT_MERGE_REPEATS", 1)
+    sample_s = float(os.environ.get("BENCH_SNAPSHOT_SAMPLE_S", "0.2"))
+    rows = 100_000 * scale
+    with (
+        scratch_database("bench_snap") as source_dsn,
+        scratch_database("bench_snapcat") as catalog_dsn,
+        scratch_dir("bench-snap-") as root,
+    ):
+        started = time.perf_counter()
+        subprocess.run(["pgbench", "-i", "-q", "-s", str(scale), source_dsn], check=True, capture_output=True)
+        print(f"  pgbench -i -s {scale}: {rows:,} accounts in {time.perf_counter() - started:.0f}s", flush=True)
+        ceiling = _ceiling(source_dsn, rows)
+        print(f"  ceiling: COPY pgbench_accounts TO STDOUT {ceiling:,.0f} rows/s", flush=True)
+        settings = lake_settings(root, catalog_dsn, source_dsn)
+        env = _env(settings)
+        stages = [
+            _stage("capture --snapshot", ["capture", "--snapshot"], env, sample_s),
+            _stage("load", ["load"], env, sample_s),
+            _stage("merge", ["merge"], env, sample_s),
+        ]
+        merge_line = next((ln for ln in stages[2].output.splitlines() if ln.startswith("merge:")), "")
+        print(f"  {merge_line}", flush=True)
+        history, current = _counts(settings, "pgbench_accounts")
+        assert current == rows, (current, rows)
+        assert history == rows + 1, (history, rows)  # the rows and the resync marker
+        merges = [stages[2].wall_s]
+        for _ in range(repeats - 1):
+            _drop_current(settings)
+            merges.append(_stage("merge (again, fresh current tables)", ["merge"], env, sample_s).wall_s)
+            assert _counts(settings, "pgbench_accounts")[1] == rows
+        total = sum(s.wall_s for s in stages)
+        ours = rows / total
+        per_stage = {
+            s.name: {
+                "wall_s": round(s.wall_s, 2),
+                "cpu_s": round(s.cpu_s, 2),
+                "rows_per_s": round(rows / s.wall_s),
+                "peak_rss_mb": round(s.peak_rss_mb),
+            }
+            for s in stages
+        }
+        for s in stages:
+            print(
+                f"  {s.name:<20} {s.wall_s:8.1f} s wall {s.cpu_s:8.1f} s CPU {rows / s.wall_s:12,.0f} rows/s"
+                f" {s.peak_rss_mb:8,.0f} MB peak RSS",
+                flush=True,
+            )
+        if repeats > 1:
+            print(f"  merge: median {statistics.median(merges):.1f}s of {[round(m, 1) for m in merges]}", flush=True)
+        SERIES.setdefault("stage_throughput", {})["snapshot"] = {"measured": ours, "ceiling": ceiling}
+        record(
+            Figure(
+                "P8",
+                f"pgbench -s {scale} snapshot, capture+load+merge",
+                ours,
+                "rows/s",
+                ceiling,
+                "COPY pgbench_accounts TO STDOUT to a client",
+                ours / ceiling,
+                ">= 0.25",
+                ours / ceiling >= 0.25,
+                extra={
+                    "scale": scale,
+                    "stages": per_stage,
+                    "total_wall_s": round(total, 2),
+                    "total_cpu_s": round(sum(s.cpu_s for s in stages), 2),
+                    "merge_wall_s": [round(m, 2) for m in merges],
+                    "merge_median_s": round(statistics.median(merges), 2),
+                    "merge": merge_line,
+                },
+            )
+        )
+
+
+if __name__ == "__main__":
+    run()
