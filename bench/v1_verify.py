@@ -66,7 +66,7 @@ def run() -> None:
         scratch_database("bench_verify_cat") as cat,
         scratch_dir("bench-verify-") as root,
     ):
-        subprocess.run(["pgbench", "-i", "-q", "-s", str(scale), "--dbname", src], check=True, capture_output=True)
+        subprocess.run(["pgbench", "-i", "-q", "-s", str(scale), src], check=True, capture_output=True)
         settings = lake_settings(root, cat, source_dsn=src)
         env = _env(settings)
         cli = [sys.executable, "-m", "loader.cli"]
@@ -76,7 +76,7 @@ def run() -> None:
         print(f"  lake built from pgbench scale {scale} in {time.monotonic() - started:.0f}s", flush=True)
         ceiling = _copy_ceiling(src)
         writer = subprocess.Popen(
-            ["pgbench", "-n", "-b", "simple-update", "-c", str(clients), "-T", "100000", "--dbname", src],
+            ["pgbench", "-n", "-b", "simple-update", "-c", str(clients), "-T", "100000", src],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
