@@ -209,6 +209,8 @@ class HistoryLoad:
             ensure_loader_tables(self.spark, self.names)
             batch, waiting = self.pending_files(known_loaded, max_files)
             result = LoadResult(waiting_files=waiting, gap=self.gap)
+            if not batch:
+                return result
             segments = _by_format(batch)
             if len(segments) == 1:
                 self._load_batch(batch, result)
@@ -860,7 +862,7 @@ def _by_format(batch: list[LandingFile]) -> list[list[LandingFile]]:
             segments[-1].append(f)
         else:
             segments.append([f])
-    return segments or [batch]
+    return segments
 
 
 def _landing_read_explained(read: Callable[[], T]) -> T:
