@@ -135,6 +135,28 @@ def lake_settings(root: Path, catalog_dsn: str, source_dsn: str | None = None, *
     return LoaderSettings.model_validate(doc)
 
 
+def loader_env(settings: LoaderSettings, **variables: str) -> dict[str, str]:
+    """The environment of a ``loader`` command run as its own process on ``settings``' lake
+    (source, landing area, catalog), plus ``variables`` (``LOADER_*`` names)."""
+    s = settings
+    env = dict(os.environ)
+    env.update(
+        {
+            "LOADER_LANDING__URL": s.landing.url,
+            "LOADER_CATALOG__NAME": s.catalog.name,
+            "LOADER_CATALOG__URI": s.catalog.uri,
+            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,
+            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,
+            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,
+            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,
+        }
+    )
+    if s.source.dsn:
+        env.update({"LOADER_SOURCE__DSN": s.source.dsn, "LOADER_SOURCE__SLOT": s.source.slot})
+    env.update(variables)
+    return env
+
+
 ACCOUNT_COLUMNS = [
     ("id", "bigint"),
     ("customer_id", "bigint"),

@@ -21,7 +21,7 @@ import time
 
 import psycopg
 
-from bench.common import Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+from bench.common import Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
 
 
 def _pgbench() -> str:
@@ -32,25 +32,12 @@ def _pgbench() -> str:
 
 
 def _env(settings: object, interval: float) -> dict[str, str]:
-    s = settings  # LoaderSettings
-    env = dict(os.environ)
-    env.update(
-        {
-            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
-            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
-            "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
-            "LOADER_FOLLOW__INTERVAL_S": str(interval),
-            "LOADER_FOLLOW__CAPTURE_INTERVAL_S": str(min(interval, 1.0)),
-        }
+    return loader_env(
+        settings,  # type: ignore[arg-type]
+        LOADER_SPARK__SHUFFLE_PARTITIONS="2",
+        LOADER_FOLLOW__INTERVAL_S=str(interval),
+        LOADER_FOLLOW__CAPTURE_INTERVAL_S=str(min(interval, 1.0)),
     )
-    return env
 
 
 def run() -> None:

@@ -22,33 +22,20 @@ import time
 
 import psycopg
 
-from bench.common import PG, Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+from bench.common import PG, Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
 
 MB = 1024 * 1024
 ROWS_PER_MB = 1000  # ~1 kB of WAL per row of the filler below
 
 
 def _env(settings: object, heartbeat_s: float) -> dict[str, str]:
-    s = settings  # LoaderSettings
-    env = dict(os.environ)
-    env.update(
-        {
-            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__INCLUDE": '["public.a"]',
-            "LOADER_SOURCE__HEARTBEAT_INTERVAL_S": str(heartbeat_s),
-            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
-            "LOADER_SPARK__SHUFFLE_PARTITIONS": "2",
-            "LOADER_SPARK__DRIVER_MEMORY": "1g",
-        }
+    return loader_env(
+        settings,  # type: ignore[arg-type]
+        LOADER_SOURCE__INCLUDE='["public.a"]',
+        LOADER_SOURCE__HEARTBEAT_INTERVAL_S=str(heartbeat_s),
+        LOADER_SPARK__SHUFFLE_PARTITIONS="2",
+        LOADER_SPARK__DRIVER_MEMORY="1g",
     )
-    return env
 
 
 def _writer(dsn: str, total_mb: int, seconds: int, stop: threading.Event, written: list[int]) -> None:

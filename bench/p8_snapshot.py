@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import SERIES, Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+from bench.common import SERIES, Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
@@ -47,25 +47,12 @@ class Stage:
 
 
 def _env(settings: object) -> dict[str, str]:
-    s = settings  # LoaderSettings
-    env = dict(os.environ)
-    env.update(
-        {
-            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__INCLUDE": '["public.pgbench_*"]',
-            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
-            "LOADER_SPARK__SHUFFLE_PARTITIONS": str(s.spark.shuffle_partitions),  # type: ignore[attr-defined]
-            "LOADER_SPARK__DRIVER_MEMORY": os.environ.get("BENCH_SNAPSHOT_DRIVER_MEMORY", "4g"),
-        }
+    return loader_env(
+        settings,  # type: ignore[arg-type]
+        LOADER_SOURCE__INCLUDE='["public.pgbench_*"]',
+        LOADER_SPARK__SHUFFLE_PARTITIONS=str(settings.spark.shuffle_partitions),  # type: ignore[attr-defined]
+        LOADER_SPARK__DRIVER_MEMORY=os.environ.get("BENCH_SNAPSHOT_DRIVER_MEMORY", "4g"),
     )
-    return env
 
 
 def _proc_stat(pid: int) -> tuple[int, float, int] | None:

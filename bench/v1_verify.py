@@ -12,7 +12,6 @@ the same run: ``COPY pgbench_accounts TO STDOUT`` to a client.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -21,29 +20,16 @@ import time
 
 import psycopg
 
-from bench.common import Figure, env_int, lake_settings, record, scratch_database, scratch_dir
+from bench.common import Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
 
 
 def _env(settings: object) -> dict[str, str]:
-    s = settings  # LoaderSettings
-    env = dict(os.environ)
-    env.update(
-        {
-            "LOADER_SOURCE__DSN": s.source.dsn,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__SLOT": s.source.slot,  # type: ignore[attr-defined]
-            "LOADER_SOURCE__INCLUDE": '["public.pgbench_accounts"]',
-            "LOADER_LANDING__URL": s.landing.url,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__NAME": s.catalog.name,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__URI": s.catalog.uri,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__WAREHOUSE": s.catalog.warehouse,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__HISTORY_NAMESPACE": s.catalog.history_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__CURRENT_NAMESPACE": s.catalog.current_namespace,  # type: ignore[attr-defined]
-            "LOADER_CATALOG__LOADER_NAMESPACE": s.catalog.loader_namespace,  # type: ignore[attr-defined]
-            "LOADER_SPARK__SHUFFLE_PARTITIONS": "4",
-            "LOADER_SPARK__DRIVER_MEMORY": "2g",
-        }
+    return loader_env(
+        settings,  # type: ignore[arg-type]
+        LOADER_SOURCE__INCLUDE='["public.pgbench_accounts"]',
+        LOADER_SPARK__SHUFFLE_PARTITIONS="4",
+        LOADER_SPARK__DRIVER_MEMORY="2g",
     )
-    return env
 
 
 def _copy_ceiling(dsn: str) -> float:
