@@ -247,6 +247,13 @@ def reconcile_table(
     if PROP_PARKED in hist.properties:
         res.parked = json.loads(hist.properties[PROP_PARKED]).get("reason", "parked")
         return res
+    row = conn.execute(
+        "SELECT to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) IS NOT NULL", (table.schema, table.table)
+    ).fetchone()
+    if not (row and row[0]):
+        # Dropped at the source (its history stays), or named by a landing file only.
+        res.note = "no such table in the source (dropped?): not compared"
+        return res
     if not pk:
         _reconcile_keyless(res, conn, hist, table, cut, show_values)
         return res
