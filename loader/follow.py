@@ -22,6 +22,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -315,26 +316,22 @@ class Follower:
         raise SourceError("the capture thread did not reach the verification's cut in time")
 
     def _verify(self) -> None:
-        try:
-            done = self.verifier.round(time.monotonic())
-            log.info("%s", done.summary())
-        except Exception as exc:
-            if self._outage("verify", exc):
-                return
-            if not isinstance(exc, TransientError):
-                raise
-            log.warning("verification will be retried: %s", exc.one_line())
+        self._periodic("verify", lambda: self.verifier.round(time.monotonic()).summary())
 
     def _maintain(self) -> None:
         from loader.maintain import Maintenance
 
         self._last_maintenance = time.monotonic()
+        self._periodic("maintenance", lambda: Maintenance(self.spark, self.settings).run().summary())
+
+    def _periodic(self, step: str, work: Callable[[], str]) -> None:
+        """Verification or maintenance between cycles: its summary logged; an outage or a transient
+        failure logged and left to the next time it is due; anything else ends follow mode."""
         try:
-            report = Maintenance(self.spark, self.settings).run()
-            log.info("maintenance: %s", report.summary())
+            log.info("%s", work())
         except Exception as exc:
-            if self._outage("maintenance", exc):
+            if self._outage(step, exc):
                 return
             if not isinstance(exc, TransientError):
                 raise
-            log.warning("maintenance will be retried: %s", exc.one_line())
+            log.warning("%s will be retried: %s", step, exc.one_line())

@@ -233,7 +233,6 @@ def reconcile_table(
     conn: Any,
     catalog: Any,
     table: SourceTable,
-    max_examples: int = 5,
     show_values: bool = False,
     cut: int | None = None,
 ) -> Reconciliation:
@@ -265,7 +264,7 @@ def reconcile_table(
     live = _existing_source_columns(conn, table)
     # Columns dropped at the source stay in the lakehouse (NULL from then on); compare the live ones.
     compared = {k: v for k, v in pg_types.items() if k in live}
-    _compare_by_checksums(res, conn, cur_table, table, compared, pk, max_examples, show_values)
+    _compare_by_checksums(res, conn, cur_table, table, compared, pk, show_values)
     return res
 
 
@@ -276,7 +275,6 @@ def _compare_by_checksums(
     table: SourceTable,
     columns: dict[str, str],
     pk: list[str],
-    max_examples: int,
     show_values: bool,
 ) -> None:
     """Checksums per bucket of keys on both sides (see loader.canonical); rows are read, and compared
@@ -303,10 +301,10 @@ def _compare_by_checksums(
         group.append(b)
         held += int(max(source_counts[b], lake_counts[b]))
         if held >= DRILL_ROWS:
-            _drill(res, conn, lake_table, table, columns, pk, bits, group, max_examples, show_values)
+            _drill(res, conn, lake_table, table, columns, pk, bits, group, show_values)
             group, held = [], 0
     if group:
-        _drill(res, conn, lake_table, table, columns, pk, bits, group, max_examples, show_values)
+        _drill(res, conn, lake_table, table, columns, pk, bits, group, show_values)
 
 
 # Rows read per side when drilling into differing buckets (buckets hold ~4096 rows each).
@@ -362,7 +360,6 @@ def _drill(
     pk: list[str],
     bits: int,
     buckets: list[int],
-    max_examples: int,
     show_values: bool,
 ) -> None:
     """Compare, row by row and column by column, the rows of ``buckets`` on both sides."""
