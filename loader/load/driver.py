@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import re
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -379,6 +380,18 @@ class PlainBatch:
         ]
         return np.flatnonzero(np.isin(self.shape, ids))
 
+    def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
+        """The positions of the table's first and last change in the batch."""
+        rows = self.table_rows(table)
+        return (
+            ChangePosition(int(self.lsn[rows[0]]), int(self.seq[rows[0]])),
+            ChangePosition(int(self.lsn[rows[-1]]), int(self.seq[rows[-1]])),
+        )
+
+    def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> list[pa.Table]:
+        """The table's history rows, in position order, as one part (the batch is in memory)."""
+        return [self.history_rows(table, columns, target)]
+
     def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
         """The table's history rows in ``target``'s columns and types (the Iceberg table's schema)."""
         import numpy as np
@@ -569,15 +582,25 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, summary: dict[str, str]) -> int:
-    """Write ``rows`` (sorted by position) as one zstd Parquet file per day partition, through
-    ``file_io`` (pyiceberg's, for the table's location), and commit them in one Iceberg append with
-    ``summary`` in the snapshot summary. Returns the files written. Files of a failed commit are
+# A history data file is cut once this many bytes of Arrow rows went into it (its Parquet is
+# smaller: zstd), and a row group once this many are buffered: a snapshot of any size is written
+# with a bounded amount of memory (one file's Parquet bytes and one row group's rows).
+APPEND_FILE_ARROW_BYTES = 512 << 20
+APPEND_ROW_GROUP_BYTES = 64 << 20
+
+
+def append_rows(
+    spark: SparkSession, file_io: Any, ident: str, parts: pa.Table | Iterable[pa.Table], summary: dict[str, str]
+) -> int:
+    """Write ``parts`` (history rows, in position order) as zstd Parquet files, one per day
+    partition and more when a day's rows exceed ``APPEND_FILE_ARROW_BYTES``, through ``file_io``
+    (pyiceberg's, for the table's location), and commit them in one Iceberg append with
+    ``summary`` in the snapshot summary. Returns the rows appended. Files of a failed commit are
     removed unless the commit's outcome is unknown (orphan cleanup takes those)."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    from loader.lake.files import parquet_bytes
     from loader.lake.iceberg import iceberg_table
     from loader.spark import jvm_class
 
@@ -591,29 +614,73 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
     parquet_util = jvm_class(spark, "org.apache.iceberg.parquet.ParquetUtil")
     metrics = jvm_class(spark, "org.apache.iceberg.MetricsConfig").forTable(table)
     fio, locations = table.io(), table.locationProvider()
-    days = rows["pg_txn_timestamp"].cast(pa.date32())
     stem = uuid.uuid4().hex
     written: list[str] = []
     append = table.newAppend()
+    total = 0
+
+    class _Open:
+        """A day's Parquet file being written: its bytes, writer, buffered rows."""
+
+        def __init__(self, day: Any, schema: Any) -> None:
+            self.day = day
+            self.sink = io.BytesIO()
+            self.writer = pq.ParquetWriter(self.sink, schema, compression="zstd", write_statistics=True)
+            self.buffered: list[Any] = []
+            self.buffered_bytes = 0
+            self.arrow_bytes = 0
+
+        def add(self, rows: Any) -> None:
+            self.buffered.append(rows)
+            self.buffered_bytes += rows.nbytes
+            self.arrow_bytes += rows.nbytes
+            if self.buffered_bytes >= APPEND_ROW_GROUP_BYTES:
+                self.flush()
+
+        def flush(self) -> None:
+            if self.buffered:
+                self.writer.write_table(pa.concat_tables(self.buffered), row_group_size=1 << 30)
+                self.buffered, self.buffered_bytes = [], 0
+
+    def finish(f: _Open) -> None:
+        nonlocal append
+        f.flush()
+        f.writer.close()
+        data = f.sink.getvalue()
+        size = len(data)
+        partition = data_files.data(spec, f"{part_name}={f.day.isoformat()}")
+        path = str(locations.newDataLocation(spec, partition, f"{stem}-{len(written):05d}.parquet"))
+        written.append(path)
+        _write_file(file_io, path, data)
+        del data, f.sink
+        built = (
+            data_files.builder(spec)
+            .withPath(path)
+            .withFormat("parquet")
+            .withFileSizeInBytes(size)
+            .withPartition(partition)
+            .withSortOrder(table.sortOrder())
+            .withMetrics(parquet_util.fileMetrics(fio.newInputFile(path), metrics))
+            .build()
+        )
+        append = append.appendFile(built)
+
     try:
-        for i, day in enumerate(pc.unique(days).to_pylist()):
-            part = rows.filter(pc.equal(days, pa.scalar(day, pa.date32())))
-            partition = data_files.data(spec, f"{part_name}={day.isoformat()}")
-            path = str(locations.newDataLocation(spec, partition, f"{stem}-{i:05d}.parquet"))
-            data = parquet_bytes(part)
-            written.append(path)
-            _write_file(file_io, path, data)
-            built = (
-                data_files.builder(spec)
-                .withPath(path)
-                .withFormat("parquet")
-                .withFileSizeInBytes(len(data))
-                .withPartition(partition)
-                .withSortOrder(table.sortOrder())
-                .withMetrics(parquet_util.fileMetrics(fio.newInputFile(path), metrics))
-                .build()
-            )
-            append = append.appendFile(built)
+        open_files: dict[Any, _Open] = {}
+        for rows in [parts] if isinstance(parts, pa.Table) else parts:
+            total += rows.num_rows
+            days = rows["pg_txn_timestamp"].cast(pa.date32())
+            unique = pc.unique(days).to_pylist()
+            for day in unique:
+                part = rows if len(unique) == 1 else rows.filter(pc.equal(days, pa.scalar(day, pa.date32())))
+                current = open_files.get(day)
+                if current is None:
+                    current = open_files[day] = _Open(day, rows.schema)
+                current.add(part)
+                if current.arrow_bytes >= APPEND_FILE_ARROW_BYTES:
+                    finish(open_files.pop(day))
+        for day in sorted(open_files):
+            finish(open_files.pop(day))
         for k, v in summary.items():
             append = append.set(k, v)
         try:
@@ -627,9 +694,8 @@ def append_rows(spark: SparkSession, file_io: Any, ident: str, rows: pa.Table, s
                     hint="nothing was marked loaded; re-run 'loader load' once the warehouse answers",
                 ) from exc
             raise
-        n = len(written)
         written.clear()
-        return n
+        return total
     finally:
         for path in written:
             try:
@@ -644,33 +710,29 @@ class SnapshotBatch:
     per-row Python: each file's columns are already the text values, typed column by column with
     ``_typed``. The resync markers become the rows the Spark path writes for them (operation
     ``resync``, the reason as note, null values). Anything unusual (a damaged file, a shape the
-    Spark path would reject, a commit time not in capture's form) raises NotPlain."""
+    Spark path would reject, a commit time not in capture's form) raises NotPlain.
+
+    Memory is bounded whatever the snapshot's size: every file is read and checked once here, but
+    only the first ``max_bytes`` of rows are kept; the history rows are produced file by file
+    (:meth:`history_parts`), and a file not kept is read again then (checked to be the same)."""
 
     def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
         import numpy as np
 
         from loader.landing import arrowfile
 
+        self.store = store
         self.batch = batch
-        self.files: list[tuple[int, arrowfile.SnapshotHeader, Any]] = []  # (file index, header, rows table)
-        lsn: list[Any] = []
-        seq: list[Any] = []
-        tables: list[str] = []
+        # (file index, header, rows table or None when not kept in memory)
+        self.files: list[tuple[int, arrowfile.SnapshotHeader, Any]] = []
+        self._spans: dict[str, tuple[ChangePosition, ChangePosition]] = {}
+        self.num_rows = 0
         size = 0
         shapes: list[Shape] = []
         for i, f in enumerate(batch):
             if f.format != "arrow":
                 raise NotPlain(f"{f.name}: not a landing v2 file")
-            got = arrowfile.salvage(store.open_bytes(f.name))
-            if got.header is None or got.damage is not None:
-                raise NotPlain(f"{f.name}: damaged ({got.damage})")
-            h = got.header
-            import pyarrow as pa
-
-            rows = pa.Table.from_batches(got.batches, schema=got.batches[0].schema) if got.batches else None
-            size += rows.nbytes if rows is not None else 0
-            if size > max_bytes:
-                raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of snapshot values")
+            h, rows = self._read(i)
             if not _TIMESTAMP.match(h.ts) or not re.match(_UTC_TEXT, h.ts):
                 raise NotPlain(f"commit time {h.ts[:40]!r} not in capture's UTC form")
             if not (0 <= h.commit_lsn < 1 << 63):
@@ -723,30 +785,65 @@ class SnapshotBatch:
                         pk_at=last if h.pk else None,
                     )
                 )
-            self.files.append((i, h, rows))
-            lsn.append(np.full(len(at), h.commit_lsn, np.int64))
-            seq.append(at)
-            tables += [h.qualified] * len(at)
-        self.lsn = np.concatenate(lsn) if lsn else np.array([], np.int64)
-        self.seq = np.concatenate(seq) if seq else np.array([], np.int64)
-        self._tables = np.array(tables, dtype=object)
-        self.num_rows = len(self.lsn)
+            kept = rows if rows is not None and size + rows.nbytes <= max_bytes else None
+            size += kept.nbytes if kept is not None else 0
+            self.files.append((i, h, kept))
+            span = (ChangePosition(h.commit_lsn, int(at[0])), ChangePosition(h.commit_lsn, int(at[-1])))
+            before = self._spans.get(h.qualified)
+            self._spans[h.qualified] = (before[0], span[1]) if before else span
+            self.num_rows += len(at)
         self.survey = BatchSurvey(shapes)
 
-    def table_rows(self, table: SourceTable) -> np.ndarray:
-        import numpy as np
+    def _read(self, i: int) -> tuple[Any, Any]:
+        """File ``i`` of the batch: its header and rows (None when it holds none); NotPlain if damaged."""
+        import pyarrow as pa
 
-        return np.flatnonzero(self._tables == table.qualified)
+        from loader.landing import arrowfile
+
+        name = self.batch[i].name
+        got = arrowfile.salvage(self.store.open_bytes(name))
+        if got.header is None or got.damage is not None:
+            raise NotPlain(f"{name}: damaged ({got.damage})")
+        rows = pa.Table.from_batches(got.batches, schema=got.batches[0].schema) if got.batches else None
+        return got.header, rows
+
+    def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
+        """The positions of the table's first and last change in the batch."""
+        return self._spans[table.qualified]
 
     def resyncs(self, table: SourceTable) -> int:
         """The table's resync markers in the batch."""
         return sum(1 for _, h, _ in self.files if h.qualified == table.qualified and h.resync is not None)
 
-    def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
-        """The table's history rows in ``target``'s columns and types, as the Spark path writes them."""
+    def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterable[pa.Table]:
+        """The table's history rows in ``target``'s columns and types, as the Spark path writes
+        them: one part per landing file, in position order. When every file of the table is in
+        memory they are typed now (a NotPlain before anything is written); otherwise lazily, each
+        file read again, so a NotPlain can come while the table is being appended."""
+        mine = [(i, h, rows) for i, h, rows in self.files if h.qualified == table.qualified]
+        if all(rows is not None or not h.rows for _, h, rows in mine):
+            return [self._history_rows(table, [part], columns, target) for part in mine]
+        return self._history_stream(table, mine, columns, target)
+
+    def _history_stream(
+        self, table: SourceTable, mine: list[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
+    ) -> Iterator[pa.Table]:
+        for i, h, rows in mine:
+            if rows is None and h.rows:
+                again, rows = self._read(i)
+                if again.to_doc() != h.to_doc() or rows is None or rows.num_rows != h.rows:
+                    raise LandingUnavailableError(
+                        f"landing file {self.batch[i].name} changed while it was loaded",
+                        hint="nothing was committed for its table; re-run 'loader load'",
+                    )
+            yield self._history_rows(table, [(i, h, rows)], columns, target)
+
+    def _history_rows(
+        self, table: SourceTable, parts: list[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
+    ) -> pa.Table:
+        """History rows of ``parts`` (files of ``table``: index, header, rows)."""
         import pyarrow as pa
 
-        parts = [(i, h, rows) for i, h, rows in self.files if h.qualified == table.qualified]
         values: dict[str, list[Any]] = {c.lake: [] for c in columns}
         ops: list[Any] = []
         notes: list[Any] = []

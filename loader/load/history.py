@@ -400,13 +400,19 @@ class HistoryLoad:
             self._before_append(table, ident, first, last)
             file_io = catalog.load_table((self.names.history_ns, table.iceberg_name)).io
             summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
-            append_rows(self.spark, file_io, ident, rows, summary)
-            part.rows_per_table[table.qualified] = rows.num_rows
+            part.rows_per_table[table.qualified] = append_rows(self.spark, file_io, ident, rows, summary)
             checkpoint("load-after-table")
             return part
 
-        for part in each_table(prepared, append_one, self.settings.spark.table_threads, "load"):
-            result.absorb(part)
+        try:
+            for part in each_table(prepared, append_one, self.settings.spark.table_threads, "load"):
+                result.absorb(part)
+        except NotPlain as exc:
+            # Found while a snapshot too big to hold was typed file by file: nothing of that table
+            # was committed; tables appended before it are skipped by the Spark path's anti-join.
+            self._spark_reason = f"{exc} (found while appending)"
+            log.warning("load: %s; the batch goes through Spark", self._spark_reason)
+            return None
         log.debug(
             "load on the driver: %d changes read %.2fs, tables prepared %.2fs, appended %.2fs",
             plain.num_rows,
@@ -434,15 +440,13 @@ class HistoryLoad:
         hist_columns, _ = self._ensure_history_table(table, columns, pk, None, result)  # type: ignore[arg-type]
         if self._dropped_columns(ident, table, plain.survey, hist_columns):
             raise NotPlain(f"{table.qualified}: columns dropped at the source")
-        rows_at = plain.table_rows(table)
-        first = ChangePosition(int(plain.lsn[rows_at[0]]), int(plain.seq[rows_at[0]]))
-        last = ChangePosition(int(plain.lsn[rows_at[-1]]), int(plain.seq[rows_at[-1]]))
+        first, last = plain.span(table)
         if not self._all_new(ident, first):
             raise NotPlain(f"{table.qualified}: history may hold some of these changes")
         from loader.lake.files import iceberg_arrow_schema
 
         target = iceberg_arrow_schema(self.spark, iceberg_table(self.spark, ident))
-        return table, ident, plain.history_rows(table, hist_columns, target), first, last
+        return table, ident, plain.history_parts(table, hist_columns, target), first, last
 
     def _loaded_through(self, batch: list[LandingFile]) -> str:
         """The watermark never moves back: a late file below it leaves it where it was."""

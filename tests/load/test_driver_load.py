@@ -336,3 +336,26 @@ def test_a_plain_snapshot_is_loaded_by_the_driver(
         HistoryLoad(spark, s).run()
     assert used, "the plain snapshot went to Spark"
     assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+
+
+def test_a_snapshot_bigger_than_the_memory_bound_is_streamed(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snapshot chunks beyond load.driver_max_bytes still go the driver's way, file by file (the
+    files not kept are read again), cut into several data files and row groups by their bytes:
+    the same history as the Spark path's, in more than one file per table."""
+    tiny = LoadSettings(driver_max_bytes=3000)
+    monkeypatch.setattr(driver, "APPEND_FILE_ARROW_BYTES", 4000)
+    monkeypatch.setattr(driver, "APPEND_ROW_GROUP_BYTES", 1500)
+    columns = [t for t, (plain, _) in VALUES.items() if plain]
+    streamed = lake_settings(base_settings, tmp_path).model_copy(update={"load": tiny})
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    engines: list[list[str]] = []
+    for s in (streamed, spark_only):
+        _write_snapshot(s, 5, columns, 0.0, 9)
+        engines.append(HistoryLoad(spark, s).run().engines)
+    assert used, f"the snapshot went to Spark: {engines[0]}"
+    assert _snapshot(spark, streamed) == _snapshot(spark, spark_only)
+    ident = TableNames(streamed).history(ACCT)
+    files = spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0]
+    assert files > 1, "one file: nothing was cut by its bytes"
