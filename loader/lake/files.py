@@ -27,3 +27,68 @@ def iceberg_arrow_schema(spark: SparkSession, table: Any) -> Any:
 
     text = jvm_class(spark, "org.apache.iceberg.SchemaParser").toJson(table.schema())
     return schema_to_pyarrow(Schema.model_validate_json(text), include_field_ids=True)
+
+
+class RollingParquet:
+    """Parquet files written from Arrow parts in bounded memory, one open file per partition key.
+
+    Parts of a key go into that key's open file (its bytes in memory); a row group is written
+    once ``group_bytes`` of Arrow rows are buffered, and the file is finished (``finish(key,
+    data)``, which uploads and registers it) once ``file_bytes`` of Arrow rows went in. Memory:
+    one file's Parquet bytes and one row group's rows per open key."""
+
+    def __init__(self, schema: Any, finish: Any, file_bytes: int, group_bytes: int) -> None:
+        self.schema = schema
+        self.finish = finish
+        self.file_bytes = file_bytes
+        self.group_bytes = group_bytes
+        self.files = 0
+        self._open: dict[Any, _OpenFile] = {}
+
+    def add(self, key: Any, rows: Any) -> None:
+        f = self._open.get(key)
+        if f is None:
+            f = self._open[key] = _OpenFile(self.schema)
+        f.add(rows, self.group_bytes)
+        if f.arrow_bytes >= self.file_bytes:
+            self._finish(key)
+
+    def close(self) -> None:
+        """Finish every open file, in key order."""
+        for key in sorted(self._open):
+            self._finish(key)
+
+    def _finish(self, key: Any) -> None:
+        data = self._open.pop(key).close()
+        self.files += 1
+        self.finish(key, data)
+
+
+class _OpenFile:
+    def __init__(self, schema: Any) -> None:
+        import pyarrow.parquet as pq
+
+        self.sink = io.BytesIO()
+        self.writer = pq.ParquetWriter(self.sink, schema, compression="zstd", write_statistics=True)
+        self.buffered: list[Any] = []
+        self.buffered_bytes = 0
+        self.arrow_bytes = 0
+
+    def add(self, rows: Any, group_bytes: int) -> None:
+        self.buffered.append(rows)
+        self.buffered_bytes += rows.nbytes
+        self.arrow_bytes += rows.nbytes
+        if self.buffered_bytes >= group_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if self.buffered:
+            self.writer.write_table(pa.concat_tables(self.buffered), row_group_size=1 << 30)
+            self.buffered, self.buffered_bytes = [], 0
+
+    def close(self) -> bytes:
+        self.flush()
+        self.writer.close()
+        return self.sink.getvalue()

@@ -599,8 +599,8 @@ def append_rows(
     removed unless the commit's outcome is unknown (orphan cleanup takes those)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
+    from loader.lake.files import RollingParquet
     from loader.lake.iceberg import iceberg_table
     from loader.spark import jvm_class
 
@@ -619,45 +619,17 @@ def append_rows(
     append = table.newAppend()
     total = 0
 
-    class _Open:
-        """A day's Parquet file being written: its bytes, writer, buffered rows."""
-
-        def __init__(self, day: Any, schema: Any) -> None:
-            self.day = day
-            self.sink = io.BytesIO()
-            self.writer = pq.ParquetWriter(self.sink, schema, compression="zstd", write_statistics=True)
-            self.buffered: list[Any] = []
-            self.buffered_bytes = 0
-            self.arrow_bytes = 0
-
-        def add(self, rows: Any) -> None:
-            self.buffered.append(rows)
-            self.buffered_bytes += rows.nbytes
-            self.arrow_bytes += rows.nbytes
-            if self.buffered_bytes >= APPEND_ROW_GROUP_BYTES:
-                self.flush()
-
-        def flush(self) -> None:
-            if self.buffered:
-                self.writer.write_table(pa.concat_tables(self.buffered), row_group_size=1 << 30)
-                self.buffered, self.buffered_bytes = [], 0
-
-    def finish(f: _Open) -> None:
+    def finish(day: Any, data: bytes) -> None:
         nonlocal append
-        f.flush()
-        f.writer.close()
-        data = f.sink.getvalue()
-        size = len(data)
-        partition = data_files.data(spec, f"{part_name}={f.day.isoformat()}")
+        partition = data_files.data(spec, f"{part_name}={day.isoformat()}")
         path = str(locations.newDataLocation(spec, partition, f"{stem}-{len(written):05d}.parquet"))
         written.append(path)
         _write_file(file_io, path, data)
-        del data, f.sink
         built = (
             data_files.builder(spec)
             .withPath(path)
             .withFormat("parquet")
-            .withFileSizeInBytes(size)
+            .withFileSizeInBytes(len(data))
             .withPartition(partition)
             .withSortOrder(table.sortOrder())
             .withMetrics(parquet_util.fileMetrics(fio.newInputFile(path), metrics))
@@ -666,21 +638,17 @@ def append_rows(
         append = append.appendFile(built)
 
     try:
-        open_files: dict[Any, _Open] = {}
+        files: RollingParquet | None = None
         for rows in [parts] if isinstance(parts, pa.Table) else parts:
+            if files is None:
+                files = RollingParquet(rows.schema, finish, APPEND_FILE_ARROW_BYTES, APPEND_ROW_GROUP_BYTES)
             total += rows.num_rows
             days = rows["pg_txn_timestamp"].cast(pa.date32())
             unique = pc.unique(days).to_pylist()
             for day in unique:
-                part = rows if len(unique) == 1 else rows.filter(pc.equal(days, pa.scalar(day, pa.date32())))
-                current = open_files.get(day)
-                if current is None:
-                    current = open_files[day] = _Open(day, rows.schema)
-                current.add(part)
-                if current.arrow_bytes >= APPEND_FILE_ARROW_BYTES:
-                    finish(open_files.pop(day))
-        for day in sorted(open_files):
-            finish(open_files.pop(day))
+                files.add(day, rows if len(unique) == 1 else rows.filter(pc.equal(days, pa.scalar(day, pa.date32()))))
+        if files is not None:
+            files.close()
         for k, v in summary.items():
             append = append.set(k, v)
         try:

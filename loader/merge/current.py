@@ -100,6 +100,7 @@ class TableMerge:
     # "bulk+merge" / "bulk+driver" (then the changes after it), "driver", "merge", "rebuild";
     # "" when no data commit was needed (nothing new, or only the watermark recorded).
     method: str = ""
+    bulk_engine: str = ""  # "driver" (loader.merge.bulk) or "spark" when a bulk build ran
 
     def describe(self) -> str:
         if self.skipped_reason:
@@ -312,6 +313,10 @@ class CurrentMerge:
             and self._driver_merge(table, cur, pk, source_types, since, cut, hist_snapshot, start_snapshot, out)
         ):
             return out
+        if not rebuild and not key_changed and hist_snapshot is not None and self.settings.merge.driver_max_rows > 0:
+            built = self._driver_bulk(table, cur, pk, source_types, since, cut, hist_snapshot, start_snapshot, out)
+            if built is not None:
+                return built
         if hist_snapshot is None:
             inc = self.spark.table(hist)
         else:
@@ -581,8 +586,85 @@ class CurrentMerge:
             self._record_progress(cur, props)
         log.info("%s: %d rows of the resync at %s written in bulk, %d changes after it", cur, rows, at, tail)
         out.method = "bulk"
+        out.bulk_engine = "spark"
         self._after_commit(cur, plan, through.token(), None, "rebuild", out)
         return _Bulk(end, int(tail), int(tail_toast))
+
+    def _driver_bulk(
+        self,
+        table: SourceTable,
+        cur: str,
+        pk: list[str],
+        source_types: dict[str, str],
+        since: ChangePosition | None,
+        cut: ChangePosition,
+        hist_snapshot: int,
+        start_snapshot: int | None,
+        out: TableMerge,
+    ) -> TableMerge | None:
+        """A resync's rows built on the driver (loader.merge.bulk), then what follows them; None
+        (nothing committed) when the increment is not a plain snapshot."""
+        from loader.lake.catalog import open_catalog
+        from loader.merge.bulk import NotPlainBulk, plan_bulk, write_bulk
+
+        lake_pk = [lake_column(k) for k in pk]
+        columns = [lake_column(c) for c in source_types]
+        try:
+            hist = open_catalog(self.settings).load_table((self.names.history_ns, table.iceberg_name))
+            bulk = plan_bulk(hist, hist_snapshot, since, cut, [spark_type(source_types[k]).sql for k in pk])
+            if since is not None and bulk.plan.cut <= since:
+                raise NotPlainBulk("nothing after the watermark")
+            rows, end, through = write_bulk(
+                self.spark,
+                hist,
+                hist_snapshot,
+                cur,
+                bulk,
+                columns,
+                lake_pk[0],
+                {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
+                SUMMARY_MERGED_THROUGH,
+                start_snapshot,
+                before_commit=lambda: checkpoint("merge-before-bulk"),
+            )
+        except NotPlainBulk as exc:
+            log.debug("%s: not built on the driver (%s)", table.qualified, exc)
+            return None
+        except OSError as exc:
+            # The warehouse did not answer pyiceberg's reads: Spark's path reads through S3A,
+            # which retries, and reports what persists.
+            log.warning("%s: the bulk build could not read the warehouse (%s); using Spark", table.qualified, exc)
+            return None
+        checkpoint("merge-after-bulk")
+        log.info(
+            "%s: %d rows of the resync at %s written in bulk (driver), %d changes after it",
+            cur,
+            rows,
+            bulk.at,
+            bulk.tail_rows,
+        )
+        out.method = "bulk"
+        out.bulk_engine = "driver"
+        out.increment_rows = bulk.increment_rows
+        out.note = "; ".join(n for n in (out.note, bulk.plan.note) if n)
+        self._after_commit(cur, bulk.plan, through.token(), None, "rebuild", out)
+        out.merged_through = through.token()
+        if bulk.tail_rows == 0:
+            return out
+        # The changes after the snapshot, merged as any increment after `end` (what a re-run
+        # after a crash right here merges too).
+        if self._driver_merge(
+            table, cur, pk, source_types, end, bulk.plan.cut, hist_snapshot, current_snapshot_id(self.spark, cur), out
+        ):
+            out.increment_rows = bulk.increment_rows
+            out.method = "bulk+driver"
+            return out
+        rest = self._merge_table(table, self._loaded_token, bulk.plan.cut, False)
+        rest.increment_rows = bulk.increment_rows
+        rest.method = f"bulk+{rest.method}" if rest.method else "bulk"
+        rest.bulk_engine = "driver"
+        rest.note = "; ".join(n for n in (out.note, rest.note) if n)
+        return rest
 
     def _driver_merge(
         self,

@@ -18,6 +18,10 @@ def _methods(merge: object) -> dict[str, str]:
     return {t.table: t.method for t in merge.tables}  # type: ignore[attr-defined]
 
 
+def _engines(merge: object) -> dict[str, str]:
+    return {t.table: t.bulk_engine for t in merge.tables if t.bulk_engine}  # type: ignore[attr-defined]
+
+
 def _merged_through(env: Env, table: str) -> ChangePosition:
     from loader.lake.iceberg import watermark
 
@@ -37,6 +41,7 @@ def test_resync_replaces_rows_the_snapshot_no_longer_has(env: Env) -> None:
     _, _, merge = env.run_all()
     # The first current states: created and written once, then the changes after the snapshot.
     assert _methods(merge) == {"public.t": "bulk", "public.u": "bulk+driver"}, merge.summary()
+    assert _engines(merge) == {"public.t": "driver", "public.u": "driver"}
     env.assert_reconciled()
     # Rows vanish where no slot sees it: only the resync can tell the current table.
     with slots.connect(env.settings.source.dsn) as conn:
@@ -67,6 +72,7 @@ def test_resync_replaces_rows_the_snapshot_no_longer_has(env: Env) -> None:
     env.sql("DELETE FROM public.t WHERE id = 220")
     _, _, merge = env.run_all()
     assert _methods(merge)["public.t"] == "bulk+merge", merge.summary()
+    assert _engines(merge)["public.t"] == "spark"  # merge.driver_max_rows = 0: no driver bulk either
     env.assert_reconciled()
     assert env.current("public.t").count() == 3 + 19
     # A later plain increment is merged as usual.

@@ -270,3 +270,13 @@ def test_the_driver_files_a_key_under_the_bucket_spark_computes(
     for i, v in enumerate(values):
         by_driver = [BucketTransform(n).transform(iceberg_type)(v) for n in widths]
         assert by_driver == by_spark[i], f"{spark_type} {v!r}: driver {by_driver}, Spark {by_spark[i]}"
+    if spark_type != "STRING":
+        # The bulk build's whole-column murmur3 (loader.merge.bulk.bucket_ints) on the same values.
+        import numpy as np
+
+        from loader.merge.bulk import bucket_ints
+
+        dtype = np.int32 if spark_type == "INT" else np.int64
+        for j, n in enumerate(widths):
+            got = bucket_ints(np.array(values, dtype=dtype), n).tolist()
+            assert got == [by_spark[i][j] for i in range(len(values))], f"{spark_type} bucket({n}) of a column"
