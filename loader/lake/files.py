@@ -4,6 +4,7 @@ the Arrow schema carrying a table's Iceberg field ids."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from loader.spark import jvm_class
@@ -92,3 +93,48 @@ class _OpenFile:
         self.flush()
         self.writer.close()
         return self.sink.getvalue()
+
+
+def prefetched(parts: Iterator[Any], depth: int) -> Iterator[Any]:
+    """``parts`` produced on a thread of its own, at most ``depth`` ahead of the consumer (Arrow
+    releases the GIL, so producing and consuming overlap on two cores); its exception is raised
+    here, and a consumer that stops early stops the producer at its next part."""
+    import queue
+    import threading
+
+    done = object()
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for part in parts:
+                while not stop.is_set():
+                    try:
+                        q.put((None, part), timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((None, done))
+        except BaseException as exc:  # handed to the consumer
+            q.put((exc, None))
+
+    worker = threading.Thread(target=produce, name="prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            exc, part = q.get()
+            if exc is not None:
+                raise exc
+            if part is done:
+                return
+            yield part
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                worker.join(0.1)

@@ -791,7 +791,10 @@ class SnapshotBatch:
         mine = [(i, h, rows) for i, h, rows in self.files if h.qualified == table.qualified]
         if all(rows is not None or not h.rows for _, h, rows in mine):
             return [self._history_rows(table, [part], columns, target) for part in mine]
-        return self._history_stream(table, mine, columns, target)
+        # Read and typed on a thread of their own while the caller encodes the parts before them.
+        from loader.lake.files import prefetched
+
+        return prefetched(self._history_stream(table, mine, columns, target), depth=2)
 
     def _history_stream(
         self, table: SourceTable, mine: list[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema

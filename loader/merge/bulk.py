@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loader.lake.files import RollingParquet, iceberg_arrow_schema
+from loader.lake.files import RollingParquet, iceberg_arrow_schema, prefetched
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
@@ -251,7 +252,9 @@ def write_bulk(
     files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
     rows = 0
     last_seq = at.seq
-    try:
+
+    def bucketed() -> Iterator[tuple[Any, Any, int]]:
+        """(rows sorted by bucket, their buckets, last seq) of each batch of the snapshot."""
         for batch in scan.to_arrow_batch_reader():
             batch = _in_range(batch, at, cut)
             if not batch.num_rows:
@@ -260,8 +263,6 @@ def write_bulk(
             sent = pc.fill_null(pc.equal(pc.list_value_length(batch.column("pg_absent_columns")), 0), False)
             if not pc.all(pc.and_(reads, sent)).as_py():
                 raise NotPlainBulk(f"the resync at {at} holds more than plain reads")
-            rows += batch.num_rows
-            last_seq = max(last_seq, int(pc.max(batch.column("pg_seq")).as_py()))
             keys = batch.column(key)
             if keys.null_count:
                 raise NotPlainBulk("a key without a value")
@@ -273,7 +274,13 @@ def write_bulk(
             out = pa.Table.from_arrays([out.column(f.name).cast(f.type) for f in target], schema=target)
             # A stable sort by bucket keeps each bucket's rows in the snapshot's (key) order.
             order = pc.sort_indices(pa.array(buckets))
-            sorted_out, sorted_buckets = out.take(order), buckets[order.to_numpy()]
+            yield out.take(order), buckets[order.to_numpy()], int(pc.max(batch.column("pg_seq")).as_py())
+
+    try:
+        # Read and bucketed on a thread of their own while the parts before them are encoded.
+        for sorted_out, sorted_buckets, batch_last in prefetched(bucketed(), depth=2):
+            rows += sorted_out.num_rows
+            last_seq = max(last_seq, batch_last)
             bounds = [0, *(np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()]
             for start, stop in zip(bounds, [*bounds[1:], len(sorted_buckets)]):
                 files.add(int(sorted_buckets[start]), sorted_out.slice(start, stop - start))
