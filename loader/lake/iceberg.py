@@ -36,6 +36,14 @@ LEDGER_DDL = (
 
 def ensure_loader_tables(spark: SparkSession, names: TableNames) -> None:
     """The namespaces and the loader's own tables (ledger, rejects)."""
+    try:
+        present = all(spark.catalog.databaseExists(ns) for ns in names.namespaces()) and all(
+            table_exists(spark, t) for t in (names.ledger, names.rejects)
+        )
+    except Exception:  # an older catalog API: the DDL below decides
+        present = False
+    if present:
+        return  # catalog lookups instead of five DDL statements through Spark's analyzer
     for ns in names.namespaces():
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {names.ledger} ({LEDGER_DDL}) USING iceberg")
