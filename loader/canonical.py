@@ -229,6 +229,30 @@ def hashes(texts: pa.Array, bits: int | None = None) -> tuple[np.ndarray, np.nda
     return np.frombuffer(bytes(digests), dtype=">i8").astype(np.int64), buckets
 
 
+def row_hashes_and_buckets(rows: pa.Array, keys: pa.Array, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`hashes` of the row texts and the buckets of the key texts, in one pass."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    n = len(rows)
+    r_off = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * rows.offset).tolist()
+    k_off = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * keys.offset).tolist()
+    r_data = bytes(rows.buffers()[2] or b"")
+    k_data = bytes(keys.buffers()[2] or b"")
+    digests = bytearray(8 * n)
+    heads = bytearray(2 * n)
+    md5 = hashlib.md5
+    for i in range(n):
+        digests[8 * i : 8 * i + 8] = md5(r_data[r_off[i] : r_off[i + 1]]).digest()[:8]
+        heads[2 * i : 2 * i + 2] = md5(k_data[k_off[i] : k_off[i + 1]]).digest()[:2]
+    buckets = (np.frombuffer(bytes(heads), dtype=">u2").astype(np.int64)) >> (MAX_BUCKET_BITS - bits)
+    return np.frombuffer(bytes(digests), dtype=">i8").astype(np.int64), buckets
+
+
 def key_buckets(texts: pa.Array, bits: int) -> np.ndarray:
     """The bucket of each key's canonical text."""
     _, buckets = hashes(texts, bits)

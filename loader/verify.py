@@ -235,10 +235,11 @@ def reconcile_table(
     table: SourceTable,
     show_values: bool = False,
     cut: int | None = None,
+    skip: set[str] | None = None,
 ) -> Reconciliation:
     """One table against its source; differences are recorded as findings for :func:`reconcile`
     to judge. ``cut``: the consistent point the source is read at (keyless tables are rebuilt from
-    history as of it)."""
+    history as of it). ``skip``: canonical key texts in flight, left out on both sides."""
     c = settings.catalog
     res = Reconciliation(table.qualified)
     hist = catalog.load_table((c.history_namespace, table.iceberg_name))
@@ -264,7 +265,7 @@ def reconcile_table(
     live = _existing_source_columns(conn, table)
     # Columns dropped at the source stay in the lakehouse (NULL from then on); compare the live ones.
     compared = {k: v for k, v in pg_types.items() if k in live}
-    _compare_by_checksums(res, conn, cur_table, table, compared, pk, show_values)
+    _compare_by_checksums(res, conn, cur_table, table, compared, pk, show_values, skip or set())
     return res
 
 
@@ -276,22 +277,39 @@ def _compare_by_checksums(
     columns: dict[str, str],
     pk: list[str],
     show_values: bool,
+    skip: set[str],
 ) -> None:
     """Checksums per bucket of keys on both sides (see loader.canonical); rows are read, and compared
-    column by column, only in the buckets whose checksums differ, a group of buckets at a time."""
+    column by column, only in the buckets whose checksums differ, a group of buckets at a time.
+    Keys in ``skip`` (canonical key texts in flight) are left out on both sides and counted in
+    flight. The source's checksums are computed by PostgreSQL while the lake's are here."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     keys = {k: columns[k] for k in pk}
     bits = canonical.bucket_bits(max(row_count(lake_table), _source_estimate(conn, table)))
-    source_counts, source_sums = _source_checksums(conn, table, columns, keys, bits)
+    skipped = pa.array(sorted(skip), pa.string())
     lake_counts = np.zeros(1 << bits, np.int64)
     lake_sums = np.zeros(1 << bits, np.int64)
-    for batch in _lake_batches(lake_table, columns):
-        row_hashes, _ = canonical.hashes(_row_text(batch, columns))
-        buckets = canonical.key_buckets(_row_text(batch, keys), bits)
-        np.add.at(lake_counts, buckets, 1)
-        np.add.at(lake_sums, buckets, row_hashes)
-    res.source_rows, res.lake_rows = int(source_counts.sum()), int(lake_counts.sum())
+    lake_skipped = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="verify-source") as pool:
+        source = pool.submit(_source_checksums, conn, table, columns, keys, bits, skip)
+        for batch in _lake_batches(lake_table, columns):
+            key_text = _row_text(batch, keys)
+            if len(skipped):
+                keep = pc.invert(pc.is_in(key_text, value_set=skipped))
+                batch, key_text = batch.filter(keep), key_text.filter(keep)
+                lake_skipped += len(keep) - batch.num_rows
+            row_hashes, buckets = canonical.row_hashes_and_buckets(_row_text(batch, columns), key_text, bits)
+            np.add.at(lake_counts, buckets, 1)
+            np.add.at(lake_sums, buckets, row_hashes)
+        source_counts, source_sums, source_skipped = source.result()
+    res.in_flight += len(skip)
+    res.source_rows = int(source_counts.sum()) + source_skipped
+    res.lake_rows = int(lake_counts.sum()) + lake_skipped
     differing = np.flatnonzero((source_counts != lake_counts) | (source_sums != lake_sums))
     res.buckets, res.buckets_differing = 1 << bits, len(differing)
     # Drill down a group of buckets at a time: memory holds at most ~DRILL_ROWS rows per side.
@@ -301,10 +319,10 @@ def _compare_by_checksums(
         group.append(b)
         held += int(max(source_counts[b], lake_counts[b]))
         if held >= DRILL_ROWS:
-            _drill(res, conn, lake_table, table, columns, pk, bits, group, show_values)
+            _drill(res, conn, lake_table, table, columns, pk, bits, group, show_values, skipped)
             group, held = [], 0
     if group:
-        _drill(res, conn, lake_table, table, columns, pk, bits, group, show_values)
+        _drill(res, conn, lake_table, table, columns, pk, bits, group, show_values, skipped)
 
 
 # Rows read per side when drilling into differing buckets (buckets hold ~4096 rows each).
@@ -319,26 +337,47 @@ def _source_estimate(conn: Any, table: SourceTable) -> int:
     return int(row[0]) if row else 0
 
 
+def _skip_sql(keys: dict[str, str], skip: set[str] | Any) -> tuple[Any, list[Any]]:
+    """`` WHERE``/`` AND`` tail leaving out the keys whose canonical text is in ``skip`` (a hashed
+    ``= ANY`` of one text array), and its parameters."""
+    from psycopg import sql
+
+    if not len(skip):
+        return sql.SQL(""), []
+    texts = skip.to_pylist() if hasattr(skip, "to_pylist") else sorted(skip)
+    return sql.SQL("NOT ({} = ANY(%s::text[]))").format(canonical.source_row_text(keys)), [texts]
+
+
 def _source_checksums(
-    conn: Any, table: SourceTable, columns: dict[str, str], keys: dict[str, str], bits: int
-) -> tuple[Any, Any]:
+    conn: Any, table: SourceTable, columns: dict[str, str], keys: dict[str, str], bits: int, skip: set[str]
+) -> tuple[Any, Any, int]:
+    """Per bucket: rows and checksum sum of the rows whose key is not in ``skip``; and how many
+    rows were left out."""
     import numpy as np
     from psycopg import sql
 
+    where, params = _skip_sql(keys, skip)
+    kept = where if params else sql.SQL("true")
+    # Rows of skipped keys are counted apart (the table's row count) and never hashed.
     query = sql.SQL(
-        "SELECT _b, count(*), sum(_h) FROM (SELECT {} AS _b, {} AS _h FROM {}.{}) AS _s GROUP BY _b"
+        "SELECT _b, count(*) FILTER (WHERE _k), sum(_h), count(*) FILTER (WHERE NOT _k)"
+        " FROM (SELECT {} AS _b, _k, CASE WHEN _k THEN {} END AS _h"
+        " FROM (SELECT *, {} AS _k FROM {}.{}) AS _t) AS _s GROUP BY _b"
     ).format(
         canonical.source_bucket_sql(canonical.source_row_text(keys), bits),
         canonical.source_hash_sql(canonical.source_row_text(columns)),
+        kept,
         sql.Identifier(table.schema),
         sql.Identifier(table.table),
     )
     counts = np.zeros(1 << bits, np.int64)
     sums = np.zeros(1 << bits, np.int64)
-    for bucket, count, total in conn.execute(query):
+    skipped = 0
+    for bucket, count, total, left_out in conn.execute(query, params):
         counts[bucket] = count
-        sums[bucket] = canonical.as_signed64(total)
-    return counts, sums
+        sums[bucket] = canonical.as_signed64(total or 0)
+        skipped += left_out
+    return counts, sums, skipped
 
 
 def _lake_batches(lake_table: Any, columns: dict[str, str], positions: bool = False) -> Any:
@@ -361,19 +400,24 @@ def _drill(
     bits: int,
     buckets: list[int],
     show_values: bool,
+    skipped: Any,
 ) -> None:
-    """Compare, row by row and column by column, the rows of ``buckets`` on both sides."""
+    """Compare, row by row and column by column, the rows of ``buckets`` on both sides, but those
+    of the keys in ``skipped`` (canonical key texts in flight)."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     from psycopg import sql
 
     keys = {k: columns[k] for k in pk}
     names = list(columns)
-    query = sql.SQL("SELECT {} FROM {}.{} WHERE {} = ANY(%s)").format(
+    where, params = _skip_sql(keys, skipped)
+    query = sql.SQL("SELECT {} FROM {}.{} WHERE {} = ANY(%s){}").format(
         sql.SQL(", ").join(canonical.source_piece(c, t) for c, t in columns.items()),
         sql.Identifier(table.schema),
         sql.Identifier(table.table),
         canonical.source_bucket_sql(canonical.source_row_text(keys), bits),
+        sql.SQL(" AND ") + where if params else sql.SQL(""),
     )
     key_at = [names.index(k) for k in pk]
 
@@ -381,16 +425,19 @@ def _drill(
         return tuple(row[i] for i in key_at)
 
     source: dict[tuple[str, ...], tuple[str, ...]] = {}
-    for row in conn.execute(query, (buckets,)):
+    for row in conn.execute(query, (buckets, *params)):
         source[key_of(row)] = tuple(row)
     # The lake's rows: their values' pieces, and the position (pg_lsn, pg_seq) the loader wrote them at.
     lake: dict[tuple[str, ...], tuple[tuple[str, ...], ChangePosition | None]] = {}
     wanted = np.array(buckets, np.int64)
     for batch in _lake_batches(lake_table, columns, positions=True):
-        mask = np.isin(canonical.key_buckets(_row_text(batch, keys), bits), wanted)
-        if not mask.any():
+        key_text = _row_text(batch, keys)
+        mask = pa.array(np.isin(canonical.key_buckets(key_text, bits), wanted))
+        if len(skipped):
+            mask = pc.and_(mask, pc.invert(pc.is_in(key_text, value_set=skipped)))
+        if not pc.any(mask).as_py():
             continue
-        picked = batch.filter(pa.array(mask))
+        picked = batch.filter(mask)
         pieces = [
             canonical.lake_pieces(picked.column(lake_column(c)), spark_type(t)).to_pylist() for c, t in columns.items()
         ]
@@ -444,7 +491,7 @@ def _reconcile_keyless(
             "only (ALTER TABLE ... REPLICA IDENTITY FULL, or add a primary key, then 'loader resync')"
         )
     bits = canonical.bucket_bits(max(row_count(hist), _source_estimate(conn, table)))
-    source_counts, source_sums = _source_checksums(conn, table, columns, columns, bits)
+    source_counts, source_sums, _ = _source_checksums(conn, table, columns, columns, bits, set())
     lake_counts = np.zeros(1 << bits, np.int64)
     lake_sums = np.zeros(1 << bits, np.int64)
     try:
@@ -616,8 +663,21 @@ def reconcile(
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported.snapshot_name)))
                 cut = exported.consistent_lsn
                 exported.close()  # the transaction holds the snapshot now; drops the temporary slot
+            # Keys changed around the cut are left out of both sides' checksums: on a busy source
+            # they would make nearly every bucket differ and every row be read.
+            skip = _keys_in_flight(settings, catalog, selected, cut, land) if cut is not None else {}
             for table in selected:
-                out.append(reconcile_table(settings, conn, catalog, table, show_values=show_values, cut=cut))
+                out.append(
+                    reconcile_table(
+                        settings,
+                        conn,
+                        catalog,
+                        table,
+                        show_values=show_values,
+                        cut=cut,
+                        skip=skip.get(table.qualified),
+                    )
+                )
         finally:
             conn.execute("ROLLBACK")
             if exported is not None:
@@ -696,6 +756,64 @@ def _mark_erased(settings: LoaderSettings, catalog: Any, results: list[Reconcili
         ]
 
 
+def _land_to_cut(settings: LoaderSettings, cut: int, land: Callable[[int], None] | None) -> str | None:
+    """Land what committed before the cut, exactly as 'loader capture' would (``land`` instead in
+    follow mode); None when done, else why the keys around the cut cannot be judged."""
+    src = settings.source
+    with slots.connect(src.conninfo()) as conn:
+        info = slots.slot_info(conn, src.slot)
+    if info is not None and info.confirmed_flush_lsn is not None and info.confirmed_flush_lsn >= cut:
+        return None
+    from loader.capture.capture import Capture
+    from loader.errors import LoaderError
+
+    try:
+        if land is not None:
+            land(cut)
+        else:
+            Capture(settings).run(create_slot=False, upto_lsn=cut)
+    except LoaderError as exc:
+        return (
+            f"changes committed before the cut {format_lsn(cut)} are not captured yet "
+            f"({str(exc).splitlines()[0]}); run 'loader capture' and verify again"
+        )
+    return None
+
+
+def _pending_files(settings: LoaderSettings, catalog: Any) -> tuple[Any, list[Any]]:
+    """The landing store and its files not loaded yet."""
+    from loader.landing.store import open_landing
+
+    store = open_landing(settings)
+    ledger = catalog.load_table((settings.catalog.loader_namespace, "landing_files"))
+    loaded = watermark(ledger, SUMMARY_LOADED_THROUGH)
+    loaded_at = ChangePosition.from_token(loaded) if loaded else None
+    return store, [f for f in store.files() if loaded_at is None or f.last > loaded_at]
+
+
+def _moving_keys(
+    settings: LoaderSettings, catalog: Any, table: SourceTable, cut: int, store: Any, pending: list[Any]
+) -> set[tuple[str, ...]] | None:
+    """Keys (canonical pieces) of a keyed table with a change between the lake's position and the
+    cut: in history after min(merged, cut), or in landing files not loaded yet. None when one of
+    them cannot be typed for comparison."""
+    c = settings.catalog
+    hist = catalog.load_table((c.history_namespace, table.iceberg_name))
+    pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
+    if not pk:
+        return set()
+    current = catalog.load_table((c.current_namespace, table.iceberg_name))
+    types: dict[str, str] = json.loads(current.properties.get(PROP_PG_TYPES, "{}"))
+    keys = {k: types[k] for k in pk}
+    merged = watermark(current, SUMMARY_MERGED_THROUGH)
+    low = min(ChangePosition.from_token(merged), ChangePosition(cut - 1, 1 << 62)) if merged else None
+    moving = _keys_in_history(hist, keys, low)
+    for f in pending:
+        found = _keys_in_landing(store, f.name, table, keys)
+        moving = None if moving is None or found is None else moving | found
+    return moving
+
+
 def _settle(
     settings: LoaderSettings,
     catalog: Any,
@@ -704,55 +822,24 @@ def _settle(
     land: Callable[[int], None] | None = None,
 ) -> None:
     """Mark the findings whose keys have a change in flight around the cut (see :func:`reconcile`)."""
-    from loader.landing.store import open_landing
-
-    src = settings.source
-    with slots.connect(src.conninfo()) as conn:
-        info = slots.slot_info(conn, src.slot)
-    if info is None or info.confirmed_flush_lsn is None or info.confirmed_flush_lsn < cut:
-        from loader.capture.capture import Capture
-        from loader.errors import LoaderError
-
-        try:  # land what committed before the cut, exactly as 'loader capture' would
-            if land is not None:
-                land(cut)
-            else:
-                Capture(settings).run(create_slot=False, upto_lsn=cut)
-        except LoaderError as exc:
-            why = (
-                f"changes committed before the cut {format_lsn(cut)} are not captured yet "
-                f"({str(exc).splitlines()[0]}); run 'loader capture' and verify again"
-            )
-            for r in results:
-                r.unsettled = why if r.found else r.unsettled
-            return
-    c = settings.catalog
-    store = open_landing(settings)
-    ledger = catalog.load_table((c.loader_namespace, "landing_files"))
-    loaded = watermark(ledger, SUMMARY_LOADED_THROUGH)
-    loaded_at = ChangePosition.from_token(loaded) if loaded else None
-    pending = [f for f in store.files() if loaded_at is None or f.last > loaded_at]
+    why = _land_to_cut(settings, cut, land)
+    if why is not None:
+        for r in results:
+            r.unsettled = why if r.found else r.unsettled
+        return
+    store, pending = _pending_files(settings, catalog)
     after_cut = ChangePosition(cut, 0)
     for res in results:
         if not res.found:
             continue
         table = SourceTable.parse(res.table)
-        hist = catalog.load_table((c.history_namespace, table.iceberg_name))
-        pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
-        if not pk:
+        hist = catalog.load_table((settings.catalog.history_namespace, table.iceberg_name))
+        if not json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]")):
             # History is read as of the cut; only changes before it that are not loaded yet are lag.
             if any(_table_in_landing(store, f.name, table) for f in pending):
                 res.found = [replace(f, in_flight=True) for f in res.found]
             continue
-        current = catalog.load_table((c.current_namespace, table.iceberg_name))
-        types: dict[str, str] = json.loads(current.properties.get(PROP_PG_TYPES, "{}"))
-        keys = {k: types[k] for k in pk}
-        merged = watermark(current, SUMMARY_MERGED_THROUGH)
-        low = min(ChangePosition.from_token(merged), ChangePosition(cut - 1, 1 << 62)) if merged else None
-        moving = _keys_in_history(hist, keys, low)
-        for f in pending:
-            found = _keys_in_landing(store, f.name, table, keys)
-            moving = None if moving is None or found is None else moving | found
+        moving = _moving_keys(settings, catalog, table, cut, store, pending)
         if moving is None:
             res.unsettled = "keys changed around the cut cannot be typed for comparison"
             continue
@@ -760,6 +847,33 @@ def _settle(
             replace(f, in_flight=f.key in moving or (f.lake_position is not None and f.lake_position >= after_cut))
             for f in res.found
         ]
+
+
+def _keys_in_flight(
+    settings: LoaderSettings,
+    catalog: Any,
+    tables: list[SourceTable],
+    cut: int,
+    land: Callable[[int], None] | None,
+) -> dict[str, set[str]]:
+    """Before any checksum: the canonical key texts of each keyed table's keys in flight around the
+    cut (what :func:`_settle` would judge as lag), so that both sides leave them out and only the
+    rows that should be equal are summed. Empty for a table whose keys cannot be told (its
+    differences are then judged after the comparison, as before)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    if _land_to_cut(settings, cut, land) is not None:
+        return {}
+    store, pending = _pending_files(settings, catalog)
+    out: dict[str, set[str]] = {}
+    for table in tables:
+        try:
+            moving = _moving_keys(settings, catalog, table, cut, store, pending)
+        except (NoSuchTableError, KeyError):  # not merged yet, or keyless
+            continue
+        if moving:
+            out[table.qualified] = {"".join(k) for k in moving}
+    return out
 
 
 def _keys_in_history(hist: Any, keys: dict[str, str], low: ChangePosition | None) -> set[tuple[str, ...]] | None:

@@ -177,3 +177,16 @@ def test_source_checksums_equal_lake_checksums(pg_admin: str) -> None:
     buckets = canonical.key_buckets(canonical.lake_row_text([ids], ["bigint"]), 7)
     assert [g[0] for g in got] == buckets.tolist()
     assert [g[1] for g in got] == hashes.tolist()
+
+
+def test_row_hashes_and_buckets_in_one_pass_equal_the_two_passes() -> None:
+    import pyarrow as pa
+
+    from loader import canonical
+
+    rows = pa.array(["", "1:a;", "N;", "3:\u00e9\u00e9\u00e9;" * 50, "2:xy;"] * 7, pa.string()).slice(3)
+    keys = pa.array(["1:1;", "N;", "", "5:hello;", "1:2;"] * 7, pa.string()).slice(3)
+    for bits in (0, 1, 8, 16):
+        hashes, buckets = canonical.row_hashes_and_buckets(rows, keys, bits)
+        assert hashes.tolist() == canonical.hashes(rows)[0].tolist()
+        assert buckets.tolist() == canonical.key_buckets(keys, bits).tolist()
