@@ -97,6 +97,11 @@ def test_kill_between_the_bulk_commit_and_the_changes_after_it(env: Env) -> None
     env.capture()
     env.load()
     before = _merged_through(env, "public.t")
+    # Killed with the bulk's files written but not committed: nothing changed.
+    rc, out = run_killed(env, "merge", "merge-before-bulk")
+    assert rc == -signal.SIGKILL, f"merge-before-bulk was not reached (exit {rc}):\n{out}"
+    assert _merged_through(env, "public.t") == before
+    assert env.current("public.t").count() == 50
     rc, out = run_killed(env, "merge", "merge-after-bulk")
     assert rc == -signal.SIGKILL, f"merge-after-bulk was not reached (exit {rc}):\n{out}"
     # The bulk commit stands alone: the table equals the source as of the snapshot.
