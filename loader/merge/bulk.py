@@ -186,9 +186,8 @@ def write_bulk(
     import pyarrow.compute as pc
     from pyiceberg.expressions import And, EqualTo, GreaterThan
 
-    from loader.errors import MergeConflictError
     from loader.lake.iceberg import iceberg_table
-    from loader.merge.rowdelta import _first_line
+    from loader.merge.rowdelta import commit_guarded, remove_uncommitted
 
     at, cut = bulk.at, bulk.plan.cut
     table = iceberg_table(spark, current_ident)
@@ -300,28 +299,7 @@ def write_bulk(
             overwrite = overwrite.set(k, v)
         if before_commit is not None:
             before_commit()
-        table.refresh()
-        now = table.currentSnapshot()
-        if start_snapshot is not None and (now is None or int(now.snapshotId()) != start_snapshot):
-            raise MergeConflictError(
-                f"another writer committed to {current_ident} while its bulk build ran",
-                hint="nothing was committed; re-run 'loader merge'",
-            )
-        try:
-            overwrite.commit()
-        except Exception as exc:
-            if "ValidationException" in str(exc) or "CommitFailedException" in str(exc):
-                raise MergeConflictError(
-                    f"another writer committed to {current_ident} while its bulk build ran: {_first_line(exc)}",
-                    hint="nothing was committed; re-run 'loader merge'",
-                ) from exc
-            written.clear()  # the commit may have landed: its files must stay
-            raise
-        written.clear()
+        commit_guarded(table, overwrite, current_ident, start_snapshot, written, "bulk build")
         return rows, end, through
     finally:
-        for path in written:  # not committed: remove what we wrote (orphan cleanup catches a crash)
-            try:
-                fio.deleteFile(path)
-            except Exception:  # pragma: no cover - best effort
-                log.warning("could not remove uncommitted file %s", path)
+        remove_uncommitted(fio, written)

@@ -197,34 +197,47 @@ def commit_rows(
         for k, v in commit_props.items():
             delta = delta.set(k, v)
         checkpoint("merge-before-commit")
-        table.refresh()
-        now = table.currentSnapshot()
-        if start_snapshot is not None and (now is None or int(now.snapshotId()) != start_snapshot):
-            # Any commit since, even one Iceberg's validations let through (a watermark alone).
-            raise MergeConflictError(
-                f"another writer committed to {current_ident} while its merge ran",
-                hint="nothing was committed; re-run 'loader merge'",
-            )
-        try:
-            delta.commit()
-        except Exception as exc:
-            if "ValidationException" in str(exc) or "CommitFailedException" in str(exc):
-                raise MergeConflictError(
-                    f"another writer committed to {current_ident} while its merge ran: {_first_line(exc)}",
-                    hint="nothing was committed; re-run 'loader merge'",
-                ) from exc
-            # The commit may have landed (Iceberg's CommitStateUnknownException, a lost reply):
-            # its files must stay; if it did not, orphan cleanup removes them.
-            written.clear()
-            raise
-        written.clear()  # committed: the table owns them now
+        commit_guarded(table, delta, current_ident, start_snapshot, written, "merge")
         return outcome
     finally:
-        for path in written:  # not committed: remove what we wrote (orphan cleanup catches a crash)
-            try:
-                fio.deleteFile(path)
-            except Exception:  # pragma: no cover - best effort
-                log.warning("could not remove uncommitted file %s", path)
+        remove_uncommitted(fio, written)
+
+
+def commit_guarded(
+    table: Any, update: Any, current_ident: str, start_snapshot: int | None, written: list[str], what: str
+) -> None:
+    """Commit ``update`` (a JVM RowDelta or OverwriteFiles of ``table``) unless anyone committed to
+    the table since ``start_snapshot`` (even a commit Iceberg's validations let through, a watermark
+    alone): MergeConflictError then, and on a validation failure. ``written`` (the files of the
+    update) is cleared once they belong to the table, or may (an unknown commit outcome: the files
+    must stay; if it did not land, orphan cleanup removes them)."""
+    table.refresh()
+    now = table.currentSnapshot()
+    if start_snapshot is not None and (now is None or int(now.snapshotId()) != start_snapshot):
+        raise MergeConflictError(
+            f"another writer committed to {current_ident} while its {what} ran",
+            hint="nothing was committed; re-run 'loader merge'",
+        )
+    try:
+        update.commit()
+    except Exception as exc:
+        if "ValidationException" in str(exc) or "CommitFailedException" in str(exc):
+            raise MergeConflictError(
+                f"another writer committed to {current_ident} while its {what} ran: {_first_line(exc)}",
+                hint="nothing was committed; re-run 'loader merge'",
+            ) from exc
+        written.clear()
+        raise
+    written.clear()  # committed: the table owns them now
+
+
+def remove_uncommitted(fio: Any, written: list[str]) -> None:
+    """Remove files written for a commit that did not happen (orphan cleanup catches a crash)."""
+    for path in written:
+        try:
+            fio.deleteFile(path)
+        except Exception:  # pragma: no cover - best effort
+            log.warning("could not remove uncommitted file %s", path)
 
 
 def _first_line(exc: BaseException) -> str:
