@@ -131,6 +131,24 @@ class MergeResult:
         return str(ChangePosition.from_token(min(done))) if done else None
 
 
+def _portable(data_type: Any) -> tuple[str, str, str] | None:
+    """(encode, decode, encoded type) of a date/time type as integers: Python's datetime holds only
+    years 1-9999, and the lake keeps +/-infinity as the storage types' limits (loader.lake.types)."""
+    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    if isinstance(data_type, TimestampType):
+        return "unix_micros({})", "timestamp_micros({})", "BIGINT"
+    if isinstance(data_type, TimestampNTZType):  # the session time zone is UTC (loader.spark)
+        return (
+            "timestampdiff(MICROSECOND, TIMESTAMP_NTZ'1970-01-01 00:00:00', {})",
+            "CAST(timestamp_micros({}) AS TIMESTAMP_NTZ)",
+            "BIGINT",
+        )
+    if isinstance(data_type, DateType):
+        return "unix_date({})", "date_from_unix_date({})", "INT"
+    return None
+
+
 def resolve_key_change_toast(
     spark: SparkSession, events: DataFrame, current: str | None, pk: list[str], columns: list[str]
 ) -> DataFrame:
@@ -140,21 +158,37 @@ def resolve_key_change_toast(
     the value lives under the old key: in an earlier change of the increment or in the current
     table. Key changes are rare, so the few keys they involve are collected and replayed in
     commit order (:func:`loader.merge.plan.replay_key_changes`), and the values patched in.
+    Dates and timestamps travel through Python as integers (:func:`_portable`), so values beyond
+    Python's datetime (+/-infinity, BC, years past 9999) are carried over exactly.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, StringType, StructField, StructType, _parse_datatype_string
 
     key_changes = events.where(f"{FROM} IS NOT NULL")
-    if not key_changes.where("size(pg_absent_columns) > 0").limit(1).collect():
+    if not key_changes.where("size(pg_absent_columns) > 0").select(F.lit(1)).limit(1).collect():
         return events
     non_key = [c for c in columns if c not in pk]
+    portable = {c: _portable(events.schema[c].dataType) for c in columns}
+
+    def enc_sql(c: str, expr: str) -> str:
+        p = portable[c]
+        return p[0].format(expr) if p else expr
+
+    def enc(c: str, expr: str | None = None) -> Any:
+        return F.expr(enc_sql(c, expr or col(c))).alias(c)
+
+    def encoded_type(c: str) -> Any:
+        p = portable[c]
+        return _parse_datatype_string(p[2]) if p else events.schema[c].dataType
+
     keys: set[tuple[Any, ...]] = set()
-    for r in key_changes.select(*[col(k) for k in pk], FROM).collect():
+    old_key = F.when(F.col(FROM).isNotNull(), F.struct(*[enc(k, f"{FROM}.k{i}") for i, k in enumerate(pk)]))
+    for r in key_changes.select(*[enc(k) for k in pk], old_key.alias(FROM)).collect():
         keys.add(tuple(r[k] for k in pk))
         keys.add(tuple(r[FROM]))
-    key_schema = StructType([events.schema[k] for k in pk])
+    key_schema = StructType([StructField(k, encoded_type(k), True) for k in pk])
     key_df = spark.createDataFrame(sorted(keys, key=repr), key_schema)
-    on = [events[col(k)].eqNullSafe(key_df[col(k)]) for k in pk]
+    on = [F.expr(enc_sql(k, f"`_e`.{col(k)}")).eqNullSafe(F.col(f"`_k`.{col(k)}")) for k in pk]
     involved = [
         {
             **{c: r[c] for c in columns},
@@ -164,20 +198,29 @@ def resolve_key_change_toast(
             "absent": r["pg_absent_columns"],
             "from": r[FROM],
         }
-        for r in events.join(key_df, on, "left_semi").orderBy("pg_lsn", "pg_seq", SUB).collect()
+        for r in events.alias("_e")
+        .join(key_df.alias("_k"), on, "left_semi")
+        .select(*[enc(c) for c in columns], "pg_lsn", "pg_seq", SUB, KIND, "pg_absent_columns", old_key.alias(FROM))
+        .orderBy("pg_lsn", "pg_seq", SUB)
+        .collect()
     ]
     state: dict[tuple[Any, ...], dict[str, Any] | None] = {}
     if current is not None:
         cur_df = spark.table(current)
-        on_cur = [cur_df[col(k)].eqNullSafe(key_df[col(k)]) for k in pk]
-        for r in cur_df.join(key_df, on_cur, "left_semi").collect():
+        on_cur = [F.expr(enc_sql(k, f"`_c`.{col(k)}")).eqNullSafe(F.col(f"`_k`.{col(k)}")) for k in pk]
+        for r in (
+            cur_df.alias("_c")
+            .join(key_df.alias("_k"), on_cur, "left_semi")
+            .select(*[enc(c) for c in columns])
+            .collect()
+        ):
             state[tuple(r[k] for k in pk)] = {c: r[c] for c in non_key}
     patches = replay_key_changes(involved, state, pk, non_key)
     if not patches:
         return events
     patch_schema = StructType(
         [events.schema["pg_lsn"], events.schema["pg_seq"]]
-        + [StructField(f"p{i}", events.schema[c].dataType, True) for i, c in enumerate(non_key)]
+        + [StructField(f"p{i}", encoded_type(c), True) for i, c in enumerate(non_key)]
         + [StructField("patched", ArrayType(StringType()), False)]
     )
     patch_df = spark.createDataFrame(
@@ -189,8 +232,10 @@ def resolve_key_change_toast(
     for c in events.columns:
         if c in non_key:
             i = non_key.index(c)
+            p = portable[c]
+            value = p[1].format(f"pg__p{i}") if p else f"pg__p{i}"
             out.append(
-                F.expr(f"IF({is_patch} AND array_contains(pg__patched, {sql_string(c)}), pg__p{i}, {col(c)})").alias(c)
+                F.expr(f"IF({is_patch} AND array_contains(pg__patched, {sql_string(c)}), {value}, {col(c)})").alias(c)
             )
         elif c == "pg_absent_columns":
             out.append(
