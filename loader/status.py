@@ -19,7 +19,7 @@ from typing import Any
 
 from loader.capture import heartbeat
 from loader.config import LoaderSettings
-from loader.lake.catalog import latest_summary, open_catalog, row_count, watermark
+from loader.lake.catalog import latest_summary, live_rows, open_catalog, row_count, watermark
 from loader.lake.tables import (
     PROP_LAST_POSITION,
     PROP_LOADED_THROUGH_TS,
@@ -71,6 +71,9 @@ class TableStatus:
     lag_seconds: float | None = None
     # Continuous verification's last verdict on the table (follow mode; see loader.verify.RollingVerifier).
     verified: dict[str, Any] | None = None
+    # The counts that are estimates ("history_rows", "current_rows"; see loader.lake.catalog.live_rows),
+    # shown with a "~" in text.
+    rows_estimated: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,10 +108,12 @@ class Status:
             f"{'table':<32} {'key':<16} {'history rows':>12} {'current rows':>12}  {'merged through':<22} {'lag s':>8} note",
         ]
         for t in self.tables:
-            cur = "-" if t.current_rows is None else str(t.current_rows)
+            approx = {k: "~" if k in t.rows_estimated else "" for k in ("history_rows", "current_rows")}
+            hist = f"{approx['history_rows']}{t.history_rows}"
+            cur = "-" if t.current_rows is None else f"{approx['current_rows']}{t.current_rows}"
             lag_s = "-" if t.lag_seconds is None else f"{t.lag_seconds:.1f}"
             lines.append(
-                f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {t.history_rows:>12} {cur:>12}  "
+                f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {hist:>12} {cur:>12}  "
                 f"{t.merged or '-':<22} {lag_s:>8} {t.note}"
             )
         parked = [t for t in self.tables if t.parked]
@@ -254,16 +259,19 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
         name = ident[-1]
         hist: Any = catalog.load_table(ident)
         pk = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
+        hist_rows = live_rows(hist)
         ts = TableStatus(
             table=SourceTable.from_iceberg_name(name).qualified,
             primary_key=pk,
-            history_rows=row_count(hist),
+            history_rows=hist_rows.rows,
             current_rows=None,
             loaded=_pos(
                 newest_position(hist.properties.get(PROP_LAST_POSITION), latest_summary(hist, SUMMARY_LOADED_THROUGH))
             ),
             merged=None,
         )
+        if not hist_rows.exact:
+            ts.rows_estimated.append("history_rows")
         if PROP_PARKED in hist.properties:
             ts.parked = json.loads(hist.properties[PROP_PARKED]).get("reason")
         if not pk:
@@ -272,7 +280,10 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
             cur = catalog.load_table((c.current_namespace, name))
             if PROP_PARKED in cur.properties and ts.parked is None:
                 ts.parked = json.loads(cur.properties[PROP_PARKED]).get("reason")
-            ts.current_rows = row_count(cur)
+            cur_rows = live_rows(cur)
+            ts.current_rows = cur_rows.rows
+            if not cur_rows.exact:
+                ts.rows_estimated.append("current_rows")
             merged = watermark(cur, SUMMARY_MERGED_THROUGH)
             fresh = cur.properties.get(PROP_MERGED_THROUGH_TS)
             last = hist.properties.get(PROP_LAST_POSITION)
