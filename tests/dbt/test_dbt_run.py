@@ -232,3 +232,37 @@ def test_dbt_build_models_and_audits_on_pipeline_tables(
     assert out.exit_code == 0, out.output
     out = runner.invoke(main, ["dbt", "test", "--select", "source:current.public__transactions"])
     assert out.exit_code == 1, out.output
+
+
+def test_loader_dbt_writes_no_colour_codes_when_redirected(pg_admin: str, tmp_path: Path) -> None:
+    """dbt colours its console output even into a file (issue 26 point 7): 'loader dbt' turns that off
+    when stdout is not a terminal. A 'parse' on the thrift target: no server, no Spark."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from tests.harness import ROOT, TEST_PG, create_db
+
+    catalog_db = f"cat_colours_{uuid.uuid4().hex[:8]}"
+    create_db(pg_admin, catalog_db)
+    env = {
+        **os.environ,
+        "LOADER_HOME": str(tmp_path),
+        "LOADER_SOURCE__DSN": f"{TEST_PG}/postgres",
+        "LOADER_CATALOG__URI": f"{TEST_PG}/{catalog_db}",
+        "LOADER_CATALOG__WAREHOUSE": (tmp_path / "warehouse").as_uri(),
+        "LOADER_DBT__WORK_DIR": str(tmp_path / "dbt-work"),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("DBT_USE_COLORS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loader.cli", "dbt", "parse", "--target", "thrift"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Running with dbt=" in proc.stdout, proc.stdout
+    assert "\x1b[" not in proc.stdout + proc.stderr, repr(proc.stdout[:500])
