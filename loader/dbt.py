@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,14 +190,25 @@ def dbt_args(args: list[str], project: Path) -> list[str]:
     return out
 
 
+def colour_args(args: list[str], stream: Any = None) -> list[str]:
+    """``--no-use-colors`` when dbt's output is not a terminal (dbt colours it anyway, and the codes
+    land in redirected logs), unless the arguments or ``DBT_USE_COLORS`` choose."""
+    stream = sys.stdout if stream is None else stream
+    if any(a in ("--use-colors", "--no-use-colors") for a in args) or "DBT_USE_COLORS" in os.environ:
+        return []
+    isatty = getattr(stream, "isatty", None)
+    return [] if isatty is not None and isatty() else ["--no-use-colors"]
+
+
 def invoke_dbt(settings: LoaderSettings, args: list[str], echo: Callable[[str], None] = print) -> Any:
     """Run dbt in-process; returns dbt's ``dbtRunnerResult`` (``.success``, ``.result``, ``.exception``)."""
     from dbt.cli.main import dbtRunner
 
     target = _target_in_args(args) or settings.dbt.target
     env = profile_env(settings, target)
+    colours = colour_args(args)
     if next((a for a in args if not a.startswith("-")), None) not in _PROJECT_COMMANDS:
-        return dbtRunner().invoke(list(args))  # --help, --version, init: no project, no Spark
+        return dbtRunner().invoke([*colours, *args])  # --help, --version, init: no project, no Spark
     if target == "session":
         from loader.spark import get_spark
 
@@ -208,7 +220,7 @@ def invoke_dbt(settings: LoaderSettings, args: list[str], echo: Callable[[str], 
         use_verified_tls_in_dbt(settings.sql_server.tls_ca_file)
     project = prepare_project(settings, echo)
     os.environ.update(env)
-    return dbtRunner().invoke(dbt_args(args, project))
+    return dbtRunner().invoke([*colours, *dbt_args(args, project)])
 
 
 def run_dbt(settings: LoaderSettings, args: list[str], echo: Callable[[str], None] = print) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from loader.capture import heartbeat
 from loader.config import LoaderSettings
-from loader.lake.catalog import latest_summary, open_catalog, row_count, watermark
+from loader.lake.catalog import latest_summary, live_rows, open_catalog, row_count, watermark
 from loader.lake.tables import (
     PROP_LAST_POSITION,
     PROP_LOADED_THROUGH_TS,
@@ -29,7 +29,9 @@ from loader.lake.tables import (
     SUMMARY_LOADED_THROUGH,
     SUMMARY_MERGED_THROUGH,
     SourceTable,
+    consistent_through,
     newest_position,
+    table_consistent_at,
 )
 from loader.landing.state import SLOT_STATE, SOURCE_STATE, VERIFY_STATE
 from loader.landing.store import open_landing
@@ -69,6 +71,9 @@ class TableStatus:
     lag_seconds: float | None = None
     # Continuous verification's last verdict on the table (follow mode; see loader.verify.RollingVerifier).
     verified: dict[str, Any] | None = None
+    # The counts that are estimates ("history_rows", "current_rows"; see loader.lake.catalog.live_rows),
+    # shown with a "~" in text.
+    rows_estimated: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -94,19 +99,21 @@ class Status:
         lag = f" (freshness lag {self.lag_seconds:.1f} s)" if self.lag_seconds is not None else ""
         lines = [
             *self._slot_lines(),
-            f"landed through:   {self.landed or '-'} ({self.landing_files} landing files)",
-            f"loaded through:   {self.loaded or '-'}"
+            f"landed through:     {self.landed or '-'} ({self.landing_files} landing files)",
+            f"loaded through:     {self.loaded or '-'}"
             + (f", committed {self.loaded_as_of}" if self.loaded_as_of else ""),
-            f"consistent at:    {self.consistent or '-'} (every current table merged at least this far){lag}",
-            f"rejects:          {self.rejects}",
+            f"consistent through: {self.consistent or '-'} (every current table merged at least this far){lag}",
+            f"rejects:            {self.rejects}",
             "",
             f"{'table':<32} {'key':<16} {'history rows':>12} {'current rows':>12}  {'merged through':<22} {'lag s':>8} note",
         ]
         for t in self.tables:
-            cur = "-" if t.current_rows is None else str(t.current_rows)
+            approx = {k: "~" if k in t.rows_estimated else "" for k in ("history_rows", "current_rows")}
+            hist = f"{approx['history_rows']}{t.history_rows}"
+            cur = "-" if t.current_rows is None else f"{approx['current_rows']}{t.current_rows}"
             lag_s = "-" if t.lag_seconds is None else f"{t.lag_seconds:.1f}"
             lines.append(
-                f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {t.history_rows:>12} {cur:>12}  "
+                f"{t.table:<32} {','.join(t.primary_key) or '-':<16} {hist:>12} {cur:>12}  "
                 f"{t.merged or '-':<22} {lag_s:>8} {t.note}"
             )
         parked = [t for t in self.tables if t.parked]
@@ -135,23 +142,23 @@ class Status:
             return []
         lines = []
         if s.error:
-            lines.append(f"slot:             {s.name}: {s.error}")
+            lines.append(f"slot:               {s.name}: {s.error}")
         else:
             keep = s.max_slot_wal_keep_size or "?"
             lines.append(
-                f"slot:             {s.name}: retains {_mb(s.retained_wal_bytes)} of WAL (wal_status "
+                f"slot:               {s.name}: retains {_mb(s.retained_wal_bytes)} of WAL (wal_status "
                 f"{s.wal_status or '-'}), lag {_mb(s.lag_bytes)}; max_slot_wal_keep_size {keep}"
             )
         hb = self.heartbeat
         if hb.get("seen_age_s") is not None:
-            lines.append(f"heartbeat:        seen {hb['seen_age_s']:.1f} s ago, lag {hb['lag_s']:.3f} s")
+            lines.append(f"heartbeat:          seen {hb['seen_age_s']:.1f} s ago, lag {hb['lag_s']:.3f} s")
         elif hb.get("emitted_age_s") is not None:
             lines.append(
-                f"heartbeat:        emitted {hb['emitted_age_s']:.1f} s ago, never seen back: capture is stuck?"
+                f"heartbeat:          emitted {hb['emitted_age_s']:.1f} s ago, never seen back: capture is stuck?"
             )
         else:
-            lines.append("heartbeat:        none yet (source.heartbeat_interval_s = 0, or no capture ran)")
-        lines += [f"warning:          {w}" for w in s.warnings]
+            lines.append("heartbeat:          none yet (source.heartbeat_interval_s = 0, or no capture ran)")
+        lines += [f"warning:            {w}" for w in s.warnings]
         return [*lines, ""]
 
 
@@ -247,21 +254,24 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
     except Exception:
         pass
     tables: list[TableStatus] = []
-    merged_positions: list[str] = []
+    merged_positions: list[str | None] = []  # every keyed table's (None: never merged)
     for ident in idents:
         name = ident[-1]
         hist: Any = catalog.load_table(ident)
         pk = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
+        hist_rows = live_rows(hist)
         ts = TableStatus(
             table=SourceTable.from_iceberg_name(name).qualified,
             primary_key=pk,
-            history_rows=row_count(hist),
+            history_rows=hist_rows.rows,
             current_rows=None,
             loaded=_pos(
                 newest_position(hist.properties.get(PROP_LAST_POSITION), latest_summary(hist, SUMMARY_LOADED_THROUGH))
             ),
             merged=None,
         )
+        if not hist_rows.exact:
+            ts.rows_estimated.append("history_rows")
         if PROP_PARKED in hist.properties:
             ts.parked = json.loads(hist.properties[PROP_PARKED]).get("reason")
         if not pk:
@@ -270,25 +280,29 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
             cur = catalog.load_table((c.current_namespace, name))
             if PROP_PARKED in cur.properties and ts.parked is None:
                 ts.parked = json.loads(cur.properties[PROP_PARKED]).get("reason")
-            ts.current_rows = row_count(cur)
-            token = watermark(cur, SUMMARY_MERGED_THROUGH)
+            cur_rows = live_rows(cur)
+            ts.current_rows = cur_rows.rows
+            if not cur_rows.exact:
+                ts.rows_estimated.append("current_rows")
+            merged = watermark(cur, SUMMARY_MERGED_THROUGH)
             fresh = cur.properties.get(PROP_MERGED_THROUGH_TS)
             last = hist.properties.get(PROP_LAST_POSITION)
-            if token and loaded_token and last and last <= token and not ts.parked:
+            token = table_consistent_at(merged, last, loaded_token, ts.parked is not None)
+            if token != merged:
                 # Nothing appended since its merge: it equals the source as of loaded-through.
-                token, fresh = max(token, loaded_token), loaded_ts or fresh
+                fresh = loaded_ts or fresh
             ts.merged = _pos(token)
-            if token:
-                merged_positions.append(token)
+            merged_positions.append(token)
             ts.fresh_as_of = fresh
             when = commit_time(fresh)
             ts.lag_seconds = (now - when).total_seconds() if when else None
         else:
             ts.note = "not merged yet"
+            merged_positions.append(None)
         ts.verified = verified.get(ts.table)
         tables.append(ts)
     keyed = [t for t in tables if t.primary_key]
-    consistent = min(merged_positions) if merged_positions and len(merged_positions) == len(keyed) else None
+    consistent = consistent_through(merged_positions)
     lags = [t.lag_seconds for t in keyed if t.lag_seconds is not None]
     landed = str(files[-1].last) if files else None
     return Status(

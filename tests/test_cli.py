@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 
 from loader.cli import main
 from loader.lake.tables import SourceTable
-from tests.harness import Env, settings_env
+from tests.harness import Env, cli_env, settings_env
 
 
 def test_help_for_every_command() -> None:
@@ -96,6 +97,26 @@ def test_status_answers_from_the_catalog_without_spark(env: Env) -> None:
     assert tables["public.a"]["history_rows"] == 30 and tables["public.a"]["current_rows"] == 20
     assert tables["public.a"]["merged"] == st["loaded"] == st["consistent"] == st["landed"]
     assert tables["public.nokey"]["current_rows"] is None and "history only" in tables["public.nokey"]["note"]
+
+
+def test_run_and_status_print_the_same_consistent_position(env: Env) -> None:
+    """One rule for 'consistent through' (issue 26 point 3): a table with no change since its last
+    merge equals the source as of loaded-through, in run's summary as in status."""
+    env.sql("CREATE TABLE a (id int PRIMARY KEY, v text)")
+    env.sql("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.transaction("INSERT INTO a VALUES (1, 'x')", "INSERT INTO b VALUES (1, 'y')")
+    env.run_all()
+    env.transaction("INSERT INTO a VALUES (2, 'x')")  # b has nothing new: its merged-through stays behind
+    runner = CliRunner()
+    ran = runner.invoke(main, ["run"], env=cli_env(env))
+    assert ran.exit_code == 0, ran.output
+    status = runner.invoke(main, ["status"], env=cli_env(env))
+    assert status.exit_code == 0, status.output
+    in_run = re.findall(r"^consistent through: +(\S+)", ran.output, re.M)
+    in_status = re.findall(r"^consistent through: +(\S+)", status.output, re.M)
+    loaded = re.findall(r"^loaded through: +([^\s,]+)", status.output, re.M)
+    assert in_run and in_run == in_status == loaded, (ran.output, status.output)
 
 
 def test_verify_exit_status(env: Env) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -91,6 +92,65 @@ def latest_summary(table: Any, key: str) -> str | None:
 def watermark(table: Any, key: str) -> str | None:
     """The newer of the property ``key`` and its snapshot-summary value (see loader.lake.iceberg)."""
     return newest_position(table.properties.get(key), latest_summary(table, key))
+
+
+#: Position delete files read by :func:`live_rows` at most (bytes on storage); above, the count is
+#: the summary's estimate. ``loader maintain`` applies and removes them.
+MAX_DELETE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RowCount:
+    rows: int
+    exact: bool  # False: the snapshot summary's estimate (see live_rows)
+
+
+def live_rows(table: Any, max_delete_bytes: int = MAX_DELETE_BYTES) -> RowCount:
+    """The rows a scan of the current snapshot returns, without reading any data file.
+
+    Without delete files, the summary's ``total-records``. With position deletes, the summary's
+    ``total-position-deletes`` also counts deletes left behind whose data file was rewritten since
+    (an erasure's rewrite keeps them; a merge-on-read table gathers them), so the position delete
+    files that still apply (pyiceberg's scan planning) are read and only their distinct positions
+    in live data files are subtracted. Equality deletes, or more than ``max_delete_bytes`` of
+    position delete files: the summary's records minus deletes, marked as an estimate.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    snap = table.current_snapshot()
+    if snap is None or snap.summary is None:
+        return RowCount(0, True)
+    p = snap.summary.additional_properties
+    records = int(p.get("total-records", 0))
+    position, equality = int(p.get("total-position-deletes", 0)), int(p.get("total-equality-deletes", 0))
+    if not position and not equality:
+        return RowCount(records, True)
+    estimate = RowCount(max(0, records - position - equality), False)
+    if equality:
+        return estimate
+    tasks = list(table.scan().plan_files())
+    deletes = {d.file_path: d for t in tasks for d in t.delete_files}
+    if any(
+        d.content != DataFileContent.POSITION_DELETES or d.file_format != FileFormat.PARQUET for d in deletes.values()
+    ):
+        return estimate
+    if sum(d.file_size_in_bytes for d in deletes.values()) > max_delete_bytes:
+        return estimate
+    rows = sum(t.file.record_count for t in tasks)
+    live = pa.array(sorted({t.file.file_path for t in tasks}))
+    parts = []
+    for path in deletes:
+        with table.io.new_input(path).open() as f:
+            part = pq.read_table(f, columns=["file_path", "pos"])
+        paths = part["file_path"].cast(pa.string())
+        parts.append(pa.table({"file_path": paths, "pos": part["pos"]}).filter(pc.is_in(paths, value_set=live)))
+    if parts:
+        hits = pa.concat_tables(parts).group_by(["file_path", "pos"]).aggregate([])
+        rows -= hits.num_rows
+    return RowCount(max(0, rows), True)
 
 
 def row_count(table: Any) -> int:

@@ -73,6 +73,27 @@ def newest_position(*tokens: str | None) -> str | None:
     return max(present) if present else None
 
 
+def table_consistent_at(merged: str | None, appended: str | None, loaded: str | None, parked: bool) -> str | None:
+    """The position a current table equals the source at (a position token, or None if never merged).
+
+    Its merged-through watermark; or, when nothing was appended to its history after that
+    (``appended``: the history's last position) and it is not parked, the load's loaded-through:
+    the source table had no change in between. ``loader status`` and the merge's summary both
+    use this rule (and :func:`consistent_through`), so they print the same position.
+    """
+    if merged and loaded and appended and appended <= merged and not parked:
+        return max(merged, loaded)
+    return merged
+
+
+def consistent_through(positions: list[str | None]) -> str | None:
+    """The position every current table has reached (the lowest of :func:`table_consistent_at` over
+    every table with a key); None when there is none, or when one of them was never merged."""
+    if not positions or any(p is None for p in positions):
+        return None
+    return min(p for p in positions if p is not None)
+
+
 @dataclass(frozen=True, order=True)
 class SourceTable:
     schema: str

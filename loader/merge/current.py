@@ -61,6 +61,8 @@ from loader.lake.tables import (
     SUMMARY_MERGED_THROUGH,
     SourceTable,
     TableNames,
+    consistent_through,
+    table_consistent_at,
 )
 from loader.lake.types import quote_ident, spark_type, sql_string
 from loader.load.evolution import can_widen
@@ -101,6 +103,9 @@ class TableMerge:
     # "" when no data commit was needed (nothing new, or only the watermark recorded).
     method: str = ""
     bulk_engine: str = ""  # "driver" (loader.merge.bulk) or "spark" when a bulk build ran
+    keyed: bool = True  # False: no primary key, history only (no current table)
+    # The position the current table equals the source at (loader.lake.tables.table_consistent_at).
+    consistent_at: str | None = None
 
     def describe(self) -> str:
         if self.skipped_reason:
@@ -126,9 +131,10 @@ class MergeResult:
 
     @property
     def consistent_through(self) -> str | None:
-        """The position every merged table has reached: the tables agree as of this LSN."""
-        done = [t.merged_through for t in self.tables if t.merged_through]
-        return str(ChangePosition.from_token(min(done))) if done else None
+        """The position every current table has reached, by the rule ``loader status`` uses
+        (:func:`loader.lake.tables.consistent_through`): the tables agree as of this position."""
+        token = consistent_through([t.consistent_at for t in self.tables if t.keyed])
+        return str(ChangePosition.from_token(token)) if token else None
 
 
 def _portable(data_type: Any) -> tuple[str, str, str] | None:
@@ -305,13 +311,34 @@ class CurrentMerge:
     def _merge_table(
         self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None, rebuild: bool
     ) -> TableMerge:
+        props = table_properties(self.spark, self.names.history(table))
+        out = self._merge_increment(table, props, loaded_through, upto, rebuild)
+        if out.keyed:
+            # The history's properties as read before the merge, with the loaded-through it merged to.
+            parked = out.parked is not None or PROP_PARKED in props
+            merged = out.merged_through
+            cur = self.names.current(table)
+            if merged is None and out.parked is not None and table_exists(self.spark, cur):
+                # A key change waits for a resync: the current table stays where it was merged.
+                merged = watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
+            out.consistent_at = table_consistent_at(merged, props.get(PROP_LAST_POSITION), loaded_through, parked)
+        return out
+
+    def _merge_increment(
+        self,
+        table: SourceTable,
+        props: dict[str, str],
+        loaded_through: str | None,
+        upto: ChangePosition | None,
+        rebuild: bool,
+    ) -> TableMerge:
         from pyspark.sql import functions as F
 
         out = TableMerge(table.qualified)
         hist = self.names.history(table)
-        props = table_properties(self.spark, hist)
         pk: list[str] = json.loads(props.get(PROP_PRIMARY_KEY, "[]"))
         if not pk:
+            out.keyed = False
             out.skipped_reason = "no primary key: history only"
             return out
         if loaded_through is None:

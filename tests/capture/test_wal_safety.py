@@ -212,7 +212,7 @@ def test_status_shows_retained_wal_wal_status_heartbeat_and_the_missing_limit(sr
     assert doc["heartbeat"]["lag_s"] is not None
     text = cli(settings, src.tmp, "status")
     assert "retains" in text.output and "wal_status reserved" in text.output
-    assert "heartbeat:        seen" in text.output and "max_slot_wal_keep_size is -1" in text.output
+    assert "heartbeat:          seen" in text.output and "max_slot_wal_keep_size is -1" in text.output
     keep_size("10GB")
     res = cli(settings, src.tmp, "capture")
     assert "max_slot_wal_keep_size is -1" not in res.output

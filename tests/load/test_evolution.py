@@ -67,6 +67,8 @@ def test_schema_changes_mid_stream(env: Env) -> None:
     assert any("pg__r1_w" in r for r in res.retired_columns)
     merged = env.merge()
     assert merged.parked.keys() == {"public.t"}
+    # One rule for the position every current table has reached, the parked one included.
+    assert merged.consistent_through is not None and merged.consistent_through == env.status().consistent
     hist = {r["pg_lsn"]: r for r in env.history("public.t").where("pg_operation = 'update' AND id = 1").collect()}
     newest = hist[max(hist)]
     assert newest["w"] == "text now" and newest["pg__r1_w"] is None
