@@ -607,6 +607,12 @@ class Capture:
                 wanted[table] = f"{wanted[table]}; {why}" if table in wanted else why
         if not wanted:
             return
+        if not self.settings.source.auto_resync:
+            for table, why in wanted.items():
+                parked = f"{why}; run 'loader resync --table {table}' (source.auto_resync is off)"
+                self.controls.pending.append((table, parked))
+                result.parked[table] = parked
+            return
         requests = dict((self.store.read_state(RESYNC_REQUESTS) or {}).get("tables", {}))
         requests.update(wanted)
         self.store.write_state(RESYNC_REQUESTS, {"tables": requests})

@@ -188,8 +188,10 @@ _warned: set[str] = set()
 def ensure(conn: psycopg.Connection, enabled: bool = True) -> TriggerState:
     """The trigger in place where the role may install it (idempotent: a current, enabled one is left
     alone, a disabled one too); what the caller can count on."""
+    if not enabled:
+        return TriggerState(None, "source.ddl_trigger is false")
     found = state(conn)
-    if found.token is not None or not enabled or "disabled" in found.why_not:
+    if found.token is not None or "disabled" in found.why_not or "may not execute" in found.why_not:
         return found
     role = conn.execute("SELECT current_user").fetchone()
     name = role[0] if role else "?"

@@ -39,6 +39,8 @@ def test_ddl_in_the_stream_on_tables_created_since_the_last_capture(env: Env, pl
     env.sql("INSERT INTO public.nn VALUES (6, 1e-20)")
     # rows written while unlogged were never in the WAL (a keyless table: history only);
     env.sql("CREATE TABLE public.un (a int, b text)")
+    if plugin == "pgoutput":  # a publication leaves out a table without a replica identity
+        env.sql("ALTER TABLE public.un REPLICA IDENTITY FULL")
     env.sql("ALTER TABLE public.un SET UNLOGGED")
     env.sql("INSERT INTO public.un SELECT g, 'u' FROM generate_series(1, 7) g")
     env.sql("ALTER TABLE public.un SET LOGGED")
@@ -57,10 +59,15 @@ def test_ddl_in_the_stream_on_tables_created_since_the_last_capture(env: Env, pl
     env.sql("VACUUM FULL public.k")
     env.sql("ALTER TABLE public.same ALTER COLUMN v TYPE text USING upper(v)")
     cap, _, _ = env.run_all()
-    assert set(cap.resynced) == {"public.nn", "public.un", "public.fd", "public.same"}, cap.resynced
-    assert "numeric(10,2) to numeric" in cap.resynced["public.nn"]
-    assert "SET LOGGED" in cap.resynced["public.un"]
-    assert "d was added with a default" in cap.resynced["public.fd"]
+    if plugin == "wal2json":
+        assert set(cap.resynced) == {"public.nn", "public.un", "public.fd", "public.same"}, cap.resynced
+        assert "numeric(10,2) to numeric" in cap.resynced["public.nn"]
+        assert "SET LOGGED" in cap.resynced["public.un"]
+        assert "d was added with a default" in cap.resynced["public.fd"]
+    else:
+        # pgoutput withholds a table's changes until the publication lists it: every new table is
+        # resynced when capture adds it, whatever its DDL.
+        assert set(cap.resynced) == {"public.nn", "public.un", "public.fd", "public.plain", "public.same"}
     assert "rewritten" in cap.resynced["public.same"]
     assert any("public.k: rewritten without a rewriting ALTER" in n for n in cap.notes), cap.notes
     env.assert_reconciled()
@@ -73,7 +80,9 @@ def test_ddl_in_the_stream_on_tables_created_since_the_last_capture(env: Env, pl
     env.sql("INSERT INTO public.moods VALUES (1, '{sad,ok}')")
     env.sql("ALTER TYPE mood RENAME VALUE 'sad' TO 'blue'")
     cap, _, _ = env.run_all()
-    assert "'sad' -> 'blue'" in cap.resynced["public.moods"], cap.resynced
+    assert "public.moods" in cap.resynced, cap.resynced
+    if plugin == "wal2json":
+        assert "'sad' -> 'blue'" in cap.resynced["public.moods"], cap.resynced
     env.assert_reconciled()
     # 'loader slot drop' takes the trigger with it.
     rc, out = finish(loader_process(env, "slot", "drop", "--yes"))
@@ -85,29 +94,33 @@ def test_a_role_that_may_not_install_the_trigger_keeps_the_catalog_comparison(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
     role = f"cdc_{uuid.uuid4().hex[:8]}"
-    env.sql(f"CREATE ROLE {role} LOGIN REPLICATION")
-    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
-    env.sql(f"GRANT SELECT ON public.t TO {role}")
-    env.configure("source", dsn=env.settings.source.dsn.replace("postgres@", f"{role}@", 1))
+    admin_dsn = env.settings.source.dsn
+    admin = psycopg.connect(admin_dsn, autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+    admin.execute("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    admin.execute(f"GRANT SELECT ON public.t TO {role}")
+    env.configure("source", dsn=admin_dsn.replace("postgres@", f"{role}@", 1))
     try:
         with caplog.at_level(logging.WARNING, logger="loader.capture"):
             env.capture()
-        assert triggers(env) == []
+        assert admin.execute("SELECT count(*) FROM pg_event_trigger").fetchone() == (0,)
         said = [r.getMessage() for r in caplog.records if "DDL capture is off" in r.getMessage()]
         assert said and f"GRANT rds_superuser TO {role}" in said[0] and "loader slot ddl-trigger" in said[0]
-        env.sql("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 5) g")
+        admin.execute("INSERT INTO public.t SELECT g, 'v' FROM generate_series(1, 5) g")
         env.run_all()
-        env.sql("ALTER TABLE public.t ADD COLUMN d int DEFAULT 7")  # the catalog comparison sees it
+        admin.execute("ALTER TABLE public.t ADD COLUMN d int DEFAULT 7")  # the catalog comparison sees it
         cap, _, _ = env.run_all()
         assert "d was added with a default" in cap.resynced["public.t"], cap.resynced
         env.assert_reconciled()
         assert {r["d"] for r in env.current("public.t").collect()} == {7}
     finally:
         env.close()
-        env.sql(f"DROP OWNED BY {role}")
-        for (pid,) in env.sql("SELECT pid FROM pg_stat_activity WHERE usename = %s", (role,)):
-            env.sql("SELECT pg_terminate_backend(%s)", (pid,))
-        env.sql(f"DROP ROLE {role}")
+        env.configure("source", dsn=admin_dsn)
+        for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s", (role,)).fetchall():
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
 
 
 def test_a_broken_trigger_never_stops_the_ddl_and_capture_falls_back(env: Env) -> None:
