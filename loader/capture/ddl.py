@@ -159,7 +159,9 @@ def state(conn: psycopg.Connection) -> TriggerState:
     row = conn.execute(
         "SELECT obj_description(p.oid, 'pg_proc'),"
         " has_function_privilege(p.proowner, 'pg_catalog.pg_logical_emit_message(boolean, text, text)', 'EXECUTE')"
-        " FROM pg_proc p WHERE p.oid = to_regprocedure('loader.ddl_message()')",
+        # By the catalog, not to_regprocedure: a role without USAGE on the schema may still look.
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'loader' AND p.proname = 'ddl_message' AND p.pronargs = 0",
     ).fetchone()
     if len(rows) != len(TRIGGERS) or row is None or row[0] != VERSION:
         return TriggerState(None, "not installed")

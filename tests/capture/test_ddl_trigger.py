@@ -113,6 +113,19 @@ def test_a_role_that_may_not_install_the_trigger_keeps_the_catalog_comparison(
         assert "d was added with a default" in cap.resynced["public.t"], cap.resynced
         env.assert_reconciled()
         assert {r["d"] for r in env.current("public.t").collect()} == {7}
+        # An administrator installs the trigger with what 'loader slot ddl-trigger' prints; the role
+        # then uses it: from the next run on, a VACUUM FULL is told apart from an ALTER ... USING.
+        rc, printed = finish(loader_process(env, "slot", "ddl-trigger"))
+        assert rc == 0, printed
+        admin.execute(printed)
+        env.capture()
+        admin.execute("VACUUM FULL public.t")
+        cap, _, _ = env.run_all()
+        assert "public.t" not in cap.resynced, cap.resynced
+        admin.execute("ALTER TABLE public.t ALTER COLUMN v TYPE text USING v || '!'")
+        cap, _, _ = env.run_all()
+        assert "rewritten" in cap.resynced["public.t"], cap.resynced
+        env.assert_reconciled()
     finally:
         env.close()
         env.configure("source", dsn=admin_dsn)
