@@ -201,6 +201,7 @@ class Capture:
         self._ddl_token: str | None = None
         self._ddl_known: dict[int, TableFacts] = {}
         self._ddl_incomplete = False
+        self._facts_by_oid: dict[int, str] | None = None
         self._publication_resyncs: dict[str, str] = {}
         self._role: str | None = None
 
@@ -527,6 +528,7 @@ class Capture:
         ddl_in_stream = trigger.token is not None and state is not None and state.get("ddl_trigger") == trigger.token
         view = read_facts(conn, src.partitions)
         self.facts, self.roots = view.facts, view.roots
+        self._facts_by_oid = None
         self._roots_before = dict(state.get("partition_roots", {})) if state else {}
         before = {t: TableFacts.from_doc(d) for t, d in state["tables"].items()} if state else None
         included_before = set(state.get("included", [])) if state else set()
@@ -626,11 +628,17 @@ class Capture:
             self.controls.pending.append((table, parked))
             result.parked[table] = parked
 
-    def _landed_as(self, table: str, root: str | None) -> str:
-        """The table a source table's changes land as (its root, for a partition with partitions = root)."""
+    def _landed_as(self, table: str, root: str | None, oid: int) -> str | None:
+        """The table a source table's changes land as: its root, for a partition with partitions =
+        root; else its name in this run's catalog picture (renamed since), None if it is gone (a
+        nested run has no picture: the name in the message)."""
         if self.settings.source.partitions == "root" and root:
             return root
-        return table
+        if not self.facts:
+            return table
+        if self._facts_by_oid is None or len(self._facts_by_oid) != len(self.facts):
+            self._facts_by_oid = {f.oid: t for t, f in self.facts.items()}
+        return self._facts_by_oid.get(oid)
 
     def _settle_deferred(self, plan: WatchPlan, result: CaptureResult) -> None:
         """Rewrites the catalog showed without a column change, with the DDL trigger in place: a

@@ -279,11 +279,12 @@ class DdlPlan:
 def plan_message(
     msg: Message,
     known: dict[int, TableFacts],
-    root_of: Callable[[str, str | None], str],
+    landed_as: Callable[[str, str | None, int], str | None],
 ) -> DdlPlan:
     """What one DDL message means for each table it pictures, against the last picture ``known``
-    (by oid; updated with the message's). ``root_of(table, root)``: the table capture lands its
-    changes as (a leaf partition's root with ``source.partitions = root``)."""
+    (by oid; updated with the message's). ``landed_as(table, root, oid)``: the table capture lands
+    its changes as (a leaf partition's root with ``source.partitions = root``; a table renamed since,
+    under its name now), None when it is gone (the catalog comparison speaks for it)."""
     plan = DdlPlan()
     doc = msg.doc
     tag = str(doc.get("tag", "?"))
@@ -293,11 +294,11 @@ def plan_message(
         plan.notes.append(f"a DDL message ({tag}) could not be read ({exc!r})")
         return plan
     for table, facts, _kind, _is_partition, root in tables:
-        target = root_of(table, root)
+        target = landed_as(table, root, facts.oid)
         why = _meaning(doc, tag, facts, known.get(facts.oid))
         if doc.get("event") != "table_rewrite":  # its picture is the one before the rewrite
             known[facts.oid] = facts
-        if why:
+        if why and target is not None:
             plan.resync[target] = f"{tag}: {why}" if target == table else f"{tag} on partition {table}: {why}"
     return plan
 
@@ -314,9 +315,9 @@ def _meaning(doc: dict[str, Any], tag: str, now: TableFacts, before: TableFacts 
         if reason & REWRITE_COLUMN:
             whys.append("a column was retyped and the table rewritten (every stored value converted)")
         return "; ".join(whys) or None
+    if tag in ("CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"):
+        return None  # its first picture (an earlier one by this oid is from before a wraparound)
     if before is None:
-        if tag == "CREATE TABLE" or tag == "CREATE TABLE AS" or tag == "SELECT INTO":
-            return None
         filled = [c.name for c in now.columns.values() if c.has_missing]
         if filled:
             return f"column {', '.join(filled)} was added with a default that filled the existing rows"

@@ -51,7 +51,7 @@ def plan(msgs: list[ddl.Message], known: dict[int, TableFacts] | None = None) ->
     known = {} if known is None else known
     out: dict[str, str] = {}
     for m in msgs:
-        out.update(ddl.plan_message(m, known, lambda t, root: root or t).resync)
+        out.update(ddl.plan_message(m, known, lambda t, root, oid: root or t).resync)
     return out
 
 
@@ -165,3 +165,13 @@ def test_the_install_sql_pins_its_search_path_and_catches_its_errors() -> None:
     assert "SET search_path = pg_catalog" in sql and "EXCEPTION WHEN OTHERS" in sql
     assert "pg_logical_emit_message(true, 'loader.ddl'" in sql
     assert "ON ddl_command_end" in sql and "ON table_rewrite" in sql and ddl.VERSION in sql
+
+
+def test_a_table_gone_since_its_ddl_is_left_to_the_catalog_comparison_and_a_renamed_one_keeps_its_new_name() -> None:
+    create = message("CREATE TABLE", picture(oid=7))
+    filled = message("ALTER TABLE", picture(oid=7, d=("d", "text", True)))
+    known: dict[int, TableFacts] = {}
+    gone = [ddl.plan_message(m, known, lambda t, root, oid: None).resync for m in (create, filled)]
+    assert gone == [{}, {}]
+    renamed = ddl.plan_message(filled, {}, lambda t, root, oid: "public.renamed" if oid == 7 else None)
+    assert set(renamed.resync) == {"public.renamed"}
