@@ -521,7 +521,9 @@ class Capture:
         """Compare the catalog with the last run; queue park records and resyncs."""
         src = self.settings.source
         state = self.store.read_state(CATALOG_STATE)
-        trigger = ddl.ensure(conn, src.ddl_trigger)
+        # pgoutput sends logical messages from PostgreSQL 14 on; before that the trigger's never arrive.
+        delivered = src.plugin != "pgoutput" or conn.info.server_version >= 140000
+        trigger = ddl.ensure(conn, src.ddl_trigger and delivered)
         self._ddl_token = trigger.token
         # Every DDL since the last run is in the stream only if the same installation was in
         # place, enabled, at both runs (a trigger dropped and installed again has new oids).
