@@ -44,9 +44,11 @@ class FuzzRun:
         self.case_clashes: set[str] = set()  # tables that had columns differing only in case
         env.configure("source", exclude=["pg_catalog.*", "information_schema.*", f"{AUDIT_SCHEMA}.*"])
         env.configure("load", driver_max_bytes=(64 << 20) if workload.driver_load else 0)
+        env.configure("source", ddl_trigger=workload.ddl_trigger)
         # What a loader process needs beside the harness's settings.
         self.proc_env = {
             "LOADER_SOURCE__EXCLUDE": json.dumps(env.settings.source.exclude),
+            "LOADER_SOURCE__DDL_TRIGGER": json.dumps(workload.ddl_trigger),
             "LOADER_LOAD__DRIVER_MAX_BYTES": str(env.settings.load.driver_max_bytes),
         }
 

@@ -126,3 +126,12 @@ def test_gap_flags_parse() -> None:
     assert parse_gaps("nan_infinity, nan_infinity") == {"nan_infinity"}
     with pytest.raises(ValueError, match="unknown gap"):
         generate(1, gaps=frozenset({"nope"}))
+
+
+def test_seeds_without_the_ddl_trigger_draw_only_what_the_catalog_comparison_can_see() -> None:
+    workloads = [generate(s, rounds=5, tables=6) for s in range(1, 200)]
+    off = [w for w in workloads if not w.ddl_trigger]
+    assert off and len(off) < len(workloads) / 2
+    assert not any(new_table_ddl(w, r"SET UNLOGGED") for w in off)
+    assert not any(new_table_ddl(w, r"ALTER COLUMN \S+ TYPE numeric$") for w in off)
+    assert all("source.ddl_trigger = false" in w.script() for w in off)

@@ -66,10 +66,17 @@ class Workload:
     steps: list[Step]
     tracked: dict[str, list[str]]  # tables whose every change the audit trigger logs: key columns
     driver_load: bool  # load.driver_max_bytes on for this seed
+    # source.ddl_trigger for this seed: DDL in the stream, or (one seed in three) the catalog
+    # comparison alone, which cannot see what a table created since the last capture went through
+    # without leaving a trace (SET UNLOGGED ... SET LOGGED, a retype without a rewrite): those
+    # forms are not drawn for such tables then.
+    ddl_trigger: bool = True
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
         out = [f"-- fuzz seed {self.seed}: source SQL in order; loader actions as comments", ""]
+        if not self.ddl_trigger:
+            out.insert(1, "-- (source.ddl_trigger = false: the loader compares catalogs only)")
         for i, step in enumerate(self.steps[: None if upto is None else upto + 1]):
             if isinstance(step, Loader):
                 what = " ".join(x for x in (step.action, step.stage, step.point) if x)
@@ -276,6 +283,7 @@ class Generator:
         self.rng = random.Random(seed)
         self.rounds = rounds
         self.gaps = gaps
+        self.ddl_trigger = seed % 3 != 2
         self.tables: dict[str, Table] = {}
         self.steps: list[Step] = []
         self.tracked: dict[str, list[str]] = {}
@@ -699,6 +707,9 @@ class Generator:
     def ddl(self) -> None:
         rng = self.rng
         t = rng.choice(list(self.tables.values()))
+        fresh = [u for u in self.tables.values() if u.new_since_capture and not u.tracked]
+        if fresh and rng.random() < 0.3:
+            t = rng.choice(fresh)  # DDL on a table created since the last capture: no earlier picture of it
         forms = [
             "add_column",
             "add_column_default",
@@ -738,6 +749,8 @@ class Generator:
         if t.tracked and (moves or form == "case_column"):
             # (a table with columns differing only in case parks, its changes quarantined)
             form = "add_column"
+        if form == "unlogged" and t.new_since_capture and not self.ddl_trigger:
+            form = "add_column"  # what the catalog comparison alone cannot see (Workload.ddl_trigger)
         getattr(self, f"ddl_{form}")(t)
 
     def _value_cols(self, t: Table, kinds: tuple[str, ...] | None = None) -> list[Col]:
@@ -782,6 +795,8 @@ class Generator:
             return self.ddl_add_column(t)
         c = self.rng.choice(cols)
         to = {"i2": "i4", "i4": "i8", "vc": "txt", "num": "num_free", "f4": "f8"}[c.kind]
+        if to == "num_free" and t.new_since_capture and not self.ddl_trigger:
+            return self.ddl_add_column(t)  # no rewrite, no trace (Workload.ddl_trigger)
         c.kind = to
         self.sql(
             f"widen a column of {t.qualified}", f"ALTER TABLE {t.qname} ALTER COLUMN {ident(c.name)} TYPE {TYPES[to]}"
@@ -1052,7 +1067,9 @@ class Generator:
             self.loader_action(heavy)
         if not isinstance(self.steps[-1], Loader) or self.steps[-1].action != "run":
             self.loader("run")
-        return Workload(self.seed, self.steps, self.tracked, driver_load=rng.random() < 0.5)
+        return Workload(
+            self.seed, self.steps, self.tracked, driver_load=rng.random() < 0.5, ddl_trigger=self.ddl_trigger
+        )
 
 
 def generate(
