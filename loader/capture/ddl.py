@@ -30,7 +30,8 @@ Safety on the source: the function runs inside other people's DDL, so it catches
 table, and is ``SECURITY DEFINER`` (its owner, who installed it, may emit messages even where the
 role running the DDL may not). Switch it off without a restart with ``ALTER EVENT TRIGGER
 loader_ddl_end DISABLE; ALTER EVENT TRIGGER loader_ddl_rewrite DISABLE`` (capture leaves disabled
-triggers alone and compares catalogs only), or per session with ``SET loader.ddl_capture = off``.
+triggers alone and compares catalogs only). There is no per-session switch: a session whose DDL
+emitted nothing would leave capture trusting a stream that misses it.
 ``loader slot drop`` removes it (:func:`uninstall`).
 
 Rights: ``CREATE EVENT TRIGGER`` needs a superuser (on RDS and Aurora: a member of
@@ -65,7 +66,7 @@ SCHEMA = "loader"
 FUNCTION = "loader.ddl_message()"
 TRIGGERS = {"loader_ddl_end": "ddl_command_end", "loader_ddl_rewrite": "table_rewrite"}
 # The function's comment: which version of it is installed (capture replaces an older one).
-VERSION = "lakehouse-loader ddl trigger v1"
+VERSION = "lakehouse-loader ddl trigger v2"
 
 # table_rewrite reasons (PostgreSQL's AT_REWRITE_* bits).
 REWRITE_PERSISTENCE = 1
@@ -81,9 +82,6 @@ DECLARE
   types oid[];
   doc jsonb;
 BEGIN
-  IF coalesce(current_setting('loader.ddl_capture', true), '') = 'off' THEN
-    RETURN;
-  END IF;
   BEGIN
     IF TG_EVENT = 'table_rewrite' THEN
       rels := ARRAY[pg_event_trigger_table_rewrite_oid()];
