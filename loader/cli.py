@@ -446,11 +446,25 @@ def slot_create(ctx: Context) -> None:
 @catch_errors
 def slot_drop(ctx: Context) -> None:
     """Drop the slot (changes not yet captured are lost)."""
+    from loader.capture import ddl
     from loader.capture import slot as slots
 
     with slots.connect(ctx.settings.source.conninfo()) as conn:
         slots.drop_slot(conn, ctx.settings.source.slot)
-    click.echo(f"slot {ctx.settings.source.slot} dropped")
+        # The DDL trigger goes with the slot (another loader's next capture installs it again).
+        removed = ddl.uninstall(conn)
+    click.echo(
+        f"slot {ctx.settings.source.slot} dropped" + ("" if removed else "; the DDL trigger stays (see the log)")
+    )
+
+
+@slot.command("ddl-trigger")
+def slot_ddl_trigger() -> None:
+    """Print the SQL that installs the DDL trigger, for an administrator to run where the loader's
+    role may not (it needs superuser or rds_superuser); see README 'DDL capture'."""
+    from loader.capture import ddl
+
+    click.echo(ddl.install_sql())
 
 
 @slot.command("info")

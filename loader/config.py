@@ -130,6 +130,11 @@ class SourceSettings(_Redacted):
     # Also resync after a bare table rewrite (VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): the catalog
     # cannot tell those from ALTER COLUMN ... TYPE ... USING with the same type, which changes values.
     resync_on_table_rewrite: bool = True
+    # DDL in the stream (loader.capture.ddl): where the role may (superuser, rds_superuser), capture
+    # installs an event trigger that emits each table DDL as a transactional logical message, so it
+    # lands at its exact position (fast defaults and rewrites on tables created since the last run;
+    # TRUNCATE, VACUUM FULL and CLUSTER told apart from ALTER ... USING). false: catalog comparison only.
+    ddl_trigger: bool = True
     # Declaratively partitioned tables: "root" lands every partition's changes as changes of the
     # partitioned table (one history and one current table, as users query it); "leaf" keeps each
     # partition a table of its own.

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from loader.capture import ddl
 from loader.capture import heartbeat as heartbeats
 from loader.capture import slot as slots
 from loader.capture.snapshot import Snapshot
@@ -195,6 +196,12 @@ class Capture:
         # run's upper bound is taken.
         self.source_plan = SourcePlan()
         self._published: list[str] | None = None  # pgoutput: the publication's tables after this run's sync
+        # DDL in the stream (loader.capture.ddl): the trigger's installation as this run found it,
+        # the last picture of each table by oid, and whether a message said it could not be made.
+        self._ddl_token: str | None = None
+        self._ddl_known: dict[int, TableFacts] = {}
+        self._ddl_incomplete = False
+        self._facts_by_oid: dict[int, str] | None = None
         self._publication_resyncs: dict[str, str] = {}
         self._role: str | None = None
 
@@ -250,6 +257,8 @@ class Capture:
             finally:
                 if fetcher is not None:
                     fetcher.close()
+            if plan is not None:
+                self._settle_deferred(plan, result)
             self._flush_controls(result)
             self._note_lossy_specials(result)
             if plan is not None:
@@ -512,8 +521,16 @@ class Capture:
         """Compare the catalog with the last run; queue park records and resyncs."""
         src = self.settings.source
         state = self.store.read_state(CATALOG_STATE)
+        # pgoutput sends logical messages from PostgreSQL 14 on; before that the trigger's never arrive.
+        delivered = src.plugin != "pgoutput" or conn.info.server_version >= 140000
+        trigger = ddl.ensure(conn, src.ddl_trigger and delivered)
+        self._ddl_token = trigger.token
+        # Every DDL since the last run is in the stream only if the same installation was in
+        # place, enabled, at both runs (a trigger dropped and installed again has new oids).
+        ddl_in_stream = trigger.token is not None and state is not None and state.get("ddl_trigger") == trigger.token
         view = read_facts(conn, src.partitions)
         self.facts, self.roots = view.facts, view.roots
+        self._facts_by_oid = None
         self._roots_before = dict(state.get("partition_roots", {})) if state else {}
         before = {t: TableFacts.from_doc(d) for t, d in state["tables"].items()} if state else None
         included_before = set(state.get("included", [])) if state else set()
@@ -525,7 +542,9 @@ class Capture:
             src.resync_on_table_rewrite,
             roots_before=dict(state.get("partition_roots", {})) if state else {},
             roots_now=self.roots,
+            ddl_in_stream=ddl_in_stream,
         )
+        self._ddl_known = ddl.known_from(before or {})
         pending = dict(state.get("pending_resyncs", {})) if state else {}
         # Resyncs another process asked for (continuous verification's auto-repair): pending from
         # now on, saved with the catalog state, then the request is cleared.
@@ -560,11 +579,87 @@ class Capture:
                 "included": sorted(t for t in self.facts if self._captured(t)),
                 "partition_roots": dict(sorted(self.roots.items())),
                 "pending_resyncs": dict(sorted(self._pending_resyncs.items())),
+                "ddl_trigger": self._ddl_token,
             },
         )
         if self._requested:
             self.store.write_state(RESYNC_REQUESTS, {"tables": {}})
             self._requested = {}
+
+    # --- DDL in the stream ------------------------------------------------------------------
+    def _on_ddl(self, decoder: Any, result: CaptureResult) -> None:
+        """DDL messages of a transaction that just committed (loader.capture.ddl): a table whose
+        stored rows the DDL changed outside the WAL is parked right after it and resynced at the end
+        of the run. The resync is recorded as requested before the slot can move past the message,
+        so a run killed after that still does it."""
+        messages, decoder.ddl = decoder.ddl, []
+        wanted: dict[str, str] = {}
+        for msg in messages:
+            if msg.error:
+                self._ddl_incomplete = True
+                result.notes.append(
+                    f"the DDL trigger could not describe a {msg.doc.get('tag', 'DDL')} at {format_lsn(msg.lsn)} "
+                    f"({msg.error}): this run compares catalogs only"
+                )
+                continue
+            plan = ddl.plan_message(msg, self._ddl_known, self._landed_as)
+            result.notes += plan.notes
+            for table, why in plan.resync.items():
+                if not self._captured(table) or (self.watch and table in self._pending_resyncs):
+                    continue  # not captured, or already parked (earlier) and waiting for its resync
+                why = f"{why} (DDL at {format_lsn(msg.lsn)})"
+                wanted[table] = f"{wanted[table]}; {why}" if table in wanted else why
+        if not wanted:
+            return
+        if not self.settings.source.auto_resync:
+            for table, why in wanted.items():
+                parked = f"{why}; run 'loader resync --table {table}' (source.auto_resync is off)"
+                self.controls.pending.append((table, parked))
+                result.parked[table] = parked
+            return
+        requests = dict((self.store.read_state(RESYNC_REQUESTS) or {}).get("tables", {}))
+        requests.update(wanted)
+        self.store.write_state(RESYNC_REQUESTS, {"tables": requests})
+        if not self.watch:
+            return  # a nested run (inside a resync): the next run takes the requests
+        self._requested.update(wanted)
+        for table, why in wanted.items():
+            earlier = self._pending_resyncs.get(table)
+            self._pending_resyncs[table] = f"{earlier}; {why}" if earlier and why not in earlier else (earlier or why)
+            parked = f"waiting for a resync: {why}"
+            self.controls.pending.append((table, parked))
+            result.parked[table] = parked
+
+    def _landed_as(self, table: str, root: str | None, oid: int) -> str | None:
+        """The table a source table's changes land as: its root, for a partition with partitions =
+        root; else its name in this run's catalog picture (renamed since), None if it is gone (a
+        nested run has no picture: the name in the message)."""
+        if self.settings.source.partitions == "root" and root:
+            return root
+        if not self.facts:
+            return table
+        if self._facts_by_oid is None or len(self._facts_by_oid) != len(self.facts):
+            self._facts_by_oid = {f.oid: t for t, f in self.facts.items()}
+        return self._facts_by_oid.get(oid)
+
+    def _settle_deferred(self, plan: WatchPlan, result: CaptureResult) -> None:
+        """Rewrites the catalog showed without a column change, with the DDL trigger in place: a
+        table_rewrite message in the stream resyncs the table (``_on_ddl``); without one the
+        rewrite was TRUNCATE (in the stream), VACUUM FULL, CLUSTER or SET TABLESPACE, and nothing
+        is resynced, unless a DDL message said it could not be made (then as without the trigger)."""
+        for table, why in sorted(plan.deferred.items()):
+            if table in self._pending_resyncs:
+                continue
+            if self._ddl_incomplete:
+                self._pending_resyncs[table] = why
+                parked = f"waiting for a resync: {why}"
+                self.controls.pending.append((table, parked))
+                result.parked[table] = parked
+            else:
+                result.notes.append(
+                    f"{table}: rewritten without a rewriting ALTER (the DDL trigger saw none: TRUNCATE, "
+                    "VACUUM FULL, CLUSTER or SET TABLESPACE), so not resynced"
+                )
 
     def _resync(self, result: CaptureResult) -> None:
         """Run the pending resyncs (a consistent snapshot of each table through a temporary slot)."""
@@ -639,6 +734,8 @@ class Capture:
                     records = decoder.feed(data, parse_lsn(row_lsn.decode())) if strict_outside else decoder.feed(data)
                     for rec in records:
                         lander.land(rec)
+                    if decoder.ddl:
+                        self._on_ddl(decoder, result)
                     if strict_outside and decoder.quarantined_outside_transaction:
                         raise DecodeError(
                             f"pgoutput message outside a transaction could not be decoded ({decoder.last_outside_reason})",
@@ -705,6 +802,8 @@ class Capture:
                 for data in fetcher.rows():
                     for rec in decoder.records(data):
                         lander.land(rec)
+                    if decoder.ddl:
+                        self._on_ddl(decoder, result)
                     if len(result.files) != published:
                         published = len(result.files)
                         self._confirm(conn, decoder.confirm_lsn)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from loader.capture import heartbeat
+from loader.capture import ddl, heartbeat
 from loader.capture.source_tables import HAS_IDENTITY_SQL
 from loader.errors import SourceError
 from loader.landing.records import ChangeRecord, Column, OpenTransaction
@@ -238,6 +238,9 @@ class PgOutputDecoder:
         # Loader heartbeats seen in committed transactions (see loader.capture.heartbeat), in order.
         self.heartbeats: list[heartbeat.Seen] = []
         self._txn_heartbeats: list[heartbeat.Seen] = []
+        # DDL messages (loader.capture.ddl) of committed transactions, in order; capture takes them.
+        self.ddl: list[ddl.Message] = []
+        self._txn_ddl: list[ddl.Message] = []
         # Why the last message outside a transaction was quarantined (for the capture's report).
         self.last_outside_reason: str | None = None
 
@@ -305,6 +308,10 @@ class PgOutputDecoder:
             if beat is not None and flags & 1 and self._txn is not None:
                 self._txn_heartbeats.append(beat)  # counted once its transaction commits
                 return []
+            change = ddl.parse(prefix, body, message_lsn)
+            if change is not None and flags & 1 and self._txn is not None:
+                self._txn_ddl.append(change)  # acted on once its transaction commits
+                return []
             self.messages_skipped += 1
             return []
         if kind == "T":
@@ -359,7 +366,11 @@ class PgOutputDecoder:
             for beat in self._txn_heartbeats:
                 beat.end_lsn = end_lsn
             self.heartbeats += self._txn_heartbeats
+            for change in self._txn_ddl:
+                change.commit_lsn = txn.commit_lsn
+            self.ddl += self._txn_ddl
         self._txn_heartbeats = []
+        self._txn_ddl = []
         self._txn = None
         return out
 

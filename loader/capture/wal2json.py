@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from loader.capture import heartbeat
+from loader.capture import ddl, heartbeat
 from loader.errors import DecodeError
 from loader.landing.records import ChangeRecord, Column, OpenTransaction
 from loader.lsn import parse_lsn
@@ -155,6 +155,9 @@ class Wal2JsonDecoder:
         # Loader heartbeats seen in committed transactions (see loader.capture.heartbeat), in order.
         self.heartbeats: list[heartbeat.Seen] = []
         self._txn_heartbeats: list[heartbeat.Seen] = []
+        # DDL messages (loader.capture.ddl) of committed transactions, in order; capture takes them.
+        self.ddl: list[ddl.Message] = []
+        self._txn_ddl: list[ddl.Message] = []
 
     @property
     def last_commit_end_lsn(self) -> int | None:
@@ -260,6 +263,10 @@ class Wal2JsonDecoder:
             if beat is not None and self.txn is not None and doc.get("transactional", True):
                 self._txn_heartbeats.append(beat)  # counted once its transaction commits
                 return
+            change = ddl.parse(doc.get("prefix"), doc.get("content"), _lsn_or_zero(doc.get("lsn")))
+            if change is not None and self.txn is not None and doc.get("transactional", True):
+                self._txn_ddl.append(change)  # acted on once its transaction commits
+                return
             self.messages_skipped += 1
             if self.txn is None and not doc.get("transactional", True):
                 # A non-transactional message (heartbeats, Debezium signals) sits between
@@ -317,6 +324,11 @@ class Wal2JsonDecoder:
                 beat.end_lsn = txn.end_lsn
             self.heartbeats += self._txn_heartbeats
             self._txn_heartbeats = []
+        if self._txn_ddl:
+            for change in self._txn_ddl:
+                change.commit_lsn = txn.commit_lsn
+            self.ddl += self._txn_ddl
+            self._txn_ddl = []
 
     def _quarantine(self, raw: str, reason: str, doc: Any) -> Iterator[ChangeRecord]:
         txn = self.txn

@@ -24,6 +24,7 @@ the one catalog query.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import psycopg
 
 from loader.capture.source_tables import IDENTITY_NAMES, IDENTITY_OK_SQL, SourceTableInfo, index_columns_sql
+from loader.lake.types import spark_type
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,11 @@ class WatchPlan:
     resync: dict[str, str] = field(default_factory=dict)  # table -> reason
     park: dict[str, str] = field(default_factory=dict)  # table -> reason
     notes: list[str] = field(default_factory=list)
+    # With DDL in the stream (loader.capture.ddl): rewrites the catalog alone shows (a new
+    # relfilenode and no column change), not resynced unless the stream's DDL messages turn out to
+    # be incomplete this run: a table_rewrite message says when an ALTER rewrote rows; without one
+    # it was TRUNCATE (in the stream), VACUUM FULL, CLUSTER or SET TABLESPACE (no value changed).
+    deferred: dict[str, str] = field(default_factory=dict)
 
 
 def plan_watch(
@@ -126,10 +133,13 @@ def plan_watch(
     resync_on_rewrite: bool = True,
     roots_before: dict[str, str] | None = None,
     roots_now: dict[str, str] | None = None,
+    ddl_in_stream: bool = False,
 ) -> WatchPlan:
     """Decisions for every table, from the catalog as the previous run saw it and as it is now.
 
     ``roots_*``: leaf partition -> partitioned table, when partitions land as their root.
+    ``ddl_in_stream``: the DDL trigger was in place since the previous run, so a rewrite without a
+    column change goes to ``plan.deferred`` instead of ``plan.resync``.
     """
     plan = WatchPlan()
     roots_before, roots_now = roots_before or {}, roots_now or {}
@@ -155,7 +165,9 @@ def plan_watch(
                 plan.notes.append(f"{table}: UNLOGGED, its changes are not in the WAL and cannot be captured")
             else:
                 reason = _changed_since_created(facts, resync_on_rewrite)
-                if reason:
+                if reason and ddl_in_stream and reason.startswith("rewritten"):
+                    plan.deferred[table] = f"created since the last look, then {reason}"
+                elif reason:
                     plan.resync[table] = f"created since the last look, then {reason}"
             continue
         if not was_included(table):
@@ -210,6 +222,8 @@ def plan_watch(
                 reasons.append(f"column {prev.name} was renamed to {col.name}")
             elif prev.type != col.type and rewritten:
                 reasons.append(f"column {col.name} changed type from {prev.type} to {col.type} with a table rewrite")
+            elif prev.type != col.type and not retype_in_place(prev.type, col.type):
+                reasons.append(f"column {col.name} changed type from {prev.type} to {col.type}, {RETYPE_NOT_IN_PLACE}")
             else:
                 changed = type_change(prev.type_sig, col.type_sig)
                 if changed:
@@ -222,6 +236,11 @@ def plan_watch(
                 # changes (a TRUNCATE among them), and re-reading every row as a snapshot would
                 # add nothing but copies (pgbench_history after pgbench's TRUNCATE).
                 plan.notes.append(f"{table}: rewritten; history only, so not resynced")
+            elif resync_on_rewrite and ddl_in_stream:
+                plan.deferred[table] = (
+                    "the table was rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): "
+                    "its rows may have changed without row changes in the WAL"
+                )
             elif resync_on_rewrite:
                 reasons.append(
                     "the table was rewritten (ALTER ... USING, VACUUM FULL, CLUSTER, TRUNCATE, SET TABLESPACE): "
@@ -242,11 +261,18 @@ def plan_watch(
     return plan
 
 
+# The type behind a column's type ``t0`` whose DDL can change stored values: an array's element, a
+# domain's base, else the type itself. One spelling for the catalog picture (below) and for the DDL
+# trigger's "tables using a type" (loader.capture.ddl).
+TYPE_BEHIND_SQL = (
+    "CASE WHEN t0.typcategory = 'A' THEN t0.typelem WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END"
+)
+
 # Type-level DDL changes stored values without a row change in the WAL: ALTER TYPE ... RENAME
 # VALUE changes every stored enum value's text; adding, dropping or retyping an attribute of a
 # composite type changes every stored value's text. The column's type (an array's element, a
 # domain's base) is described by what those statements change; ADD VALUE changes no stored value.
-_TYPE_SIGNATURE_SQL = """(SELECT CASE et.typtype
+_TYPE_SIGNATURE_SQL = f"""(SELECT CASE et.typtype
       WHEN 'e' THEN json_build_object('enum', (SELECT json_object_agg(e.oid, e.enumlabel) FROM pg_enum e
                                                WHERE e.enumtypid = et.oid))
       WHEN 'c' THEN json_build_object('composite', (SELECT json_agg(json_build_array(ca.attnum, ca.attname,
@@ -254,9 +280,29 @@ _TYPE_SIGNATURE_SQL = """(SELECT CASE et.typtype
                                                     FROM pg_attribute ca WHERE ca.attrelid = et.typrelid
                                                       AND ca.attnum > 0 AND NOT ca.attisdropped))
       END
-    FROM pg_type t0 JOIN pg_type et ON et.oid = CASE WHEN t0.typcategory = 'A' THEN t0.typelem
-                                                     WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
+    FROM pg_type t0 JOIN pg_type et ON et.oid = {TYPE_BEHIND_SQL}
     WHERE t0.oid = a.atttypid)"""
+
+
+RETYPE_NOT_IN_PLACE = (
+    "a retype the lake cannot apply in place (the load keeps the old values under pg__r<k>_<column>): "
+    "resynced to fill the new column"
+)
+_DECIMAL = re.compile(r"^DECIMAL\((\d+),(\d+)\)\Z")
+
+
+def retype_in_place(old: str, new: str) -> bool:
+    """Whether the lake takes a column's retype without a rewrite in place (the same lake type, an
+    integer or float widening, or a decimal's precision widened at the same scale): a retype
+    PostgreSQL makes without rewriting the table (``numeric(10,2)`` to ``numeric``, ``varchar(5)``
+    to ``text``, ``timestamp`` to ``timestamptz`` in UTC) sends no row changes, and if the lake
+    cannot apply it in place the history load retires the column and the current table needs a
+    resync."""
+    a, b = spark_type(old).sql, spark_type(new).sql
+    if a == b or (a, b) in {("SMALLINT", "INT"), ("INT", "BIGINT"), ("SMALLINT", "BIGINT"), ("FLOAT", "DOUBLE")}:
+        return True
+    da, db = _DECIMAL.match(a), _DECIMAL.match(b)
+    return bool(da and db and da.group(2) == db.group(2) and int(db.group(1)) >= int(da.group(1)))
 
 
 def type_change(before: Any, after: Any) -> str | None:
@@ -273,22 +319,61 @@ def type_change(before: Any, after: Any) -> str | None:
     return None
 
 
-_FACTS_SQL = f"""
-SELECT n.nspname, c.relname, c.oid::bigint, c.relfilenode::bigint, c.relpersistence, c.relreplident,
-       {index_columns_sql("primary")},
-       {index_columns_sql("identity")},
+# One table's catalog picture (a row per table ``c``), named so the DDL trigger can send it as JSON
+# (loader.capture.ddl) and :func:`facts_from_rows` reads both forms the same way.
+FACTS_SELECT = f"""
+SELECT n.nspname AS nspname, c.relname AS relname, c.oid::bigint AS oid, c.relfilenode::bigint AS relfilenode,
+       c.relpersistence AS persistence, c.relreplident AS replident,
+       {index_columns_sql("primary")} AS primary_key,
+       {index_columns_sql("identity")} AS identity_columns,
        COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing,
                                                   {_TYPE_SIGNATURE_SQL})
                          ORDER BY a.attnum)
-                 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'),
-       c.relkind, c.relispartition,
+                 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]') AS columns,
+       c.relkind AS relkind, c.relispartition AS is_partition,
        (SELECT rn.nspname || '.' || r.relname FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace
-         WHERE c.relispartition AND r.oid = pg_partition_root(c.oid)),
-       {IDENTITY_OK_SQL}
+         WHERE c.relispartition AND r.oid = pg_partition_root(c.oid)) AS root,
+       {IDENTITY_OK_SQL} AS identity_ok
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND c.relpersistence IN ('p', 'u')
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'
-"""
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_'"""
+FACTS_FIELDS = (
+    "nspname",
+    "relname",
+    "oid",
+    "relfilenode",
+    "persistence",
+    "replident",
+    "primary_key",
+    "identity_columns",
+    "columns",
+    "relkind",
+    "is_partition",
+    "root",
+    "identity_ok",
+)
+_FACTS_SQL = FACTS_SELECT
+
+
+def facts_from_rows(rows: Any) -> list[tuple[str, TableFacts, str, bool, str | None]]:
+    """(table, facts, relkind, is a partition, its root) of each row of :data:`FACTS_SELECT`: tuples
+    as a query returns them, or objects keyed by :data:`FACTS_FIELDS` as the DDL trigger sends them."""
+    out = []
+    for row in rows:
+        r = [row[k] for k in FACTS_FIELDS] if isinstance(row, dict) else list(row)
+        schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root, ident_ok = r
+        f = TableFacts(
+            oid=int(oid),
+            relfilenode=int(filenode),
+            persistence=str(persistence),
+            replica_identity=IDENTITY_NAMES.get(ident, ident),
+            primary_key=list(pk or []),
+            identity_index_columns=list(idx or []),
+            columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None) for a in cols},
+            identity_ok=bool(ident_ok),
+        )
+        out.append((f"{schema}.{name}", f, str(kind), bool(is_partition), root))
+    return out
 
 
 @dataclass
@@ -311,18 +396,7 @@ def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogVie
     facts: dict[str, TableFacts] = {}
     roots: dict[str, str] = {}
     leaves: dict[str, list[tuple[str, TableFacts]]] = {}
-    for schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root, ident_ok in rows:
-        table = f"{schema}.{name}"
-        f = TableFacts(
-            oid=int(oid),
-            relfilenode=int(filenode),
-            persistence=str(persistence),
-            replica_identity=IDENTITY_NAMES.get(ident, ident),
-            primary_key=list(pk),
-            identity_index_columns=list(idx),
-            columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None) for a in cols},
-            identity_ok=bool(ident_ok),
-        )
+    for table, f, kind, is_partition, root in facts_from_rows(rows):
         if partitions == "leaf":
             if kind == "r":
                 facts[table] = f

@@ -3,7 +3,7 @@ pipeline, with the oracles after every loader run (see tests/fuzz/runner.py).
 
 ``make test`` runs ``FIXED_SEEDS``; ``make fuzz SEEDS=N FUZZ_START=S`` runs seeds S..S+N-1 (env
 ``FUZZ_SEEDS``, ``FUZZ_START``; ``FUZZ_ROUNDS`` rounds over ``FUZZ_TABLES`` tables each; ``FUZZ_GAPS=all`` or a comma list of
-``KNOWN_GAPS`` also draws the hazards the loader does not handle yet).
+``KNOWN_GAPS`` also draws the hazards left out by default, each with why).
 """
 
 from __future__ import annotations
