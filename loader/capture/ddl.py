@@ -51,12 +51,10 @@ import psycopg
 
 from loader.capture.watch import (
     FACTS_SELECT,
-    RETYPE_NOT_IN_PLACE,
     TYPE_BEHIND_SQL,
     TableFacts,
+    column_changes,
     facts_from_rows,
-    retype_in_place,
-    type_change,
 )
 
 log = logging.getLogger("loader.capture")
@@ -322,20 +320,7 @@ def _meaning(doc: dict[str, Any], tag: str, now: TableFacts, before: TableFacts 
         if tag in ("ALTER TYPE", "ALTER DOMAIN"):
             return "its column type changed at the type level (no earlier picture to compare with)"
         return None
-    whys = []
-    for attnum, col in sorted(now.columns.items(), key=lambda kv: int(kv[0])):
-        prev = before.columns.get(attnum)
-        if prev is None:
-            if col.has_missing:
-                whys.append(f"column {col.name} was added with a default that filled the existing rows")
-        elif prev.name != col.name:
-            whys.append(f"column {prev.name} was renamed to {col.name}")
-        elif prev.type != col.type and not retype_in_place(prev.type, col.type):
-            whys.append(f"column {col.name} changed type from {prev.type} to {col.type}, {RETYPE_NOT_IN_PLACE}")
-        else:
-            changed = type_change(prev.type_sig, col.type_sig)
-            if changed:
-                whys.append(f"column {col.name}'s type {col.type}: {changed}, which every stored value shows")
+    whys, _ = column_changes(before, now, rewritten=False)
     return "; ".join(whys) or None
 
 

@@ -125,6 +125,31 @@ class WatchPlan:
     deferred: dict[str, str] = field(default_factory=dict)
 
 
+def column_changes(old: TableFacts, now: TableFacts, rewritten: bool) -> tuple[list[str], list[str]]:
+    """Why the stored rows changed between two pictures of one table, column by column (by attnum,
+    never by name), and the columns added without a default that filled existing rows."""
+    reasons: list[str] = []
+    added_plain: list[str] = []
+    for attnum, col in sorted(now.columns.items(), key=lambda kv: int(kv[0])):
+        prev = old.columns.get(attnum)
+        if prev is None:
+            if col.has_missing:
+                reasons.append(f"column {col.name} was added with a default that filled the existing rows")
+            else:
+                added_plain.append(col.name)
+        elif prev.name != col.name:
+            reasons.append(f"column {prev.name} was renamed to {col.name}")
+        elif prev.type != col.type and rewritten:
+            reasons.append(f"column {col.name} changed type from {prev.type} to {col.type} with a table rewrite")
+        elif prev.type != col.type and not retype_in_place(prev.type, col.type):
+            reasons.append(f"column {col.name} changed type from {prev.type} to {col.type}, {RETYPE_NOT_IN_PLACE}")
+        else:
+            changed = type_change(prev.type_sig, col.type_sig)
+            if changed:
+                reasons.append(f"column {col.name}'s type {col.type}: {changed}, which every stored value shows")
+    return reasons, added_plain
+
+
 def plan_watch(
     before: dict[str, TableFacts] | None,
     now: dict[str, TableFacts],
@@ -209,25 +234,7 @@ def plan_watch(
             plan.resync[table] = reason
             continue
         rewritten = old.relfilenode != facts.relfilenode
-        reasons = []
-        added_plain = []
-        for attnum, col in sorted(facts.columns.items(), key=lambda kv: int(kv[0])):
-            prev = old.columns.get(attnum)
-            if prev is None:
-                if col.has_missing:
-                    reasons.append(f"column {col.name} was added with a default that filled the existing rows")
-                else:
-                    added_plain.append(col.name)
-            elif prev.name != col.name:
-                reasons.append(f"column {prev.name} was renamed to {col.name}")
-            elif prev.type != col.type and rewritten:
-                reasons.append(f"column {col.name} changed type from {prev.type} to {col.type} with a table rewrite")
-            elif prev.type != col.type and not retype_in_place(prev.type, col.type):
-                reasons.append(f"column {col.name} changed type from {prev.type} to {col.type}, {RETYPE_NOT_IN_PLACE}")
-            else:
-                changed = type_change(prev.type_sig, col.type_sig)
-                if changed:
-                    reasons.append(f"column {col.name}'s type {col.type}: {changed}, which every stored value shows")
+        reasons, added_plain = column_changes(old, facts, rewritten)
         if rewritten and not reasons:
             if added_plain:
                 reasons.append(f"column {', '.join(added_plain)} was added with a table rewrite (volatile default)")
