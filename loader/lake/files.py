@@ -30,6 +30,27 @@ def iceberg_arrow_schema(spark: SparkSession, table: Any) -> Any:
     return schema_to_pyarrow(Schema.model_validate_json(text), include_field_ids=True)
 
 
+def parquet_data_file(
+    spark: SparkSession, table: Any, partition: Any, path: str, size: int, input_file: Any, sorted_: bool = False
+) -> Any:
+    """The Iceberg DataFile (JVM) of a Parquet file written at ``path`` in ``partition`` of ``table``'s
+    spec, its column metrics read back from the file's footer; ``sorted_``: in the table's sort order."""
+    spec = table.spec()
+    builder = (
+        jvm_class(spark, "org.apache.iceberg.DataFiles")
+        .builder(spec)
+        .withPath(path)
+        .withFormat("parquet")
+        .withFileSizeInBytes(size)
+        .withPartition(partition)
+    )
+    if sorted_:
+        builder = builder.withSortOrder(table.sortOrder())
+    metrics = jvm_class(spark, "org.apache.iceberg.MetricsConfig").forTable(table)
+    parquet_util = jvm_class(spark, "org.apache.iceberg.parquet.ParquetUtil")
+    return builder.withMetrics(parquet_util.fileMetrics(input_file, metrics)).build()
+
+
 class RollingParquet:
     """Parquet files written from Arrow parts in bounded memory, one open file per partition key.
 

@@ -600,7 +600,7 @@ def append_rows(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from loader.lake.files import RollingParquet
+    from loader.lake.files import RollingParquet, parquet_data_file
     from loader.lake.iceberg import iceberg_table
     from loader.spark import jvm_class
 
@@ -611,8 +611,6 @@ def append_rows(
         raise AssertionError(f"{ident}: a driver append needs the history table's day partitioning")
     part_name = str(fields.get(0).name())
     data_files = jvm_class(spark, "org.apache.iceberg.DataFiles")
-    parquet_util = jvm_class(spark, "org.apache.iceberg.parquet.ParquetUtil")
-    metrics = jvm_class(spark, "org.apache.iceberg.MetricsConfig").forTable(table)
     fio, locations = table.io(), table.locationProvider()
     stem = uuid.uuid4().hex
     written: list[str] = []
@@ -625,17 +623,9 @@ def append_rows(
         path = str(locations.newDataLocation(spec, partition, f"{stem}-{len(written):05d}.parquet"))
         written.append(path)
         _write_file(file_io, path, data)
-        built = (
-            data_files.builder(spec)
-            .withPath(path)
-            .withFormat("parquet")
-            .withFileSizeInBytes(len(data))
-            .withPartition(partition)
-            .withSortOrder(table.sortOrder())
-            .withMetrics(parquet_util.fileMetrics(fio.newInputFile(path), metrics))
-            .build()
+        append = append.appendFile(
+            parquet_data_file(spark, table, partition, path, len(data), fio.newInputFile(path), sorted_=True)
         )
-        append = append.appendFile(built)
 
     try:
         files: RollingParquet | None = None

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loader.lake.files import RollingParquet, iceberg_arrow_schema, prefetched
+from loader.lake.files import RollingParquet, iceberg_arrow_schema, parquet_data_file, prefetched
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
@@ -206,8 +206,6 @@ def write_bulk(
     part_name = str(fields.get(0).name())
     target = iceberg_arrow_schema(spark, table)
     data_files = jvm_class(spark, "org.apache.iceberg.DataFiles")
-    parquet_util = jvm_class(spark, "org.apache.iceberg.parquet.ParquetUtil")
-    metrics = jvm_class(spark, "org.apache.iceberg.MetricsConfig").forTable(table)
     fio, locations = table.io(), table.locationProvider()
     stem = uuid.uuid4().hex
     written: list[str] = []
@@ -232,15 +230,7 @@ def write_bulk(
             stream.write(bytearray(data))
         finally:
             stream.close()
-        built.append(
-            data_files.builder(spec)
-            .withPath(path)
-            .withFormat("parquet")
-            .withFileSizeInBytes(len(data))
-            .withPartition(partition)
-            .withMetrics(parquet_util.fileMetrics(out.toInputFile(), metrics))
-            .build()
-        )
+        built.append(parquet_data_file(spark, table, partition, path, len(data), out.toInputFile()))
 
     in_snapshot = And(EqualTo("pg_lsn", at.commit_lsn), GreaterThan("pg_seq", at.seq))  # type: ignore[misc,call-arg,arg-type]
     scan = hist.scan(

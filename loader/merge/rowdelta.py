@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.errors import MergeConflictError
 from loader.faults import checkpoint
-from loader.lake.files import iceberg_arrow_schema, parquet_bytes
+from loader.lake.files import iceberg_arrow_schema, parquet_bytes, parquet_data_file
 from loader.names import internal
 from loader.spark import jvm_class
 
@@ -130,7 +130,7 @@ def commit_rows(
             buckets.update(int(x) for x in pc.unique(part.column(BUCKET)).to_pylist())
     try:
         schema = iceberg_arrow_schema(spark, table) if writes is not None and writes.num_rows else None
-        pos_metrics, data_metrics = metrics_config.forPositionDelete(table), metrics_config.forTable(table)
+        pos_metrics = metrics_config.forPositionDelete(table)
 
         def delete_file(b: int) -> tuple[str, Any, list[str]] | None:
             bucket_ends = ends.filter(pc.equal(ends.column(BUCKET), b)) if ends is not None else None
@@ -161,16 +161,7 @@ def commit_rows(
                 return None
             data = _rows_for_schema(bucket_writes, schema).sort_by([(k, "ascending") for k in pk])
             partition, path, size, inp = put(b, "data", data)
-            built = (
-                data_files.builder(spec)
-                .withPath(path)
-                .withFormat("parquet")
-                .withFileSizeInBytes(size)
-                .withPartition(partition)
-                .withMetrics(parquet_util.fileMetrics(inp, data_metrics))
-                .build()
-            )
-            return "data", built, []
+            return "data", parquet_data_file(spark, table, partition, path, size, inp), []
 
         # The files are independent: written on threads (each its own py4j connection), so their
         # uploads and footer reads overlap.
