@@ -210,6 +210,8 @@ def run() -> None:
                 f" {s.peak_rss_mb:8,.0f} MB peak RSS",
                 flush=True,
             )
+        total_cpu = sum(s.cpu_s for s in stages)
+        print(f"  CPU (commands and their JVMs) {total_cpu:.1f} s: {rows / total_cpu:,.0f} rows per CPU-second")
         if repeats > 1:
             print(f"  merge: median {statistics.median(merges):.1f}s of {[round(m, 1) for m in merges]}", flush=True)
         SERIES.setdefault("stage_throughput", {})["snapshot"] = {"measured": ours, "ceiling": ceiling}
@@ -229,6 +231,7 @@ def run() -> None:
                     "stages": per_stage,
                     "total_wall_s": round(total, 2),
                     "total_cpu_s": round(sum(s.cpu_s for s in stages), 2),
+                    "rows_per_cpu_s": round(rows / sum(s.cpu_s for s in stages)),
                     "merge_wall_s": [round(m, 2) for m in merges],
                     "merge_median_s": round(statistics.median(merges), 2),
                     "merge": merge_line,

@@ -130,6 +130,7 @@ def run() -> None:
                     "seconds_per_10m_rows": seconds_for_10m,
                     "peak_rss_mb": peak_mb,
                     "cpu_seconds_median": statistics.median(cpu),
+                    "rows_per_cpu_s": rows / statistics.median(cpu),
                     "differences": differences,
                     "in_flight": [t["in_flight"] for r in reports for t in r["tables"]],
                 },
