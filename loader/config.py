@@ -124,6 +124,11 @@ class SourceSettings(_Redacted):
     # through ADBC's COPY BINARY and loaded column by column: schemas/landing-snapshot.v2.md) or
     # "jsonl" (landing v1, gzip JSON lines, as before).
     snapshot_format: Literal["jsonl", "arrow"] = "arrow"
+    # While a snapshot or resync copies, the stream is captured (and the slot confirmed) between
+    # chunks at most this many seconds apart, so a long copy does not hold the WAL of everything
+    # written meanwhile; the load waits for the snapshot's commit before loading what came after it.
+    # 0: after every chunk; negative: never (the slot then holds all the WAL written during the copy).
+    snapshot_drain_interval_s: float = 10.0
     # Resync a table automatically when capture sees it changed without row changes in the WAL
     # (ADD COLUMN with a default, ALTER TYPE ... USING, renames, SET LOGGED, identity restored, ...).
     auto_resync: bool = True

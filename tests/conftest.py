@@ -115,3 +115,17 @@ def s3_server() -> Iterator[str]:
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture
+def other_db(pg_admin: str) -> Iterator[str]:
+    """Another database of the same cluster, written by someone else."""
+    name = f"other_{uuid.uuid4().hex[:8]}"
+    create_db(pg_admin, name)
+    try:
+        yield f"{TEST_PG}/{name}"
+    finally:
+        with psycopg.connect(pg_admin, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(name))
+            )

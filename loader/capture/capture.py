@@ -181,9 +181,9 @@ class Capture:
         self._not_partitions: set[str] = set()
         # A nested run (inside a resync) lands the stream only; the outer run watches the catalog.
         self.watch = watch
-        # Emit a heartbeat at the start of the run (None: when source.heartbeat_interval_s > 0);
-        # a nested run never does (its bound is a snapshot's consistent point).
-        self.heartbeat = watch and (settings.source.heartbeat_interval_s > 0 if heartbeat is None else heartbeat)
+        # Emit a heartbeat at the start of the run (None: when source.heartbeat_interval_s > 0 and
+        # the run watches the catalog; a nested run up to a snapshot's consistent point never does).
+        self.heartbeat = (watch and settings.source.heartbeat_interval_s > 0) if heartbeat is None else heartbeat
         self._heartbeats: list[heartbeats.Seen] = []
         self._emitted: tuple[int, int, float] | None = None  # (seq, lsn, when) of this run's heartbeat
         self.controls = _Controls(None, True)
@@ -958,7 +958,15 @@ def snapshot(
         )
         return done.changes, done.files
 
-    return Snapshot(settings, store, on_published=on_published, stream_until=stream_until, **options)
+    def drain() -> tuple[int, list[str]]:
+        # Everything up to the WAL's end now, with a heartbeat when they are on, so the slot is
+        # confirmed past WAL that other databases wrote too; the catalog watch waits for the next run.
+        done = Capture(
+            settings, store, on_published=on_published, watch=False, heartbeat=settings.source.heartbeat_interval_s > 0
+        ).run(create_slot=False, locked=True)
+        return done.changes, done.files
+
+    return Snapshot(settings, store, on_published=on_published, stream_until=stream_until, drain=drain, **options)
 
 
 _warned: set[tuple[str, str]] = set()

@@ -25,11 +25,18 @@ those changes after them, and since every change is a whole-row upsert or delete
 current tables converge to the same state (``state.exact`` turns false and the summary says so).
 A keyless table cannot be resumed by key: its files are removed (they were never loadable, the
 snapshot having no commit yet) and the table is read again.
+
+The stream keeps draining while the copy goes on (``_between_chunks``): every
+``source.snapshot_drain_interval_s`` a nested capture run lands what the main slot holds and
+confirms it, so the slot does not hold the WAL of the whole copy. Those changes sort after every
+snapshot row; the load waits for the snapshot's commit before it loads them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,6 +58,8 @@ from loader.landing.store import LandingFile, LandingStore, LandingWriter, open_
 from loader.lsn import ChangePosition, format_lsn
 from loader.progress import bar
 
+log = logging.getLogger("loader.capture")
+
 
 @dataclass
 class SnapshotResult:
@@ -62,6 +71,8 @@ class SnapshotResult:
     resumed: bool = False
     exact: bool = True
     streamed_before: int = 0  # changes the main slot landed first (tables added later)
+    streamed_during: int = 0  # changes the main slot landed between chunks, while the copy went on
+    drains: int = 0
     last_seq: int = 0  # the position (seq) of the snapshot's last row or marker
 
     def summary(self) -> str:
@@ -71,6 +82,11 @@ class SnapshotResult:
             f"{len(self.files)} landing files"
             + (" (slot created)" if self.slot_created else "")
             + (f"; {self.streamed_before} streamed changes landed first" if self.streamed_before else "")
+            + (
+                f"; the stream drained {self.drains} times meanwhile ({self.streamed_during} changes)"
+                if self.drains
+                else ""
+            )
         )
         if self.resumed:
             text += "; resumed after an interruption" + (
@@ -96,12 +112,18 @@ class Snapshot:
         reasons: dict[str, str] | None = None,
         recover: bool = False,
         stream_until: Callable[[int], tuple[int, list[str]]] | None = None,
+        drain: Callable[[], tuple[int, list[str]]] | None = None,
     ) -> None:
         # recover: the slot is lost; drop what is left of it, create it again, resync every table.
         self.recover = recover
         # Lands every change the main slot holds that committed before a given LSN, returning
         # (changes, files): the capture run (loader.capture.capture.snapshot wires it).
         self.stream_until = stream_until
+        # Lands every change the main slot holds now and confirms the slot past them (the capture
+        # run, without a bound): called between chunks while the copy goes on (see _between_chunks).
+        self.drain = drain
+        self._drained_at = time.monotonic()
+        self._drain_off: str | None = None
         self.reason = reason
         self.reasons = reasons or {}
         self.settings = settings
@@ -371,7 +393,7 @@ class Snapshot:
                     self._drain(writer, result)
             writer.write(ChangeRecord(op=COMMIT, commit_lsn=pos, seq=seq + 1, xid=0, ts=state["ts"]))
             writer.close_file()
-            self._drain(writer, result)
+            self._drain(writer, result, last=True)
         except BaseException:
             writer.abort()
             raise
@@ -442,6 +464,8 @@ class Snapshot:
                         result.rows += n
                         progress.update(n)
                         resync = None
+                        if commit_seq is None:
+                            self._between_chunks(result)
         if commit_seq is None:  # the last table was dropped meanwhile: the commit marker alone
             header = SnapshotHeader("", "", pos, cp, 0, state["ts"], [], [], commit={"seq": seq + 1})
             self._publish_arrow(header, seq + 1, [], result)
@@ -547,8 +571,45 @@ class Snapshot:
             self.store.delete(f.name)
         return keep_seq
 
-    def _drain(self, writer: LandingWriter, result: SnapshotResult) -> None:
+    def _drain(self, writer: LandingWriter, result: SnapshotResult, last: bool = False) -> None:
+        published = len(result.files)
         writer.drain(result.files, "snapshot-after-publish", self.on_published)
+        if len(result.files) != published and not last:
+            self._between_chunks(result)
+
+    def _between_chunks(self, result: SnapshotResult) -> None:
+        """Capture the stream while the copy goes on, at most every ``source.snapshot_drain_interval_s``.
+
+        The copy's transaction keeps its snapshot whatever the slot does, and every change the
+        stream lands now is at or after the consistent point, so it sorts after every row of the
+        snapshot (landed or still to land); the load stops before the snapshot's files until its
+        commit lands (loader.load.history.HistoryLoad.pending_files). Without this, the slot would
+        hold all the WAL written during the copy (hours of it for a big table). A drain that fails
+        is reported and not tried again in this snapshot: the copy goes on, the next capture
+        lands the rest.
+        """
+        interval = self.settings.source.snapshot_drain_interval_s
+        if self.drain is None or interval < 0 or self._drain_off is not None:
+            return
+        if time.monotonic() - self._drained_at < interval:
+            return
+        from loader.errors import LoaderError
+
+        try:
+            changes, files = self.drain()
+        except LoaderError as exc:
+            self._drain_off = str(exc)
+            log.warning(
+                "the stream could not be captured while the snapshot copies (%s); the slot holds the WAL "
+                "written until the snapshot ends, and the next capture lands it",
+                exc,
+            )
+            return
+        finally:
+            self._drained_at = time.monotonic()
+        result.drains += 1
+        result.streamed_during += changes
+        result.files += files
 
 
 # Session settings the ADBC reader shares with every source connection (slot.SESSION_OPTIONS): the

@@ -20,7 +20,6 @@ from loader.config import LoaderSettings
 from loader.landing.records import COMMIT
 from loader.lsn import parse_lsn
 from tests.capture.conftest import Src, cli
-from tests.harness import TEST_PG
 
 MB = 1024 * 1024
 
@@ -57,17 +56,6 @@ def retained(pg_admin: str, slot: str) -> int:
         f"SELECT (pg_current_wal_lsn() - restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = '{slot}'",
     )
     return int(row[0][0])
-
-
-@pytest.fixture
-def other_db(pg_admin: str) -> Iterator[str]:
-    """Another database of the same cluster, written by someone else."""
-    name = f"other_{uuid.uuid4().hex[:8]}"
-    admin_sql(pg_admin, f"CREATE DATABASE {name}")
-    try:
-        yield f"{TEST_PG}/{name}"
-    finally:
-        admin_sql(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture
