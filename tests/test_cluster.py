@@ -1,7 +1,7 @@
 """A real Spark standalone cluster: a master and a worker started from pyspark's own scripts on
-127.0.0.1, and ``load`` and ``merge`` submitted with ``spark-submit --master spark://...`` (the
-driver and the executors in JVMs of their own; executors decode landing files in their Python
-workers). Ends with the source oracle."""
+127.0.0.1, and ``load`` and ``merge`` of an initial snapshot and a workload submitted with
+``spark-submit --master spark://...`` (the driver and the executors in JVMs of their own; executors
+decode landing files, v1 and v2, in their Python workers). Ends with the source oracle."""
 
 from __future__ import annotations
 
@@ -110,7 +110,15 @@ def master_state(ui: int) -> dict:
 
 
 def submit(env: Env, master: str, command: str, properties: Path) -> subprocess.CompletedProcess[str]:
-    child = cli_env(env, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    # The driver's own load and merge engines off: the executors decode and type every landing
+    # file (v1 and v2) and the MERGE joins run on them.
+    child = cli_env(
+        env,
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        LOADER_LOAD__DRIVER_MAX_BYTES="0",
+        LOADER_MERGE__DRIVER_MAX_ROWS="0",
+    )
     return subprocess.run(
         [
             str(spark_home() / "bin" / "spark-submit"),
@@ -140,7 +148,16 @@ def test_load_and_merge_on_a_standalone_cluster(env: Env, cluster: tuple[str, in
     master, ui = cluster
     wl = BankWorkload(env.settings.source.dsn, seed=51)
     wl.create_schema()
-    env.capture()
+    # Rows that exist before the first capture: an initial snapshot (landing v2 Arrow files) that the
+    # executors decode and the merge builds a first current state from, on the cluster.
+    env.sql("CREATE TABLE public.preloaded (id int PRIMARY KEY, v text, at timestamptz DEFAULT now())")
+    env.sql("INSERT INTO public.preloaded (id, v) SELECT g, 'v' || g FROM generate_series(1, 3000) g")
+    from loader.capture.capture import snapshot
+
+    snap = snapshot(env.settings).run()
+    assert snap.slot_created and snap.rows == 3000, snap.summary()
+    env.sql("UPDATE public.preloaded SET v = 'changed' WHERE id % 100 = 0")
+    env.sql("DELETE FROM public.preloaded WHERE id > 2990")
     wl.run(80)
     env.capture()
     # The settings spark-submit needs, secrets included, in a file only its owner can read.
@@ -152,6 +169,7 @@ def test_load_and_merge_on_a_standalone_cluster(env: Env, cluster: tuple[str, in
         done = submit(env, master, command, properties)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
         assert ("load:" if command == "load" else "merge:") in done.stdout
+        assert command != "load" or "engine: spark" in done.stdout, done.stdout[-3000:]
     apps = master_state(ui)["completedapps"]
     assert len(apps) == 2 and all(a["cores"] >= 1 for a in apps), "both ran on the cluster"
     executors = list((tmp_path / "work").rglob("stderr"))
