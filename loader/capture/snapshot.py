@@ -525,17 +525,24 @@ class Snapshot:
             if mine:
                 last = self._last_record(mine[-1])
                 start = tables.index(f"{last.schema}.{last.table}")
-                info = table_info(reader, last.schema, last.table)
-                key = info.key if info is not None else []
-                if last.op == "S":
+                if not self._key(reader, f"{last.schema}.{last.table}") and self.stream_until is not None:
+                    # Its files go; it is read again below, at a consistent point of its own.
+                    seq = self._drop_table_files(mine, last.schema, last.table)
+                elif last.op == "S":
                     # Only the table's resync marker landed: copy all of it, without a second marker.
                     seq, marker_written = last.seq, True
-                elif key:
+                elif key := self._key(reader, f"{last.schema}.{last.table}"):
                     values = {c.name: c.value for c in last.columns}
                     after_key = [values[k] for k in key]
                     seq, marker_written = last.seq, True
                 else:
                     seq = self._drop_table_files(mine, last.schema, last.table)
+            # The rest is read from a newer snapshot than the consistent point, so rows already hold
+            # changes the stream lands again after them. A keyed table converges (every change is a
+            # whole-row upsert or delete by key); a keyless one would hold those rows twice. So the
+            # keyless tables left are read at a consistent point of their own, right after (a
+            # temporary slot's, with the stream landed up to it first, as for a table added later).
+            later = [t for t in tables[start:] if self.stream_until is not None and not self._key(reader, t)]
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             state = {**state, "exact": False}
             result.exact = False
@@ -543,14 +550,39 @@ class Snapshot:
             self._copy(
                 reader,
                 state,
-                tables[start:],
+                [t for t in tables[start:] if t not in later],
                 seq=seq,
                 after_key=after_key,
                 result=result,
                 marker_written=marker_written,
             )
             reader.execute("COMMIT")
+        if later:
+            self._read_again(later, state, result)
         return result
+
+    def _key(self, conn: psycopg.Connection, qualified: str) -> list[str]:
+        schema, _, name = qualified.partition(".")
+        info = table_info(conn, schema, name)
+        return list(info.key) if info is not None else []
+
+    def _read_again(self, tables: list[str], state: dict[str, Any], result: SnapshotResult) -> None:
+        """Snapshot ``tables`` again, exactly, through a temporary slot (see ``run``)."""
+        why = "the snapshot was interrupted and resumed: a table without a key is read at a consistent point of its own"
+        again = Snapshot(
+            self.settings,
+            self.store,
+            tables=tables,
+            reasons={t: self.reason_for(t, state) + f"; {why}" for t in tables},
+            on_published=self.on_published,
+            stream_until=self.stream_until,
+            drain=self.drain,
+        ).run(locked=True)
+        result.files += again.files
+        result.rows += again.rows
+        result.streamed_before += again.streamed_before
+        result.drains += again.drains
+        result.streamed_during += again.streamed_during
 
     def _last_record(self, f: LandingFile) -> ChangeRecord:
         last: ChangeRecord | None = None
