@@ -232,20 +232,22 @@ def snapshot_under_load() -> None:
                 f"{held / MB:.1f} MB at the end (max {peak / MB:.1f} MB sampled)",
                 flush=True,
             )
+        # The figure is the most the slot held while the command ran (sampled): at its end,
+        # 'capture --snapshot' has also streamed and confirmed everything, drained or not.
         wall, peak, held, written = figures["drained"]
-        rival = figures["not drained"][2] / MB
+        rival = figures["not drained"][1] / MB
         record(
             Figure(
                 "P7",
-                f"WAL held at the end of an initial snapshot of pgbench -s {scale} taken while pgbench writes",
-                held / MB,
+                f"WAL held during an initial snapshot of pgbench -s {scale} taken while pgbench writes (max sampled)",
+                peak / MB,
                 "MB",
                 rival=rival,
                 rival_what="the same snapshot with the stream not drained during the copy",
-                ratio=rival / (held / MB) if held else None,
+                ratio=rival / (peak / MB) if peak else None,
                 goal="bounded: <= 64 MB plus one drain interval's writes",
-                met=held / MB <= 64 + written * 10 / max(wall, 1.0),
-                extra={"wall_s": wall, "max_mb": peak / MB, "written_mb": written},
+                met=peak / MB <= 64 + written * 10 / max(wall, 1.0),
+                extra={"wall_s": wall, "end_mb": held / MB, "written_mb": written},
             )
         )
 
