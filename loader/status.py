@@ -91,6 +91,8 @@ class Status:
     # The replication slot on the source (see SlotStatus), and the last heartbeat (heartbeat.describe).
     slot: SlotStatus | None = None
     heartbeat: dict[str, Any] = field(default_factory=dict)
+    # A snapshot or resync not finished yet (copying now, or interrupted): see SnapshotStatus.
+    snapshot: SnapshotStatus | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -136,11 +138,30 @@ class Status:
             lines += [f"  {table}: {why}" for table, why in sorted(self.skipped.items())]
         return "\n".join(lines)
 
+    def _snapshot_line(self) -> list[str]:
+        snap = self.snapshot
+        if snap is None:
+            return []
+        landed = f"{snap.rows_landed} rows in {snap.files} landing files so far"
+        if snap.running:
+            what = (
+                f"copying {snap.tables} tables at consistent point {snap.consistent_lsn} since {snap.started} "
+                f"({snap.holder or 'a capture process'}): {landed}"
+            )
+        elif snap.running is None:
+            what = f"unfinished, {snap.tables} tables at consistent point {snap.consistent_lsn}: {landed}"
+        else:
+            what = (
+                f"interrupted, {snap.tables} tables at consistent point {snap.consistent_lsn}: {landed}; the next "
+                "capture resumes it (or 'loader backfill snapshot')"
+            )
+        return [f"snapshot:           {what}; loading waits for its commit"]
+
     def _slot_lines(self) -> list[str]:
         s = self.slot
         if s is None:
-            return []
-        lines = []
+            return self._snapshot_line()
+        lines = self._snapshot_line()
         if s.error:
             lines.append(f"slot:               {s.name}: {s.error}")
         else:
@@ -172,6 +193,49 @@ class SlotStatus:
     lost: bool = False
     error: str | None = None  # the slot could not be read (source unreachable, slot missing)
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SnapshotStatus:
+    """A snapshot (or resync) whose state in the landing area says it is not done."""
+
+    consistent_lsn: str
+    tables: int
+    started: str | None
+    rows_landed: int  # rows and markers landed so far (the last landed position's seq)
+    files: int
+    running: bool | None  # a process holds the slot's capture lock (None: the source cannot say)
+    holder: str | None = None
+
+
+def snapshot_status(settings: LoaderSettings, landing: Any, files: list[Any]) -> SnapshotStatus | None:
+    """The unfinished snapshot, if any: how far it landed, and whether a process is copying it."""
+    from loader.capture import slot as slots
+    from loader.landing.state import SNAPSHOT_STATE
+    from loader.locks import advisory_holder, advisory_key
+
+    state = landing.read_state(SNAPSHOT_STATE)
+    if state is None or state.get("done"):
+        return None
+    pos = int(state.get("position_lsn", -1))
+    mine = [f for f in files if f.first.commit_lsn == pos]
+    out = SnapshotStatus(
+        consistent_lsn=str(state.get("consistent_lsn")),
+        tables=len(state.get("tables", [])),
+        started=state.get("ts"),
+        rows_landed=mine[-1].last.seq if mine else 0,
+        files=len(mine),
+        running=None,
+    )
+    try:
+        with slots.connect(settings.source.conninfo(), connect_timeout=5) as conn:
+            holder = advisory_holder(conn, advisory_key(conn, f"lakehouse-loader:{settings.source.slot}"))
+    except Exception:  # status answers whatever the source does
+        return out
+    out.running = holder is not None
+    if holder is not None:
+        out.holder = f"{holder[1] or 'pid'} (pid {holder[0]})"
+    return out
 
 
 def _mb(n: int | None) -> str:
@@ -317,4 +381,5 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
         skipped=dict(skipped),
         slot=slot_status(settings, landing, landed),
         heartbeat=heartbeat.describe(heartbeat.read_state(landing, settings.source.slot), now.timestamp()),
+        snapshot=snapshot_status(settings, landing, files),
     )

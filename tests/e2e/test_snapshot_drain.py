@@ -68,6 +68,7 @@ def test_the_stream_drains_between_chunks_and_the_load_waits_for_the_snapshot(
     env.configure("source", snapshot_chunk_rows=1000, snapshot_drain_interval_s=0, heartbeat_interval_s=10)
     written: list[int] = []
     loads: list[Any] = []
+    statuses: list[Any] = []
 
     def write_meanwhile() -> None:
         # After the first chunk: another database writes, and the captured tables change, rows
@@ -83,6 +84,7 @@ def test_the_stream_drains_between_chunks_and_the_load_waits_for_the_snapshot(
         # A scheduled load that starts while the copy goes on: the stream's files are already
         # landed after the snapshot's, but nothing may load before the snapshot's commit.
         loads.append(HistoryLoad(env.spark, env.settings).run())
+        statuses.append(env.status())
 
     published = on_chunk(monkeypatch, {1: write_meanwhile, 4: load_meanwhile})
     done = snapshot(env.settings).run()
@@ -97,6 +99,10 @@ def test_the_stream_drains_between_chunks_and_the_load_waits_for_the_snapshot(
 
     (mid,) = loads
     assert mid.files == [] and mid.gap is not None and "still landing" in mid.gap, mid.summary()
+    (status,) = statuses  # status during the copy names it, and who copies
+    assert status.snapshot is not None and status.snapshot.running and status.snapshot.rows_landed >= 4000
+    assert "snapshot:           copying 2 tables" in status.render(), status.render()
+    assert env.status().snapshot is None
 
     _, _, merge = env.run_all()
     assert not merge.parked, merge.summary()
@@ -133,6 +139,9 @@ def test_killed_after_a_drain_the_snapshot_resumes_and_converges(env: Env) -> No
     finally:
         code, out = finish(proc)
     assert code == -9, out
+    interrupted = env.status()
+    assert interrupted.snapshot is not None and interrupted.snapshot.running is False
+    assert "the next capture resumes it" in interrupted.render(), interrupted.render()
     streamed = [p for p in landing.rglob("*.jsonl.gz")]
     assert streamed, "the drains landed nothing before the kill"
     env.sql("UPDATE public.big SET v = 'after the kill' WHERE id IN (2, 4700)")
