@@ -383,9 +383,13 @@ class Erasure:
         target = sql_string(ident[len(prefix) :] if ident.startswith(prefix) else ident)
         if files is not None:
             # rewrite-all: compaction thresholds (group sizes) must not leave a file holding the value.
+            # The new files take the rewrite's own sequence number (not the starting one), so the
+            # delete files just applied are dangling and go (as in maintain's delete rewrite); safe
+            # because erasure holds the load and merge locks: no delete commits meanwhile.
             self.spark.sql(
                 f"CALL {call}.rewrite_data_files(table => {target}, where => {sql_string(files)},"
-                " options => map('rewrite-all', 'true', 'remove-dangling-deletes', 'true'))"
+                " options => map('rewrite-all', 'true', 'remove-dangling-deletes', 'true',"
+                " 'use-starting-sequence-number', 'false'))"
             ).collect()
         self.spark.sql(f"CALL {call}.rewrite_manifests(table => {target})").collect()
         now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
