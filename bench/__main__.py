@@ -25,6 +25,7 @@ MODULES = [
     "capture_format",
     "p8_snapshot",
     "p7_wal",
+    "p9_backlog",
     "v1_verify",
 ]
 
