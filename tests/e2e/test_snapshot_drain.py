@@ -61,11 +61,13 @@ def ops_by_id(env: Env, ids: list[int]) -> dict[int, list[str]]:
     return out
 
 
+@pytest.mark.parametrize("plugin", ["wal2json", "pgoutput"])
 def test_the_stream_drains_between_chunks_and_the_load_waits_for_the_snapshot(
-    env: Env, pg_admin: str, other_db: str, monkeypatch: pytest.MonkeyPatch
+    env: Env, pg_admin: str, other_db: str, monkeypatch: pytest.MonkeyPatch, plugin: str
 ) -> None:
     big_table(env, 6000)
     env.configure("source", snapshot_chunk_rows=1000, snapshot_drain_interval_s=0, heartbeat_interval_s=10)
+    env.configure("source", plugin=plugin, publication=f"pub_{env.uid}")
     written: list[int] = []
     loads: list[Any] = []
     statuses: list[Any] = []
