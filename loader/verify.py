@@ -35,6 +35,7 @@ from psycopg import sql
 from loader import canonical
 from loader.capture import slot as slots
 from loader.config import LoaderSettings
+from loader.errors import SourceError
 from loader.lake.catalog import open_catalog, row_count, watermark
 from loader.lake.tables import (
     PROP_PARKED,
@@ -298,12 +299,26 @@ def _compare_by_checksums(
     with ThreadPoolExecutor(1, thread_name_prefix="verify-source") as pool:
         source = pool.submit(_source_checksums, conn, table, columns, keys, bits, skip)
         for batch in _lake_batches(lake_table, columns):
-            key_text = _row_text(batch, keys)
+            # The key columns' pieces make the key's text and are reused in the row's.
+            key_pieces = {
+                k: canonical.lake_pieces(batch.column(lake_column(k)), spark_type(t)) for k, t in keys.items()
+            }
+            key_text = canonical.lake_join(list(key_pieces.values()))
             if len(skipped):
                 keep = pc.invert(pc.is_in(key_text, value_set=skipped))
-                batch, key_text = batch.filter(keep), key_text.filter(keep)
-                lake_skipped += len(keep) - batch.num_rows
-            row_hashes, buckets = canonical.row_hashes_and_buckets(_row_text(batch, columns), key_text, bits)
+                if not pc.all(keep).as_py():
+                    batch, key_text = batch.filter(keep), key_text.filter(keep)
+                    key_pieces = {k: p.filter(keep) for k, p in key_pieces.items()}
+                    lake_skipped += len(keep) - batch.num_rows
+            row_text = canonical.lake_join(
+                [
+                    key_pieces[c]
+                    if c in key_pieces
+                    else canonical.lake_pieces(batch.column(lake_column(c)), spark_type(t))
+                    for c, t in columns.items()
+                ]
+            )
+            row_hashes, buckets = canonical.row_hashes_and_buckets(row_text, key_text, bits)
             np.add.at(lake_counts, buckets, 1)
             np.add.at(lake_sums, buckets, row_hashes)
         source_counts, source_sums, source_skipped = source.result()
@@ -337,15 +352,17 @@ def _source_estimate(conn: Any, table: SourceTable) -> int:
     return int(row[0]) if row else 0
 
 
-def _skip_sql(keys: dict[str, str], skip: set[str] | Any) -> tuple[Any, list[Any]]:
+def _skip_sql(keys: dict[str, str], skip: set[str] | Any, key_text: Any = None) -> tuple[Any, list[Any]]:
     """`` WHERE``/`` AND`` tail leaving out the keys whose canonical text is in ``skip`` (a hashed
-    ``= ANY`` of one text array), and its parameters."""
+    ``= ANY`` of one text array), and its parameters. ``key_text``: SQL of the key's canonical text
+    when the query has it already."""
     from psycopg import sql
 
     if not len(skip):
         return sql.SQL(""), []
     texts = skip.to_pylist() if hasattr(skip, "to_pylist") else sorted(skip)
-    return sql.SQL("NOT ({} = ANY(%s::text[]))").format(canonical.source_row_text(keys)), [texts]
+    text = canonical.source_row_text(keys) if key_text is None else key_text
+    return sql.SQL("NOT ({} = ANY(%s::text[]))").format(text), [texts]
 
 
 def _source_checksums(
@@ -356,17 +373,25 @@ def _source_checksums(
     import numpy as np
     from psycopg import sql
 
-    where, params = _skip_sql(keys, skip)
+    # Each column's canonical text is computed once per row, in a subquery (OFFSET 0 keeps it from
+    # being inlined, which would compute it again for every use); the key's text, its bucket and
+    # whether it is skipped, once per row in the next. Rows of skipped keys are counted apart (the
+    # table's row count) and never hashed.
+    alias = {c: sql.Identifier(f"_c{i}") for i, c in enumerate(columns)}
+    key_text = canonical.pieces_text([alias[k] for k in keys])
+    where, params = _skip_sql(keys, skip, key_text)
     kept = where if params else sql.SQL("true")
-    # Rows of skipped keys are counted apart (the table's row count) and never hashed.
     query = sql.SQL(
-        "SELECT _b, count(*) FILTER (WHERE _k), sum(_h), count(*) FILTER (WHERE NOT _k)"
-        " FROM (SELECT {} AS _b, _k, CASE WHEN _k THEN {} END AS _h"
-        " FROM (SELECT *, {} AS _k FROM {}.{}) AS _t) AS _s GROUP BY _b"
+        "SELECT _b, count(*) FILTER (WHERE _k), sum(CASE WHEN _k THEN {} END), count(*) FILTER (WHERE NOT _k)"
+        " FROM (SELECT *, {} AS _b, {} AS _k FROM (SELECT {} FROM {}.{} OFFSET 0) AS _r OFFSET 0) AS _s"
+        " GROUP BY _b"
     ).format(
-        canonical.source_bucket_sql(canonical.source_row_text(keys), bits),
-        canonical.source_hash_sql(canonical.source_row_text(columns)),
+        canonical.source_hash_sql(canonical.pieces_text(list(alias.values()))),
+        canonical.source_bucket_sql(key_text, bits),
         kept,
+        sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(canonical.source_text(c, t), alias[c]) for c, t in columns.items()
+        ),
         sql.Identifier(table.schema),
         sql.Identifier(table.table),
     )
@@ -653,6 +678,11 @@ def reconcile(
     src = settings.source
     cut: int | None = None
     with slots.connect(src.conninfo()) as conn:
+        if selected and not canonical.source_hash_agrees(conn):
+            raise SourceError(
+                "the source's hashtextextended() is not the lookup3 verify computes on the lake's side "
+                "(a big-endian server?): their checksums cannot be compared"
+            )
         exported = None
         if at_cut and selected:
             name = f"{src.slot[:36]}_verify_{os.getpid()}_{secrets.token_hex(2)}"
