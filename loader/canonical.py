@@ -21,15 +21,21 @@ texts are equal, so the form must hold everything the lake keeps and nothing it 
 - 1-D arrays the lake keeps natively: their elements' canonical forms in order, each ``N;`` or
   ``<length>:<text>;``.
 
-A row's checksum is PostgreSQL's ``hashtextextended(text, 0)`` of its canonical text (UTF-8 bytes):
-Jenkins' lookup3 as ``hash_bytes_extended`` computes it, 64 bits; hash partitioning places rows by
-it, so PostgreSQL keeps it stable across versions. PostgreSQL computes it in C for a fraction of
-md5's cost, and :func:`text_hashes` computes it here for whole Arrow arrays at once in numpy (no
-Python call per row); verify refuses a server whose lookup3 differs (:func:`source_hash_agrees`: a
-big-endian one reads the bytes the other way). A bucket's checksum is (row count, sum of its rows'
-checksums mod 2^64), which does not depend on order and counts duplicates (keyless tables compare
-as multisets). A key's bucket is the low bits of the same hash of its columns' canonical
-text (``bits`` of them, at most 16).
+Checksums are PostgreSQL's ``hashtextextended`` (UTF-8 bytes): Jenkins' lookup3 as
+``hash_bytes_extended`` computes it, 64 bits; hash partitioning places rows by it, so PostgreSQL
+keeps it stable across versions. PostgreSQL computes it in C for a fraction of md5's cost, and
+:func:`text_hashes` computes it here for whole Arrow arrays at once in numpy (no Python call per
+row); verify refuses a server whose lookup3 differs (:func:`source_hash_agrees`: a big-endian one
+reads the bytes the other way).
+
+- A row's checksum chains its columns' canonical texts, in column order, without building the
+  row's text: ``h = 0``, then for each column ``h = hashtextextended(text, h)``, a NULL hashing
+  as ``''`` with ``h``'s lowest bit flipped (:func:`source_row_hash_sql`, :func:`lake_row_hashes`).
+  A keyless table's row, rebuilt from history as its canonical text, checksums as the hash of
+  that text (:func:`source_hash_sql`, :func:`hashes`).
+- A bucket's checksum is (row count, sum of its rows' checksums mod 2^64), which does not depend
+  on order and counts duplicates (keyless tables compare as multisets).
+- A key's bucket is the low ``bits`` bits (at most 16) of the hash of its columns' canonical text.
 """
 
 from __future__ import annotations
@@ -177,6 +183,20 @@ def source_hash_sql(row_text: sql.Composable) -> sql.Composable:
     return _source_hash(row_text)
 
 
+def source_row_hash_sql(texts: Sequence[sql.Composable]) -> sql.Composable:
+    """SQL of a row's checksum from its columns' canonical texts (SQL, NULL for NULL), in order:
+    a chain of ``hashtextextended``, each column's text hashed with the previous column's hash as
+    its seed, flipped in its lowest bit for a NULL (which hashes as ``''``). No row text is built."""
+    from psycopg import sql
+
+    chain: sql.Composable = sql.SQL("0::bigint")
+    for text in texts:
+        chain = sql.SQL("hashtextextended(coalesce({0}, '') COLLATE \"C\", ({1}) # ({0} IS NULL)::int::bigint)").format(
+            text, chain
+        )
+    return chain
+
+
 # Texts whose hashes a server must agree on (lengths 0 to 25: every tail case of lookup3, one and
 # two 12-byte blocks).
 _PROBES = ("", "N;", "1:a;", "5:12345;", "11:hello world;", "24:abcdefghijklmnopqrstuvwx;")
@@ -241,10 +261,15 @@ def lake_text(values: pa.Array, st: SparkType) -> pa.Array:
 
 def lake_pieces(values: pa.Array, st: SparkType) -> pa.Array:
     """Each value's canonical piece (``N;`` or ``<length>:<text>;``); never NULL."""
+
+    return text_pieces(lake_text(values, st))
+
+
+def text_pieces(text: pa.Array) -> pa.Array:
+    """The piece of each canonical text (:func:`lake_text`, NULL for NULL)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    text = lake_text(values, st)
     lengths = pc.utf8_length(text).cast(pa.string())
     colon, semicolon = pa.scalar(":", pa.string()), pa.scalar(";", pa.string())
     return pc.fill_null(pc.binary_join_element_wise(lengths, colon, text, semicolon, ""), NULL_PIECE)
@@ -301,9 +326,10 @@ def _final(s: list[np.ndarray], t: np.ndarray, u: np.ndarray) -> None:
         np.subtract(s[x], _rot_into(s[y], k, t, u), out=s[x])
 
 
-def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: int) -> np.ndarray:
+def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
     """hash_bytes_extended of the byte strings at ``starts`` of ``lengths`` (``words``: the
-    little-endian uint32 at every byte offset of the data, 12 bytes past its end readable)."""
+    little-endian uint32 at every byte offset of the data, 12 bytes past its end readable), with
+    one seed or a seed per string."""
     import numpy as np
 
     n = len(starts)
@@ -313,7 +339,13 @@ def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: i
     a = ((lengths + (0x9E3779B9 + 3923095)) & _M32).astype(np.uint32)
     s = [a, a.copy(), a.copy()]
     t, u = np.empty_like(a), np.empty_like(a)
-    if seed:
+    if isinstance(seed, np.ndarray):
+        seeds = seed.view(np.uint64)[order]
+        seeded = [s[0] + (seeds >> np.uint64(32)).astype(np.uint32), s[1] + seeds.astype(np.uint32), s[2].copy()]
+        _mix(seeded, t, u)
+        given = seeds != 0  # a zero seed is no seed
+        s = [np.where(given, x, y) for x, y in zip(seeded, s)]
+    elif seed:
         s[0] += np.uint32((seed >> 32) & _M32)
         s[1] += np.uint32(seed & _M32)
         _mix(s, t, u)
@@ -340,9 +372,9 @@ def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: i
     return out.view(np.int64)
 
 
-def text_hashes(texts: pa.Array, seed: int = 0) -> np.ndarray:
-    """PostgreSQL's ``hashtextextended(t, seed)`` of each text's UTF-8 bytes, as signed int64
-    (NULL hashes as the empty text; canonical texts are never NULL)."""
+def text_hashes(texts: pa.Array, seed: int | np.ndarray = 0) -> np.ndarray:
+    """PostgreSQL's ``hashtextextended(t, seed)`` of each text's UTF-8 bytes, as signed int64;
+    ``seed``: one (0 to 2^64 - 1) or an int64 array of one per text. Texts must not be NULL."""
     import numpy as np
     import pyarrow as pa
 
@@ -366,8 +398,29 @@ def text_hashes(texts: pa.Array, seed: int = 0) -> np.ndarray:
         data[last - first :] = 0
         words = np.ndarray(shape=(len(data) - 3,), dtype="<u4", buffer=data, strides=(1,))
         cut = offsets[i : i + _CHUNK + 1]
-        out[i : i + _CHUNK] = _lookup3(words, cut[:-1] - first, cut[1:] - cut[:-1], seed)
+        seeds = seed[i : i + _CHUNK] if isinstance(seed, np.ndarray) else seed
+        out[i : i + _CHUNK] = _lookup3(words, cut[:-1] - first, cut[1:] - cut[:-1], seeds)
     return out
+
+
+def lake_row_hashes(texts: Sequence[pa.Array]) -> np.ndarray:
+    """Each row's checksum from its columns' canonical texts (:func:`lake_text`, NULL for NULL):
+    the chain :func:`source_row_hash_sql` computes."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not texts:
+        return np.zeros(0, np.int64)
+    chain = np.zeros(len(texts[0]), np.int64)
+    for text in texts:
+        if isinstance(text, pa.ChunkedArray):
+            text = text.combine_chunks()
+        if text.null_count:
+            chain ^= text.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
+            text = pc.fill_null(text, "")
+        chain = text_hashes(text, chain)
+    return chain
 
 
 def hashes(texts: pa.Array, bits: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -376,13 +429,6 @@ def hashes(texts: pa.Array, bits: int | None = None) -> tuple[np.ndarray, np.nda
 
     h = text_hashes(texts)
     return h, (None if bits is None else (h & ((1 << bits) - 1)).astype(np.int64))
-
-
-def row_hashes_and_buckets(rows: pa.Array, keys: pa.Array, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`hashes` of the row texts and the buckets of the key texts."""
-    import numpy as np
-
-    return text_hashes(rows), (text_hashes(keys) & ((1 << bits) - 1)).astype(np.int64)
 
 
 def key_buckets(texts: pa.Array, bits: int) -> np.ndarray:

@@ -291,6 +291,7 @@ def _compare_by_checksums(
     import pyarrow.compute as pc
 
     keys = {k: columns[k] for k in pk}
+    key_at = [list(columns).index(k) for k in pk]
     bits = canonical.bucket_bits(max(row_count(lake_table), _source_estimate(conn, table)))
     skipped = pa.array(sorted(skip), pa.string())
     lake_counts = np.zeros(1 << bits, np.int64)
@@ -299,26 +300,17 @@ def _compare_by_checksums(
     with ThreadPoolExecutor(1, thread_name_prefix="verify-source") as pool:
         source = pool.submit(_source_checksums, conn, table, columns, keys, bits, skip)
         for batch in _lake_batches(lake_table, columns):
-            # The key columns' pieces make the key's text and are reused in the row's.
-            key_pieces = {
-                k: canonical.lake_pieces(batch.column(lake_column(k)), spark_type(t)) for k, t in keys.items()
-            }
-            key_text = canonical.lake_join(list(key_pieces.values()))
+            # Each column's canonical text once: the key's text (its bucket, whether it is in
+            # flight) is made of the key columns', the row's checksum chains them all.
+            texts = [canonical.lake_text(batch.column(lake_column(c)), spark_type(t)) for c, t in columns.items()]
+            key_text = canonical.lake_join([canonical.text_pieces(texts[i]) for i in key_at])
             if len(skipped):
                 keep = pc.invert(pc.is_in(key_text, value_set=skipped))
                 if not pc.all(keep).as_py():
-                    batch, key_text = batch.filter(keep), key_text.filter(keep)
-                    key_pieces = {k: p.filter(keep) for k, p in key_pieces.items()}
-                    lake_skipped += len(keep) - batch.num_rows
-            row_text = canonical.lake_join(
-                [
-                    key_pieces[c]
-                    if c in key_pieces
-                    else canonical.lake_pieces(batch.column(lake_column(c)), spark_type(t))
-                    for c, t in columns.items()
-                ]
-            )
-            row_hashes, buckets = canonical.row_hashes_and_buckets(row_text, key_text, bits)
+                    texts, key_text = [t.filter(keep) for t in texts], key_text.filter(keep)
+                    lake_skipped += len(keep) - len(key_text)
+            row_hashes = canonical.lake_row_hashes(texts)
+            buckets = canonical.key_buckets(key_text, bits)
             np.add.at(lake_counts, buckets, 1)
             np.add.at(lake_sums, buckets, row_hashes)
         source_counts, source_sums, source_skipped = source.result()
@@ -366,10 +358,18 @@ def _skip_sql(keys: dict[str, str], skip: set[str] | Any, key_text: Any = None) 
 
 
 def _source_checksums(
-    conn: Any, table: SourceTable, columns: dict[str, str], keys: dict[str, str], bits: int, skip: set[str]
+    conn: Any,
+    table: SourceTable,
+    columns: dict[str, str],
+    keys: dict[str, str],
+    bits: int,
+    skip: set[str],
+    chained: bool = True,
 ) -> tuple[Any, Any, int]:
     """Per bucket: rows and checksum sum of the rows whose key is not in ``skip``; and how many
-    rows were left out."""
+    rows were left out. A row's checksum: the chain of its columns' texts
+    (:func:`canonical.source_row_hash_sql`), or with ``chained=False`` the hash of its canonical
+    text (keyless tables, whose history gives row texts)."""
     import numpy as np
     from psycopg import sql
 
@@ -386,7 +386,9 @@ def _source_checksums(
         " FROM (SELECT *, {} AS _b, {} AS _k FROM (SELECT {} FROM {}.{} OFFSET 0) AS _r OFFSET 0) AS _s"
         " GROUP BY _b"
     ).format(
-        canonical.source_hash_sql(canonical.pieces_text(list(alias.values()))),
+        canonical.source_row_hash_sql(list(alias.values()))
+        if chained
+        else canonical.source_hash_sql(canonical.pieces_text(list(alias.values()))),
         canonical.source_bucket_sql(key_text, bits),
         kept,
         sql.SQL(", ").join(
@@ -516,7 +518,7 @@ def _reconcile_keyless(
             "only (ALTER TABLE ... REPLICA IDENTITY FULL, or add a primary key, then 'loader resync')"
         )
     bits = canonical.bucket_bits(max(row_count(hist), _source_estimate(conn, table)))
-    source_counts, source_sums, _ = _source_checksums(conn, table, columns, columns, bits, set())
+    source_counts, source_sums, _ = _source_checksums(conn, table, columns, columns, bits, set(), chained=False)
     lake_counts = np.zeros(1 << bits, np.int64)
     lake_sums = np.zeros(1 << bits, np.int64)
     try:

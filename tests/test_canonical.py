@@ -116,10 +116,11 @@ def test_source_and_lake_pieces_agree(pg_admin: str, pg_type: str, literals: lis
         # Each piece's checksum and bucket as PostgreSQL computes them (hashtextextended in SQL).
         piece = canonical.source_piece("c", pg_type)
         sums = conn.execute(
-            psycopg.sql.SQL("SELECT {}, {}, {} FROM (VALUES {}) AS v(c)").format(
+            psycopg.sql.SQL("SELECT {}, {}, {}, {} FROM (VALUES {}) AS v(c)").format(
                 canonical.source_hash_sql(piece),
                 canonical.source_bucket_sql(piece, 16),
                 canonical.pieces_text([canonical.source_text("c", pg_type)]),  # the text first, then its piece
+                canonical.source_row_hash_sql([canonical.source_text("c", pg_type)]),
                 psycopg.sql.SQL(values),  # type: ignore[arg-type]
             ),
             [r[0] for r in rows],
@@ -136,6 +137,8 @@ def test_source_and_lake_pieces_agree(pg_admin: str, pg_type: str, literals: lis
     assert hashes.tolist() == [s[0] for s in sums], list(zip(source, sums, hashes.tolist()))
     assert buckets is not None and buckets.tolist() == [s[1] for s in sums]
     assert [s[2] for s in sums] == source
+    chained = canonical.lake_row_hashes([canonical.lake_text(values, stype)]).tolist()
+    assert chained == [s[3] for s in sums], list(zip(source, sums, chained))
 
 
 @given(
@@ -243,6 +246,58 @@ def test_text_hashes_equal_the_reference_lookup3(texts: list[str], skip: int, se
     assert canonical.text_hashes(arr.cast(pa.large_string()), seed).tolist() == expected
 
 
+@given(st.lists(st.tuples(st.text(max_size=30), st.integers(-(1 << 63), (1 << 63) - 1)), max_size=20))
+def test_text_hashes_take_a_seed_per_text(pairs: list[tuple[str, int]]) -> None:
+    import numpy as np
+
+    texts = pa.array([t for t, _ in pairs], pa.string())
+    seeds = np.array([s for _, s in pairs], np.int64)
+    assert canonical.text_hashes(texts, seeds).tolist() == [_lookup3(t.encode(), s % (1 << 64)) for t, s in pairs]
+
+
+def test_row_checksums_chain_the_column_texts_alike_on_both_sides(pg_admin: str) -> None:
+    """The chained checksum of rows (source_row_hash_sql, lake_row_hashes) over columns of several
+    types with NULLs anywhere: PostgreSQL's equals numpy's, and NULL, '' and moved NULLs all differ."""
+    from psycopg import sql
+
+    cols = {"id": "bigint", "v": "text", "w": "text", "f": "double precision", "d": "date"}
+    rows = [
+        (1, "a", "b", 1.5, "2024-02-29"),
+        (2, None, "", None, None),
+        (3, "", None, -0.0, "infinity"),
+        (4, "", "", float("nan"), "-infinity"),
+        (5, None, None, float("inf"), "0044-03-15 BC"),
+        (6, "naïve ☃" * 20, "x" * 13, 5e-324, "1970-01-01"),
+    ]
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute("CREATE TEMP TABLE r (id bigint, v text, w text, f float8, d date)")
+        conn.cursor().executemany("INSERT INTO r VALUES (%s, %s, %s, %s, %s)", rows)
+        got = conn.execute(
+            sql.SQL("SELECT {}, {} FROM r ORDER BY id").format(
+                canonical.source_row_hash_sql([canonical.source_text(c, t) for c, t in cols.items()]),
+                canonical.source_text("d", "date"),
+            )
+        ).fetchall()
+    days = [None if g[1] is None else int(g[1]) for g in got]  # as the lake stores dates: epoch days
+    lake = [
+        pa.array([r[0] for r in rows], pa.int64()),
+        pa.array([r[1] for r in rows], pa.string()),
+        pa.array([r[2] for r in rows], pa.string()),
+        pa.array([r[3] for r in rows], pa.float64()),
+        pa.array(days, pa.int32()).cast(pa.date32()),
+    ]
+    texts = [canonical.lake_text(a, spark_type(t)) for a, t in zip(lake, cols.values())]
+    mine = canonical.lake_row_hashes(texts).tolist()
+    assert mine == [g[0] for g in got]
+    # The same rows but the key: NULL and '' in v and w, in every arrangement, all differ.
+    vw = [(None, ""), ("", None), ("", ""), (None, None)]
+    arrangements = canonical.lake_row_hashes(
+        [pa.array([a for a, _ in vw], pa.string()), pa.array([b for _, b in vw], pa.string())]
+    ).tolist()
+    assert len(set(arrangements)) == len(vw)
+
+
 def test_text_hashes_equal_postgres_hashtextextended(pg_admin: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """numpy's lookup3 is PostgreSQL's, for every tail length, multibyte text and seed, across the
     chunks it hashes at once; and the server passes verify's check."""
@@ -284,16 +339,3 @@ def test_source_checksums_equal_lake_checksums(pg_admin: str) -> None:
     buckets = canonical.key_buckets(canonical.lake_row_text([ids], ["bigint"]), 7)
     assert [g[0] for g in got] == buckets.tolist()
     assert [g[1] for g in got] == hashes.tolist()
-
-
-def test_row_hashes_and_buckets_in_one_pass_equal_the_two_passes() -> None:
-    import pyarrow as pa
-
-    from loader import canonical
-
-    rows = pa.array(["", "1:a;", "N;", "3:\u00e9\u00e9\u00e9;" * 50, "2:xy;"] * 7, pa.string()).slice(3)
-    keys = pa.array(["1:1;", "N;", "", "5:hello;", "1:2;"] * 7, pa.string()).slice(3)
-    for bits in (0, 1, 8, 16):
-        hashes, buckets = canonical.row_hashes_and_buckets(rows, keys, bits)
-        assert hashes.tolist() == canonical.hashes(rows)[0].tolist()
-        assert buckets.tolist() == canonical.key_buckets(keys, bits).tolist()
