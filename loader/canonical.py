@@ -334,17 +334,19 @@ def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: i
 
     n = len(starts)
     blocks = lengths // 12
-    order = np.argsort(-blocks, kind="stable")  # rows with more than k blocks are a prefix
-    starts, lengths, blocks = starts[order], lengths[order], blocks[order]
+    order = None
+    if n and blocks.min() != blocks.max():
+        order = np.argsort(-blocks, kind="stable")  # rows with more than k blocks are a prefix
+        starts, lengths, blocks = starts[order], lengths[order], blocks[order]
     a = ((lengths + (0x9E3779B9 + 3923095)) & _M32).astype(np.uint32)
     s = [a, a.copy(), a.copy()]
     t, u = np.empty_like(a), np.empty_like(a)
     if isinstance(seed, np.ndarray):
-        seeds = seed.view(np.uint64)[order]
+        seeds = seed.view(np.uint64) if order is None else seed.view(np.uint64)[order]
         seeded = [s[0] + (seeds >> np.uint64(32)).astype(np.uint32), s[1] + seeds.astype(np.uint32), s[2].copy()]
         _mix(seeded, t, u)
         given = seeds != 0  # a zero seed is no seed
-        s = [np.where(given, x, y) for x, y in zip(seeded, s)]
+        s = seeded if given.all() else [np.where(given, x, y) for x, y in zip(seeded, s)]
     elif seed:
         s[0] += np.uint32((seed >> 32) & _M32)
         s[1] += np.uint32(seed & _M32)
@@ -367,8 +369,11 @@ def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: i
     s[1] += words[pos + 4] & low[np.clip(rest - 4, 0, 4)]
     s[2] += (words[pos + 8] & low[np.clip(rest - 8, 0, 3)]) << np.uint32(8)
     _final(s, t, u)
+    hashed = (s[1].astype(np.uint64) << np.uint64(32)) | s[2]
+    if order is None:
+        return hashed.view(np.int64)
     out = np.empty(n, np.uint64)
-    out[order] = (s[1].astype(np.uint64) << np.uint64(32)) | s[2]
+    out[order] = hashed
     return out.view(np.int64)
 
 

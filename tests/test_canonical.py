@@ -253,6 +253,11 @@ def test_text_hashes_take_a_seed_per_text(pairs: list[tuple[str, int]]) -> None:
     texts = pa.array([t for t, _ in pairs], pa.string())
     seeds = np.array([s for _, s in pairs], np.int64)
     assert canonical.text_hashes(texts, seeds).tolist() == [_lookup3(t.encode(), s % (1 << 64)) for t, s in pairs]
+    some_zero = seeds.copy()
+    some_zero[::2] = 0  # a zero seed is no seed: mixed per text with seeded ones
+    assert canonical.text_hashes(texts, some_zero).tolist() == [
+        _lookup3(t.encode(), s % (1 << 64)) for (t, _), s in zip(pairs, some_zero.tolist())
+    ]
 
 
 def test_row_checksums_chain_the_column_texts_alike_on_both_sides(pg_admin: str) -> None:
