@@ -21,15 +21,25 @@ texts are equal, so the form must hold everything the lake keeps and nothing it 
 - 1-D arrays the lake keeps natively: their elements' canonical forms in order, each ``N;`` or
   ``<length>:<text>;``.
 
-A row's checksum is the first 8 bytes of the md5 of its canonical text as a signed 64-bit integer;
-a bucket's checksum is (row count, sum of its rows' checksums mod 2^64), which does not depend on
-order and counts duplicates (keyless tables compare as multisets). A key's bucket is the first 16
-bits of the md5 of its columns' canonical text, shifted to the number of buckets (a power of two).
+Checksums are PostgreSQL's ``hashtextextended`` (UTF-8 bytes): Jenkins' lookup3 as
+``hash_bytes_extended`` computes it, 64 bits; hash partitioning places rows by it, so PostgreSQL
+keeps it stable across versions. PostgreSQL computes it in C for a fraction of md5's cost, and
+:func:`text_hashes` computes it here for whole Arrow arrays at once in numpy (no Python call per
+row); verify refuses a server whose lookup3 differs (:func:`source_hash_agrees`: a big-endian one
+reads the bytes the other way).
+
+- A row's checksum chains its columns' canonical texts, in column order, without building the
+  row's text: ``h = 0``, then for each column ``h = hashtextextended(text, h)``, a NULL hashing
+  as ``''`` with ``h``'s lowest bit flipped (:func:`source_row_hash_sql`, :func:`lake_row_hashes`).
+  A keyless table's row, rebuilt from history as its canonical text, checksums as the hash of
+  that text (:func:`source_hash_sql`, :func:`hashes`).
+- A bucket's checksum is (row count, sum of its rows' checksums mod 2^64), which does not depend
+  on order and counts duplicates (keyless tables compare as multisets).
+- A key's bucket is the low ``bits`` bits (at most 16) of the hash of its columns' canonical text.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +68,14 @@ def piece(text: str | None) -> str:
 
 
 def row_hash(text: str) -> int:
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "big", signed=True)
+    """The checksum of one canonical text (``hashtextextended(text, 0)``, signed)."""
+    import pyarrow as pa
+
+    return int(text_hashes(pa.array([text], pa.string()))[0])
 
 
 def key_bucket(text: str, bits: int) -> int:
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[:2], "big") >> (MAX_BUCKET_BITS - bits)
+    return row_hash(text) & ((1 << bits) - 1)
 
 
 # --- the source side: SQL ---------------------------------------------------------------------------
@@ -116,6 +129,34 @@ def source_piece(column: str, pg_type: str) -> sql.Composable:
     return _sql_piece(sql.Identifier(column), spark_type(pg_type))
 
 
+def source_text(column: str, pg_type: str) -> sql.Composable:
+    """SQL of one column's canonical text, NULL for NULL (:func:`text_piece` makes it its piece)."""
+    from psycopg import sql
+
+    ident, st = sql.Identifier(column), spark_type(pg_type)
+    text = _sql_text(ident, st)
+    if st.sql in ("INT", "BIGINT") or st.sql.startswith("DECIMAL("):
+        return text  # a cast: NULL stays NULL
+    return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE {} END").format(ident, text)
+
+
+def text_piece(text: sql.Composable) -> sql.Composable:
+    """SQL of the piece of a canonical text (``text``: SQL, NULL for NULL), as :func:`source_piece`."""
+    from psycopg import sql
+
+    return sql.SQL("CASE WHEN {0} IS NULL THEN 'N;' ELSE length({0})::text || ':' || {0} || ';' END").format(text)
+
+
+def pieces_text(texts: Sequence[sql.Composable]) -> sql.Composable:
+    """SQL of a row's canonical text from its columns' canonical texts (SQL), in order: so that a
+    query computes each column's text once, and the key's and the row's texts from them."""
+    from psycopg import sql
+
+    if not texts:
+        return sql.SQL("''")
+    return sql.SQL(" || ").join(text_piece(t) for t in texts)
+
+
 def source_row_text(columns: dict[str, str]) -> sql.Composable:
     """SQL of a row's canonical text over ``columns`` (name -> PostgreSQL type), in that order."""
     from psycopg import sql
@@ -125,18 +166,51 @@ def source_row_text(columns: dict[str, str]) -> sql.Composable:
     return sql.SQL(" || ").join(source_piece(c, t) for c, t in columns.items())
 
 
+def _source_hash(text: sql.Composable) -> sql.Composable:
+    from psycopg import sql
+
+    # Under "C" the hash is of the bytes (a nondeterministic collation would hash its sort key).
+    return sql.SQL('hashtextextended(({}) COLLATE "C", 0)').format(text)
+
+
 def source_bucket_sql(key_text: sql.Composable, bits: int) -> sql.Composable:
     from psycopg import sql
 
-    return sql.SQL("(('x' || substr(md5({}), 1, 4))::bit(16)::int >> {})").format(
-        key_text, sql.Literal(MAX_BUCKET_BITS - bits)
-    )
+    return sql.SQL("({} & {})::int").format(_source_hash(key_text), sql.Literal((1 << bits) - 1))
 
 
 def source_hash_sql(row_text: sql.Composable) -> sql.Composable:
+    return _source_hash(row_text)
+
+
+def source_row_hash_sql(texts: Sequence[sql.Composable]) -> sql.Composable:
+    """SQL of a row's checksum from its columns' canonical texts (SQL, NULL for NULL), in order:
+    a chain of ``hashtextextended``, each column's text hashed with the previous column's hash as
+    its seed, flipped in its lowest bit for a NULL (which hashes as ``''``). No row text is built."""
     from psycopg import sql
 
-    return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::bigint").format(row_text)
+    chain: sql.Composable = sql.SQL("0::bigint")
+    for text in texts:
+        chain = sql.SQL("hashtextextended(coalesce({0}, '') COLLATE \"C\", ({1}) # ({0} IS NULL)::int::bigint)").format(
+            text, chain
+        )
+    return chain
+
+
+# Texts whose hashes a server must agree on (lengths 0 to 25: every tail case of lookup3, one and
+# two 12-byte blocks).
+_PROBES = ("", "N;", "1:a;", "5:12345;", "11:hello world;", "24:abcdefghijklmnopqrstuvwx;")
+
+
+def source_hash_agrees(conn: Any) -> bool:
+    """Whether the server's ``hashtextextended`` is the one :func:`text_hashes` computes (not on a
+    big-endian server, where every checksum would differ)."""
+    import pyarrow as pa
+    from psycopg import sql
+
+    query = sql.SQL("SELECT {}").format(sql.SQL(", ").join(source_hash_sql(sql.Literal(p)) for p in _PROBES))
+    row = conn.execute(query).fetchone()
+    return row is not None and list(row) == text_hashes(pa.array(_PROBES, pa.string())).tolist()
 
 
 # --- the lake side: Arrow ---------------------------------------------------------------------------
@@ -187,10 +261,15 @@ def lake_text(values: pa.Array, st: SparkType) -> pa.Array:
 
 def lake_pieces(values: pa.Array, st: SparkType) -> pa.Array:
     """Each value's canonical piece (``N;`` or ``<length>:<text>;``); never NULL."""
+
+    return text_pieces(lake_text(values, st))
+
+
+def text_pieces(text: pa.Array) -> pa.Array:
+    """The piece of each canonical text (:func:`lake_text`, NULL for NULL)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    text = lake_text(values, st)
     lengths = pc.utf8_length(text).cast(pa.string())
     colon, semicolon = pa.scalar(":", pa.string()), pa.scalar(";", pa.string())
     return pc.fill_null(pc.binary_join_element_wise(lengths, colon, text, semicolon, ""), NULL_PIECE)
@@ -199,58 +278,162 @@ def lake_pieces(values: pa.Array, st: SparkType) -> pa.Array:
 def lake_row_text(columns: Sequence[pa.Array], types: Sequence[str]) -> pa.Array:
     """Each row's canonical text over ``columns`` (lake arrays) of PostgreSQL ``types``, in order."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if not columns:
         return pa.array([""] * 0, pa.string())
-    pieces = [lake_pieces(c, spark_type(t)) for c, t in zip(columns, types)]
+    return lake_join([lake_pieces(c, spark_type(t)) for c, t in zip(columns, types)])
+
+
+def lake_join(pieces: Sequence[pa.Array]) -> pa.Array:
+    """Each row's canonical text from its columns' pieces (:func:`lake_pieces`), in order."""
+    import pyarrow.compute as pc
+
     return pieces[0] if len(pieces) == 1 else pc.binary_join_element_wise(*pieces, "")
 
 
-def hashes(texts: pa.Array, bits: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Row checksums (int64) of canonical texts, and their buckets when ``bits`` is given."""
+# --- lookup3 (PostgreSQL's hash_bytes_extended) over whole arrays, in numpy ------------------------
+_M32 = 0xFFFFFFFF
+_LOW_BYTES = (0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF)
+# (x, y, z, k) of mix's six lines ``x -= y; x ^= rot(y, k); y += z`` over (a, b, c) = (0, 1, 2)
+_MIX = ((0, 2, 1, 4), (1, 0, 2, 6), (2, 1, 0, 8), (0, 2, 1, 16), (1, 0, 2, 19), (2, 1, 0, 4))
+# (x, y, k) of final's seven lines ``x ^= y; x -= rot(y, k)``
+_FINAL = ((2, 1, 14), (0, 2, 11), (1, 0, 25), (2, 1, 16), (0, 2, 4), (1, 0, 14), (2, 1, 24))
+_CHUNK = 1 << 15  # rows hashed at once: the state arrays stay in the CPU's cache
+
+
+def _rot_into(y: np.ndarray, k: int, t: np.ndarray, u: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    np.left_shift(y, k, out=t)
+    np.right_shift(y, 32 - k, out=u)
+    return np.bitwise_or(t, u, out=t)
+
+
+def _mix(s: list[np.ndarray], t: np.ndarray, u: np.ndarray) -> None:
+    import numpy as np
+
+    for x, y, z, k in _MIX:
+        np.subtract(s[x], s[y], out=s[x])
+        np.bitwise_xor(s[x], _rot_into(s[y], k, t, u), out=s[x])
+        np.add(s[y], s[z], out=s[y])
+
+
+def _final(s: list[np.ndarray], t: np.ndarray, u: np.ndarray) -> None:
+    import numpy as np
+
+    for x, y, k in _FINAL:
+        np.bitwise_xor(s[x], s[y], out=s[x])
+        np.subtract(s[x], _rot_into(s[y], k, t, u), out=s[x])
+
+
+def _lookup3(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray, seed: int | np.ndarray) -> np.ndarray:
+    """hash_bytes_extended of the byte strings at ``starts`` of ``lengths`` (``words``: the
+    little-endian uint32 at every byte offset of the data, 12 bytes past its end readable), with
+    one seed or a seed per string."""
+    import numpy as np
+
+    n = len(starts)
+    blocks = lengths // 12
+    order = None
+    if n and blocks.min() != blocks.max():
+        order = np.argsort(-blocks, kind="stable")  # rows with more than k blocks are a prefix
+        starts, lengths, blocks = starts[order], lengths[order], blocks[order]
+    a = ((lengths + (0x9E3779B9 + 3923095)) & _M32).astype(np.uint32)
+    s = [a, a.copy(), a.copy()]
+    t, u = np.empty_like(a), np.empty_like(a)
+    if isinstance(seed, np.ndarray):
+        seeds = seed.view(np.uint64) if order is None else seed.view(np.uint64)[order]
+        seeded = [s[0] + (seeds >> np.uint64(32)).astype(np.uint32), s[1] + seeds.astype(np.uint32), s[2].copy()]
+        _mix(seeded, t, u)
+        given = seeds != 0  # a zero seed is no seed
+        s = seeded if given.all() else [np.where(given, x, y) for x, y in zip(seeded, s)]
+    elif seed:
+        s[0] += np.uint32((seed >> 32) & _M32)
+        s[1] += np.uint32(seed & _M32)
+        _mix(s, t, u)
+    ascending = blocks[::-1]
+    pos = starts.copy()
+    for k in range(int(blocks[0]) if n else 0):
+        m = n - int(np.searchsorted(ascending, k, side="right"))
+        p = pos[:m]
+        head = [x[:m] for x in s]
+        head[0] += words[p]
+        head[1] += words[p + 4]
+        head[2] += words[p + 8]
+        _mix(head, t[:m], u[:m])
+        p += 12
+    # The last 0 to 11 bytes: a, b and c take bytes 0-3, 4-7 and 8-10 (c's lowest byte is not used).
+    rest = lengths - 12 * blocks
+    low = np.array(_LOW_BYTES, np.uint32)
+    s[0] += words[pos] & low[np.minimum(rest, 4)]
+    s[1] += words[pos + 4] & low[np.clip(rest - 4, 0, 4)]
+    s[2] += (words[pos + 8] & low[np.clip(rest - 8, 0, 3)]) << np.uint32(8)
+    _final(s, t, u)
+    hashed = (s[1].astype(np.uint64) << np.uint64(32)) | s[2]
+    if order is None:
+        return hashed.view(np.int64)
+    out = np.empty(n, np.uint64)
+    out[order] = hashed
+    return out.view(np.int64)
+
+
+def text_hashes(texts: pa.Array, seed: int | np.ndarray = 0) -> np.ndarray:
+    """PostgreSQL's ``hashtextextended(t, seed)`` of each text's UTF-8 bytes, as signed int64;
+    ``seed``: one (0 to 2^64 - 1) or an int64 array of one per text. Texts must not be NULL."""
     import numpy as np
     import pyarrow as pa
 
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
+    if pa.types.is_large_string(texts.type):
+        texts = texts.cast(pa.string())
     n = len(texts)
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * texts.offset)
-    data = memoryview(texts.buffers()[2] or b"")
-    digests = bytearray(8 * n)
-    buckets = np.zeros(n, np.int64) if bits is not None else None
-    md5 = hashlib.md5
-    shift = MAX_BUCKET_BITS - (bits or 0)
-    for i in range(n):
-        d = md5(data[offsets[i] : offsets[i + 1]]).digest()
-        digests[8 * i : 8 * i + 8] = d[:8]
-        if buckets is not None:
-            buckets[i] = ((d[0] << 8) | d[1]) >> shift
-    return np.frombuffer(bytes(digests), dtype=">i8").astype(np.int64), buckets
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * texts.offset).astype(np.int64)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    raw = texts.buffers()[2]
+    base = np.frombuffer(raw, np.uint8) if raw is not None else np.zeros(0, np.uint8)
+    out = np.empty(n, np.int64)
+    for i in range(0, n, _CHUNK):
+        first, last = int(offsets[i]), int(offsets[min(i + _CHUNK, n)])
+        # The chunk's bytes and 16 zero bytes (lookup3 reads whole words past a text's end, then
+        # masks them); the uint32 at every byte offset of them, little-endian, unaligned.
+        data = np.empty(last - first + 16, np.uint8)
+        data[: last - first] = base[first:last]
+        data[last - first :] = 0
+        words = np.ndarray(shape=(len(data) - 3,), dtype="<u4", buffer=data, strides=(1,))
+        cut = offsets[i : i + _CHUNK + 1]
+        seeds = seed[i : i + _CHUNK] if isinstance(seed, np.ndarray) else seed
+        out[i : i + _CHUNK] = _lookup3(words, cut[:-1] - first, cut[1:] - cut[:-1], seeds)
+    return out
 
 
-def row_hashes_and_buckets(rows: pa.Array, keys: pa.Array, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`hashes` of the row texts and the buckets of the key texts, in one pass."""
+def lake_row_hashes(texts: Sequence[pa.Array]) -> np.ndarray:
+    """Each row's checksum from its columns' canonical texts (:func:`lake_text`, NULL for NULL):
+    the chain :func:`source_row_hash_sql` computes."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    if isinstance(rows, pa.ChunkedArray):
-        rows = rows.combine_chunks()
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    n = len(rows)
-    r_off = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * rows.offset).tolist()
-    k_off = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * keys.offset).tolist()
-    r_data = bytes(rows.buffers()[2] or b"")
-    k_data = bytes(keys.buffers()[2] or b"")
-    digests = bytearray(8 * n)
-    heads = bytearray(2 * n)
-    md5 = hashlib.md5
-    for i in range(n):
-        digests[8 * i : 8 * i + 8] = md5(r_data[r_off[i] : r_off[i + 1]]).digest()[:8]
-        heads[2 * i : 2 * i + 2] = md5(k_data[k_off[i] : k_off[i + 1]]).digest()[:2]
-    buckets = (np.frombuffer(bytes(heads), dtype=">u2").astype(np.int64)) >> (MAX_BUCKET_BITS - bits)
-    return np.frombuffer(bytes(digests), dtype=">i8").astype(np.int64), buckets
+    if not texts:
+        return np.zeros(0, np.int64)
+    chain = np.zeros(len(texts[0]), np.int64)
+    for text in texts:
+        if isinstance(text, pa.ChunkedArray):
+            text = text.combine_chunks()
+        if text.null_count:
+            chain ^= text.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
+            text = pc.fill_null(text, "")
+        chain = text_hashes(text, chain)
+    return chain
+
+
+def hashes(texts: pa.Array, bits: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Row checksums (int64) of canonical texts, and their buckets when ``bits`` is given."""
+    import numpy as np
+
+    h = text_hashes(texts)
+    return h, (None if bits is None else (h & ((1 << bits) - 1)).astype(np.int64))
 
 
 def key_buckets(texts: pa.Array, bits: int) -> np.ndarray:

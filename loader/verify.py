@@ -35,6 +35,7 @@ from psycopg import sql
 from loader import canonical
 from loader.capture import slot as slots
 from loader.config import LoaderSettings
+from loader.errors import SourceError
 from loader.lake.catalog import open_catalog, row_count, watermark
 from loader.lake.tables import (
     PROP_PARKED,
@@ -290,6 +291,7 @@ def _compare_by_checksums(
     import pyarrow.compute as pc
 
     keys = {k: columns[k] for k in pk}
+    key_at = [list(columns).index(k) for k in pk]
     bits = canonical.bucket_bits(max(row_count(lake_table), _source_estimate(conn, table)))
     skipped = pa.array(sorted(skip), pa.string())
     lake_counts = np.zeros(1 << bits, np.int64)
@@ -298,12 +300,17 @@ def _compare_by_checksums(
     with ThreadPoolExecutor(1, thread_name_prefix="verify-source") as pool:
         source = pool.submit(_source_checksums, conn, table, columns, keys, bits, skip)
         for batch in _lake_batches(lake_table, columns):
-            key_text = _row_text(batch, keys)
+            # Each column's canonical text once: the key's text (its bucket, whether it is in
+            # flight) is made of the key columns', the row's checksum chains them all.
+            texts = [canonical.lake_text(batch.column(lake_column(c)), spark_type(t)) for c, t in columns.items()]
+            key_text = canonical.lake_join([canonical.text_pieces(texts[i]) for i in key_at])
             if len(skipped):
                 keep = pc.invert(pc.is_in(key_text, value_set=skipped))
-                batch, key_text = batch.filter(keep), key_text.filter(keep)
-                lake_skipped += len(keep) - batch.num_rows
-            row_hashes, buckets = canonical.row_hashes_and_buckets(_row_text(batch, columns), key_text, bits)
+                if not pc.all(keep).as_py():
+                    texts, key_text = [t.filter(keep) for t in texts], key_text.filter(keep)
+                    lake_skipped += len(keep) - len(key_text)
+            row_hashes = canonical.lake_row_hashes(texts)
+            buckets = canonical.key_buckets(key_text, bits)
             np.add.at(lake_counts, buckets, 1)
             np.add.at(lake_sums, buckets, row_hashes)
         source_counts, source_sums, source_skipped = source.result()
@@ -337,36 +344,56 @@ def _source_estimate(conn: Any, table: SourceTable) -> int:
     return int(row[0]) if row else 0
 
 
-def _skip_sql(keys: dict[str, str], skip: set[str] | Any) -> tuple[Any, list[Any]]:
+def _skip_sql(keys: dict[str, str], skip: set[str] | Any, key_text: Any = None) -> tuple[Any, list[Any]]:
     """`` WHERE``/`` AND`` tail leaving out the keys whose canonical text is in ``skip`` (a hashed
-    ``= ANY`` of one text array), and its parameters."""
+    ``= ANY`` of one text array), and its parameters. ``key_text``: SQL of the key's canonical text
+    when the query has it already."""
     from psycopg import sql
 
     if not len(skip):
         return sql.SQL(""), []
     texts = skip.to_pylist() if hasattr(skip, "to_pylist") else sorted(skip)
-    return sql.SQL("NOT ({} = ANY(%s::text[]))").format(canonical.source_row_text(keys)), [texts]
+    text = canonical.source_row_text(keys) if key_text is None else key_text
+    return sql.SQL("NOT ({} = ANY(%s::text[]))").format(text), [texts]
 
 
 def _source_checksums(
-    conn: Any, table: SourceTable, columns: dict[str, str], keys: dict[str, str], bits: int, skip: set[str]
+    conn: Any,
+    table: SourceTable,
+    columns: dict[str, str],
+    keys: dict[str, str],
+    bits: int,
+    skip: set[str],
+    chained: bool = True,
 ) -> tuple[Any, Any, int]:
     """Per bucket: rows and checksum sum of the rows whose key is not in ``skip``; and how many
-    rows were left out."""
+    rows were left out. A row's checksum: the chain of its columns' texts
+    (:func:`canonical.source_row_hash_sql`), or with ``chained=False`` the hash of its canonical
+    text (keyless tables, whose history gives row texts)."""
     import numpy as np
     from psycopg import sql
 
-    where, params = _skip_sql(keys, skip)
+    # Each column's canonical text is computed once per row, in a subquery (OFFSET 0 keeps it from
+    # being inlined, which would compute it again for every use); the key's text, its bucket and
+    # whether it is skipped, once per row in the next. Rows of skipped keys are counted apart (the
+    # table's row count) and never hashed.
+    alias = {c: sql.Identifier(f"_c{i}") for i, c in enumerate(columns)}
+    key_text = canonical.pieces_text([alias[k] for k in keys])
+    where, params = _skip_sql(keys, skip, key_text)
     kept = where if params else sql.SQL("true")
-    # Rows of skipped keys are counted apart (the table's row count) and never hashed.
     query = sql.SQL(
-        "SELECT _b, count(*) FILTER (WHERE _k), sum(_h), count(*) FILTER (WHERE NOT _k)"
-        " FROM (SELECT {} AS _b, _k, CASE WHEN _k THEN {} END AS _h"
-        " FROM (SELECT *, {} AS _k FROM {}.{}) AS _t) AS _s GROUP BY _b"
+        "SELECT _b, count(*) FILTER (WHERE _k), sum(CASE WHEN _k THEN {} END), count(*) FILTER (WHERE NOT _k)"
+        " FROM (SELECT *, {} AS _b, {} AS _k FROM (SELECT {} FROM {}.{} OFFSET 0) AS _r OFFSET 0) AS _s"
+        " GROUP BY _b"
     ).format(
-        canonical.source_bucket_sql(canonical.source_row_text(keys), bits),
-        canonical.source_hash_sql(canonical.source_row_text(columns)),
+        canonical.source_row_hash_sql(list(alias.values()))
+        if chained
+        else canonical.source_hash_sql(canonical.pieces_text(list(alias.values()))),
+        canonical.source_bucket_sql(key_text, bits),
         kept,
+        sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(canonical.source_text(c, t), alias[c]) for c, t in columns.items()
+        ),
         sql.Identifier(table.schema),
         sql.Identifier(table.table),
     )
@@ -381,9 +408,28 @@ def _source_checksums(
 
 
 def _lake_batches(lake_table: Any, columns: dict[str, str], positions: bool = False) -> Any:
-    """The current table's rows, a record batch at a time (memory: one batch)."""
+    """The current table's rows, a record batch at a time (memory: one batch).
+
+    pyiceberg's ``to_arrow_batch_reader`` reads each data file whole into a list of batches, several
+    files at once in its thread pool (a 10M-row table took verify to 1.5 GB); its per-file
+    generator, given the delete files read first, yields the same batches one at a time (with the
+    same projection, schema evolution and deletes). Where that generator is missing (another
+    pyiceberg), the batch reader is used."""
+    import pyarrow as pa
+    from pyiceberg.io import pyarrow as iceberg_arrow
+
     fields = tuple(lake_column(c) for c in columns) + (("pg_lsn", "pg_seq") if positions else ())
-    return lake_table.scan(selected_fields=fields).to_arrow_batch_reader()
+    scan = lake_table.scan(selected_fields=fields)
+    arrow_scan = iceberg_arrow.ArrowScan(
+        scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive, scan.limit
+    )
+    stream = getattr(arrow_scan, "_record_batches_from_scan_tasks_and_deletes", None)
+    read_deletes = getattr(iceberg_arrow, "_read_all_delete_files", None)
+    if stream is None or read_deletes is None:
+        return scan.to_arrow_batch_reader()
+    tasks = list(scan.plan_files())
+    target = iceberg_arrow.schema_to_pyarrow(scan.projection())
+    return pa.RecordBatchReader.from_batches(target, stream(tasks, read_deletes(scan.io, tasks))).cast(target)
 
 
 def _row_text(batch: Any, columns: dict[str, str]) -> Any:
@@ -491,7 +537,7 @@ def _reconcile_keyless(
             "only (ALTER TABLE ... REPLICA IDENTITY FULL, or add a primary key, then 'loader resync')"
         )
     bits = canonical.bucket_bits(max(row_count(hist), _source_estimate(conn, table)))
-    source_counts, source_sums, _ = _source_checksums(conn, table, columns, columns, bits, set())
+    source_counts, source_sums, _ = _source_checksums(conn, table, columns, columns, bits, set(), chained=False)
     lake_counts = np.zeros(1 << bits, np.int64)
     lake_sums = np.zeros(1 << bits, np.int64)
     try:
@@ -653,6 +699,11 @@ def reconcile(
     src = settings.source
     cut: int | None = None
     with slots.connect(src.conninfo()) as conn:
+        if selected and not canonical.source_hash_agrees(conn):
+            raise SourceError(
+                "the source's hashtextextended() is not the lookup3 verify computes on the lake's side "
+                "(a big-endian server?): their checksums cannot be compared"
+            )
         exported = None
         if at_cut and selected:
             name = f"{src.slot[:36]}_verify_{os.getpid()}_{secrets.token_hex(2)}"

@@ -113,13 +113,32 @@ def test_source_and_lake_pieces_agree(pg_admin: str, pg_type: str, literals: lis
             query.format(canonical.source_piece("c", pg_type), psycopg.sql.SQL(values)),  # type: ignore[arg-type]
             [r[0] for r in rows],
         ).fetchall()
+        # Each piece's checksum and bucket as PostgreSQL computes them (hashtextextended in SQL).
+        piece = canonical.source_piece("c", pg_type)
+        sums = conn.execute(
+            psycopg.sql.SQL("SELECT {}, {}, {}, {} FROM (VALUES {}) AS v(c)").format(
+                canonical.source_hash_sql(piece),
+                canonical.source_bucket_sql(piece, 16),
+                canonical.pieces_text([canonical.source_text("c", pg_type)]),  # the text first, then its piece
+                canonical.source_row_hash_sql([canonical.source_text("c", pg_type)]),
+                psycopg.sql.SQL(values),  # type: ignore[arg-type]
+            ),
+            [r[0] for r in rows],
+        ).fetchall()
     source = [g[0] for g in got]
     texts = [g[1] for g in got]
     stype = spark_type(pg_type)
     values = _temporal(stype, [g[2] for g in got]) if stype.sql in NON_FINITE else _lake_values(pg_type, texts)
-    lake = canonical.lake_pieces(values, stype).to_pylist()
+    lake_arrow = canonical.lake_pieces(values, stype)
+    lake = lake_arrow.to_pylist()
     assert lake == source, list(zip(texts, source, lake))
     assert len(set(source)) == len(source), "distinct values must have distinct pieces"
+    hashes, buckets = canonical.hashes(lake_arrow, 16)
+    assert hashes.tolist() == [s[0] for s in sums], list(zip(source, sums, hashes.tolist()))
+    assert buckets is not None and buckets.tolist() == [s[1] for s in sums]
+    assert [s[2] for s in sums] == source
+    chained = canonical.lake_row_hashes([canonical.lake_text(values, stype)]).tolist()
+    assert chained == [s[3] for s in sums], list(zip(source, sums, chained))
 
 
 @given(
@@ -145,18 +164,166 @@ def test_doubles_compare_by_their_bits(x: float, y: float) -> None:
     assert (px == py) == (struct.pack(">d", x) == struct.pack(">d", y))
 
 
+def _lookup3(data: bytes, seed: int = 0) -> int:
+    """PostgreSQL's hash_bytes_extended (src/common/hashfn.c, little-endian), byte by byte in plain
+    Python: the reference the vectorized numpy version is held to."""
+    m = 0xFFFFFFFF
+
+    def rot(x: int, k: int) -> int:
+        return ((x << k) | (x >> (32 - k))) & m
+
+    def mix(a: int, b: int, c: int) -> tuple[int, int, int]:
+        a = (a - c) & m ^ rot(c, 4)
+        c = (c + b) & m
+        b = (b - a) & m ^ rot(a, 6)
+        a = (a + c) & m
+        c = (c - b) & m ^ rot(b, 8)
+        b = (b + a) & m
+        a = (a - c) & m ^ rot(c, 16)
+        c = (c + b) & m
+        b = (b - a) & m ^ rot(a, 19)
+        a = (a + c) & m
+        c = (c - b) & m ^ rot(b, 4)
+        b = (b + a) & m
+        return a, b, c
+
+    a = b = c = (0x9E3779B9 + len(data) + 3923095) & m
+    if seed:
+        a, b = (a + (seed >> 32)) & m, (b + (seed & m)) & m
+        a, b, c = mix(a, b, c)
+    rest = data
+    while len(rest) >= 12:
+        a = (a + int.from_bytes(rest[0:4], "little")) & m
+        b = (b + int.from_bytes(rest[4:8], "little")) & m
+        c = (c + int.from_bytes(rest[8:12], "little")) & m
+        a, b, c = mix(a, b, c)
+        rest = rest[12:]
+    tail = rest + bytes(12 - len(rest))
+    a = (a + int.from_bytes(tail[0:4], "little")) & m
+    b = (b + int.from_bytes(tail[4:8], "little")) & m
+    c = (c + (int.from_bytes(tail[8:12], "little") << 8)) & m  # c's lowest byte is the length's
+    for x, y, k in ((2, 1, 14), (0, 2, 11), (1, 0, 25), (2, 1, 16), (0, 2, 4), (1, 0, 14), (2, 1, 24)):
+        s = [a, b, c]
+        s[x] = ((s[x] ^ s[y]) - rot(s[y], k)) & m
+        a, b, c = s
+    value = (b << 32) | c
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# Every tail length of lookup3 (0 to 11 bytes after whole 12-byte blocks), multibyte UTF-8, the
+# canonical form's own characters.
+HASH_TEXTS = [
+    "",
+    "N;",
+    "1:a;",
+    "0:;",
+    "naïve ☃",
+    "line\nbreak\t",
+    "\u00e9" * 7,
+    "\U0001f600" * 5,
+    *("abcdefghijklmnopqrstuvwxyz0123456789"[:n] for n in range(37)),
+]
+
+
 def test_hashes_and_buckets_match_the_scalar_definitions() -> None:
     texts = ["", "1:a;", "N;", "naïve ☃" * 50]
     arr = pa.array(texts).slice(1)  # a sliced array: offsets must be honoured
     hashes, buckets = canonical.hashes(arr, 5)
+    assert hashes.tolist() == [_lookup3(t.encode()) for t in texts[1:]]
     assert hashes.tolist() == [canonical.row_hash(t) for t in texts[1:]]
     assert buckets is not None and buckets.tolist() == [canonical.key_bucket(t, 5) for t in texts[1:]]
+    assert buckets.tolist() == [_lookup3(t.encode()) & 31 for t in texts[1:]]
     assert canonical.bucket_bits(0) == 0 and canonical.bucket_bits(10_000_000) == 12
     assert canonical.as_signed64((1 << 64) + 5) == 5 and canonical.as_signed64(1 << 63) == -(1 << 63)
 
 
+@given(st.lists(st.text(max_size=40), max_size=30), st.integers(0, 29), st.sampled_from([0, 1, (1 << 64) - 1]))
+def test_text_hashes_equal_the_reference_lookup3(texts: list[str], skip: int, seed: int) -> None:
+    arr = pa.array(["x" * 13, *texts], pa.string()).slice(1 + min(skip, len(texts)))
+    expected = [_lookup3(t.encode(), seed) for t in texts[min(skip, len(texts)) :]]
+    assert canonical.text_hashes(arr, seed).tolist() == expected
+    assert canonical.text_hashes(pa.chunked_array([arr, arr], pa.string()), seed).tolist() == expected * 2
+    assert canonical.text_hashes(arr.cast(pa.large_string()), seed).tolist() == expected
+
+
+@given(st.lists(st.tuples(st.text(max_size=30), st.integers(-(1 << 63), (1 << 63) - 1)), max_size=20))
+def test_text_hashes_take_a_seed_per_text(pairs: list[tuple[str, int]]) -> None:
+    import numpy as np
+
+    texts = pa.array([t for t, _ in pairs], pa.string())
+    seeds = np.array([s for _, s in pairs], np.int64)
+    assert canonical.text_hashes(texts, seeds).tolist() == [_lookup3(t.encode(), s % (1 << 64)) for t, s in pairs]
+    some_zero = seeds.copy()
+    some_zero[::2] = 0  # a zero seed is no seed: mixed per text with seeded ones
+    assert canonical.text_hashes(texts, some_zero).tolist() == [
+        _lookup3(t.encode(), s % (1 << 64)) for (t, _), s in zip(pairs, some_zero.tolist())
+    ]
+
+
+def test_row_checksums_chain_the_column_texts_alike_on_both_sides(pg_admin: str) -> None:
+    """The chained checksum of rows (source_row_hash_sql, lake_row_hashes) over columns of several
+    types with NULLs anywhere: PostgreSQL's equals numpy's, and NULL, '' and moved NULLs all differ."""
+    from psycopg import sql
+
+    cols = {"id": "bigint", "v": "text", "w": "text", "f": "double precision", "d": "date"}
+    rows = [
+        (1, "a", "b", 1.5, "2024-02-29"),
+        (2, None, "", None, None),
+        (3, "", None, -0.0, "infinity"),
+        (4, "", "", float("nan"), "-infinity"),
+        (5, None, None, float("inf"), "0044-03-15 BC"),
+        (6, "naïve ☃" * 20, "x" * 13, 5e-324, "1970-01-01"),
+    ]
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute("CREATE TEMP TABLE r (id bigint, v text, w text, f float8, d date)")
+        conn.cursor().executemany("INSERT INTO r VALUES (%s, %s, %s, %s, %s)", rows)
+        got = conn.execute(
+            sql.SQL("SELECT {}, {} FROM r ORDER BY id").format(
+                canonical.source_row_hash_sql([canonical.source_text(c, t) for c, t in cols.items()]),
+                canonical.source_text("d", "date"),
+            )
+        ).fetchall()
+    days = [None if g[1] is None else int(g[1]) for g in got]  # as the lake stores dates: epoch days
+    lake = [
+        pa.array([r[0] for r in rows], pa.int64()),
+        pa.array([r[1] for r in rows], pa.string()),
+        pa.array([r[2] for r in rows], pa.string()),
+        pa.array([r[3] for r in rows], pa.float64()),
+        pa.array(days, pa.int32()).cast(pa.date32()),
+    ]
+    texts = [canonical.lake_text(a, spark_type(t)) for a, t in zip(lake, cols.values())]
+    mine = canonical.lake_row_hashes(texts).tolist()
+    assert mine == [g[0] for g in got]
+    # The same rows but the key: NULL and '' in v and w, in every arrangement, all differ.
+    vw = [(None, ""), ("", None), ("", ""), (None, None)]
+    arrangements = canonical.lake_row_hashes(
+        [pa.array([a for a, _ in vw], pa.string()), pa.array([b for _, b in vw], pa.string())]
+    ).tolist()
+    assert len(set(arrangements)) == len(vw)
+
+
+def test_text_hashes_equal_postgres_hashtextextended(pg_admin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's lookup3 is PostgreSQL's, for every tail length, multibyte text and seed, across the
+    chunks it hashes at once; and the server passes verify's check."""
+    texts = HASH_TEXTS * 3
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        assert canonical.source_hash_agrees(conn)
+        for seed in (0, 1, 42, (1 << 63) - 1):
+            got = conn.execute(
+                'SELECT hashtextextended(t COLLATE "C", %s) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, o) ORDER BY o',
+                (seed, texts),
+            ).fetchall()
+            expected = [g[0] for g in got]
+            assert canonical.text_hashes(pa.array(texts, pa.string()), seed).tolist() == expected
+            monkeypatch.setattr(canonical, "_CHUNK", 7)  # chunk boundaries inside the array
+            assert canonical.text_hashes(pa.array(["pad", *texts], pa.string()).slice(1), seed).tolist() == expected
+            monkeypatch.undo()
+            assert expected == [_lookup3(t.encode(), seed) for t in texts]
+
+
 def test_source_checksums_equal_lake_checksums(pg_admin: str) -> None:
-    """The SQL bucket and hash of a row equal the Arrow ones (md5 on both sides, same bits)."""
+    """The SQL bucket and hash of a row equal the Arrow ones (lookup3 on both sides, same bits)."""
     from psycopg import sql
 
     cols = {"id": "bigint", "v": "text"}
@@ -177,16 +344,3 @@ def test_source_checksums_equal_lake_checksums(pg_admin: str) -> None:
     buckets = canonical.key_buckets(canonical.lake_row_text([ids], ["bigint"]), 7)
     assert [g[0] for g in got] == buckets.tolist()
     assert [g[1] for g in got] == hashes.tolist()
-
-
-def test_row_hashes_and_buckets_in_one_pass_equal_the_two_passes() -> None:
-    import pyarrow as pa
-
-    from loader import canonical
-
-    rows = pa.array(["", "1:a;", "N;", "3:\u00e9\u00e9\u00e9;" * 50, "2:xy;"] * 7, pa.string()).slice(3)
-    keys = pa.array(["1:1;", "N;", "", "5:hello;", "1:2;"] * 7, pa.string()).slice(3)
-    for bits in (0, 1, 8, 16):
-        hashes, buckets = canonical.row_hashes_and_buckets(rows, keys, bits)
-        assert hashes.tolist() == canonical.hashes(rows)[0].tolist()
-        assert buckets.tolist() == canonical.key_buckets(keys, bits).tolist()
