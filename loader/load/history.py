@@ -184,7 +184,10 @@ class HistoryLoad:
         # If that file is missing (not loaded, not pending before it), loading this one would make half
         # a transaction visible: stop the batch there until the earlier part arrives.
         # Ends of loaded files come from the ledger's names: loaded files may have left the landing area.
-        ends = {parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None}
+        parsed_loaded = [parsed for parsed in map(LandingFile.parse, loaded) if parsed is not None]
+        ends = {parsed.last for parsed in parsed_loaded}
+        # The positions some file (loaded or not) continues right after.
+        continued = {g.first.just_before() for g in (*parsed_loaded, *pending)}
         for i, f in enumerate(pending):
             if f.first.seq > 1 and f.first.just_before() not in ends:
                 self.gap = (
@@ -194,11 +197,11 @@ class HistoryLoad:
                 pending = pending[:i]
                 break
             ends.add(f.last)
-            following = pending[i + 1] if i + 1 < len(pending) else None
-            if not f.complete and following is not None and following.first.just_before() != f.last:
+            if not f.complete and i + 1 < len(pending) and f.last not in continued:
                 # A transaction still landing, with later transactions already landed after it: a
                 # snapshot or resync copying while capture drains the stream (loader.capture.snapshot).
-                # Its remaining files sort before those: stop before it until its commit lands.
+                # Its remaining files sort before those: stop before it until its commit lands. (A
+                # file whose continuation exists, loaded or not, is not: a redelivery cut elsewhere.)
                 self.gap = f"landing file {f.name} ends inside a transaction still landing (a snapshot copying)"
                 log.info("%s; loading stops before it", self.gap)
                 pending = pending[:i]
