@@ -380,7 +380,8 @@ class CurrentMerge:
         if (
             not rebuild
             and not key_changed
-            and since is not None
+            # A table's first state from stream changes too: its current table never committed.
+            and (since is not None or start_snapshot is None)
             and self.settings.merge.driver_max_rows > 0
             and self._driver_merge(table, cur, pk, source_types, since, cut, hist_snapshot, start_snapshot, out)
         ):
@@ -744,13 +745,14 @@ class CurrentMerge:
         cur: str,
         pk: list[str],
         source_types: dict[str, str],
-        since: ChangePosition,
+        since: ChangePosition | None,
         cut: ChangePosition,
         hist_snapshot: int | None,
         start_snapshot: int | None,
         out: TableMerge,
     ) -> bool:
-        """Merge a plain increment on the driver (loader.merge.driver); False if it is not plain."""
+        """Merge a plain increment on the driver (loader.merge.driver); False if it is not plain.
+        ``since`` None: the table's first state (its current table has no snapshot)."""
         from loader.lake.catalog import open_catalog
         from loader.merge.driver import NotPlainIncrement, driver_rows
 

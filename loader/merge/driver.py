@@ -122,14 +122,16 @@ def driver_rows(
     cur_id: tuple[str, str],
     pk: list[str],
     pg_types: dict[str, str],
-    since: ChangePosition,
+    since: ChangePosition | None,
     cut: ChangePosition,
     hist_snapshot: int | None,
     start_snapshot: int | None,
     max_rows: int,
 ) -> tuple[Any, Any, int]:
     """(rows to end, rows to write, increment rows) for :func:`loader.merge.rowdelta.commit_rows`;
-    raises :class:`NotPlainIncrement` when the Spark path must merge this increment."""
+    raises :class:`NotPlainIncrement` when the Spark path must merge this increment. ``since``
+    None: the increment is all of history up to ``cut``, for a current table that never committed
+    (``start_snapshot`` None)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyiceberg.expressions import And, EqualTo, GreaterThan, LessThanOrEqual
@@ -139,13 +141,13 @@ def driver_rows(
     for k in pk:
         if spark_type(pg_types[k]).sql not in _KEY_TYPES:
             raise NotPlainIncrement(f"key column {k} is {pg_types[k]}")
-    if hist_snapshot is None or start_snapshot is None:
+    if hist_snapshot is None or (start_snapshot is None) != (since is None):
         raise NotPlainIncrement("no snapshot to read")
 
     # --- the current table: one bucket spec on the first key column, at the watermark's snapshot
     cur = catalog.load_table(cur_id)
     snap = cur.current_snapshot()
-    if snap is None or snap.snapshot_id != start_snapshot:
+    if (None if snap is None else snap.snapshot_id) != start_snapshot:
         raise NotPlainIncrement("the current table moved since its watermark was read")
     specs = cur.specs()
     spec = cur.spec()
@@ -164,29 +166,27 @@ def driver_rows(
     # the next commit LSN and the file that ends at the watermark need not be read. Only a park
     # cut stops inside a transaction: rows at the watermark's LSN after it send this to Spark
     # (two columns of the last row group of that file are read to know).
-    at_since = EqualTo("pg_lsn", since.commit_lsn)  # type: ignore[misc,call-arg,arg-type]
-    at_tasks = list(hist.scan(row_filter=at_since, snapshot_id=hist_snapshot).plan_files())
-    if at_tasks:
-        pos_schema = hist.schema().select("pg_lsn", "pg_seq")
-        at = ArrowScan(hist.metadata, hist.io, pos_schema, at_since).to_table(at_tasks)
-        if pc.any(pc.greater(at.column("pg_seq"), since.seq)).as_py():
-            raise NotPlainIncrement("rows at the watermark's LSN follow it (a park)")
-    row_filter = And(
-        GreaterThan("pg_lsn", since.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
-        LessThanOrEqual("pg_lsn", cut.commit_lsn),  # type: ignore[misc,call-arg,arg-type]
-    )
+    upto = LessThanOrEqual("pg_lsn", cut.commit_lsn)  # type: ignore[misc,call-arg,arg-type]
+    row_filter: Any = upto
+    if since is not None:
+        at_since = EqualTo("pg_lsn", since.commit_lsn)  # type: ignore[misc,call-arg,arg-type]
+        at_tasks = list(hist.scan(row_filter=at_since, snapshot_id=hist_snapshot).plan_files())
+        if at_tasks:
+            pos_schema = hist.schema().select("pg_lsn", "pg_seq")
+            at = ArrowScan(hist.metadata, hist.io, pos_schema, at_since).to_table(at_tasks)
+            if pc.any(pc.greater(at.column("pg_seq"), since.seq)).as_py():
+                raise NotPlainIncrement("rows at the watermark's LSN follow it (a park)")
+        row_filter = And(GreaterThan("pg_lsn", since.commit_lsn), upto)  # type: ignore[misc,call-arg,arg-type]
     scan = hist.scan(row_filter=row_filter, snapshot_id=hist_snapshot)
     tasks = list(scan.plan_files())
     if sum(t.file.record_count for t in tasks) > max_rows:
         raise NotPlainIncrement("the increment's files hold more rows than merge.driver_max_rows")
     inc = ArrowScan(hist.metadata, hist.io, scan.projection(), row_filter).to_table(tasks)
     read_s = time.perf_counter() - started
-    inc = inc.filter(
-        pc.and_(
-            _after(inc.column("pg_lsn"), inc.column("pg_seq"), since),
-            _at_or_before(inc.column("pg_lsn"), inc.column("pg_seq"), cut),
-        )
-    )
+    in_range = _at_or_before(inc.column("pg_lsn"), inc.column("pg_seq"), cut)
+    if since is not None:
+        in_range = pc.and_(_after(inc.column("pg_lsn"), inc.column("pg_seq"), since), in_range)
+    inc = inc.filter(in_range)
     n_rows = inc.num_rows
     if n_rows == 0:
         return None, None, 0
@@ -276,9 +276,10 @@ def driver_rows(
     return ends, writes, n_rows
 
 
-def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows: int) -> Any:
+def _current_rows(cur: Any, snapshot_id: int | None, pk: list[str], keys: Any, max_rows: int) -> Any:
     """Live rows of the current table whose key is in ``keys``: key columns, ``pg__file``,
-    ``pg__pos``, ``pg__bucket``, ``t_lsn``, ``t_seq``."""
+    ``pg__pos``, ``pg__bucket``, ``t_lsn``, ``t_seq`` (none when ``snapshot_id`` is None: the table
+    never committed)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -287,7 +288,7 @@ def _current_rows(cur: Any, snapshot_id: int, pk: list[str], keys: Any, max_rows
 
     schema = cur.schema()
     wanted = {schema.find_field(c).field_id: c for c in (*pk, "pg_lsn", "pg_seq")}
-    tasks = list(cur.scan(snapshot_id=snapshot_id).plan_files())
+    tasks = list(cur.scan(snapshot_id=snapshot_id).plan_files()) if snapshot_id is not None else []
     if sum(t.file.record_count for t in tasks) > max_rows:
         raise NotPlainIncrement("the current table holds more rows than the driver reads (250 x merge.driver_max_rows)")
     seen_deletes: set[str] = set()

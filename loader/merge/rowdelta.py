@@ -204,7 +204,8 @@ def commit_guarded(
     must stay; if it did not land, orphan cleanup removes them)."""
     table.refresh()
     now = table.currentSnapshot()
-    if start_snapshot is not None and (now is None or int(now.snapshotId()) != start_snapshot):
+    # (A table that had no snapshot when the work began must have none now either.)
+    if (None if now is None else int(now.snapshotId())) != start_snapshot:
         raise MergeConflictError(
             f"another writer committed to {current_ident} while its {what} ran",
             hint="nothing was committed; re-run 'loader merge'",

@@ -84,12 +84,12 @@ def test_plain_increments_merged_on_the_driver_end_in_the_model(
                 load_and_merge(spark, settings_)  # nothing new: no commit at all
     assert current_rows(spark, settings_) == model
     assert _pyiceberg_rows(settings_) == model
-    # The first merge creates the current table (Spark); every later increment is plain.
-    assert counting.calls == len(batches) - 1
+    # Every increment is plain, the first too (the current table's first state, built on the driver).
+    assert counting.calls == len(batches)
 
 
 def _plain_lake(spark: Any, base_settings: LoaderSettings, tmp_path: Path) -> tuple[LoaderSettings, dict[int, Any]]:
-    """A lake whose current table holds keys 1..5 after one (Spark) merge."""
+    """A lake whose current table holds keys 1..5 after one merge."""
     settings_ = lake_settings(base_settings, tmp_path)
     txn = Txn(commit_lsn=0x1000)
     model: dict[int, Any] = {}
