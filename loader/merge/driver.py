@@ -266,8 +266,14 @@ def driver_rows(
     # transform, one value at a time).
     buckets = chosen.column(BUCKET).combine_chunks()
     if buckets.null_count:
-        new_keys = writes.column(pk[0]).filter(pc.is_null(buckets)).to_pylist()
-        hashed = iter(bucket_of(v) for v in new_keys)
+        new_keys = writes.column(pk[0]).filter(pc.is_null(buckets))
+        if pa.types.is_integer(new_keys.type) and not new_keys.null_count:
+            # A whole column at once (a table's first state makes every key new).
+            from loader.merge.bulk import bucket_ints
+
+            hashed = iter(bucket_ints(new_keys.to_numpy(), spec.fields[0].transform.num_buckets).tolist())
+        else:
+            hashed = iter(bucket_of(v) for v in new_keys.to_pylist())
         buckets = pa.array(
             [b if b is not None else next(hashed) for b in buckets.to_pylist()],
             pa.int32(),
