@@ -643,7 +643,7 @@ class Capture:
             self.controls.pending.append((table, parked))
             result.parked[table] = parked
 
-    def _check_stream_table(self, qualified: str, columns: list[str], result: CaptureResult) -> None:
+    def _check_stream_table(self, qualified: str, columns: list[tuple[str, str]], result: CaptureResult) -> None:
         """The first change of a table in this run, by the names the stream carries: what the
         catalog's pictures cannot explain (a table created since the last run, then renamed or
         dropped, or with a column renamed) parks and resyncs (``watch.plan_stream_table``)."""
@@ -1054,7 +1054,9 @@ class _Lander:
                         # Landed by a run that may have stopped before acting on its names.
                         self.checked.add((rec.schema, rec.table))
                         rec = capture._to_root(self.conn, rec, result)
-                        capture._check_stream_table(rec.qualified_table, [c.name for c in rec.columns], result)
+                        capture._check_stream_table(
+                            rec.qualified_table, [(c.name, c.type) for c in rec.columns], result
+                        )
                 return
             self.landed = None  # records come in commit order: every later one is past it too
         op = rec.op
@@ -1101,7 +1103,7 @@ class _Lander:
         qualified = rec.qualified_table
         route: _Route | None = None
         if capture._wanted(self.conn, rec, qualified, self.result):
-            capture._check_stream_table(qualified, [c.name for c in rec.columns], self.result)
+            capture._check_stream_table(qualified, [(c.name, c.type) for c in rec.columns], self.result)
             stream_pk = rec.pk
             capture._complete_key(rec, qualified, self.result)
             route = (rec.schema, rec.table, qualified, None if rec.pk is stream_pk else rec.pk)

@@ -442,7 +442,7 @@ def first_seen(before: dict[str, TableFacts] | None, now: dict[str, TableFacts])
 
 def plan_stream_table(
     table: str,
-    stream_columns: list[str],
+    stream_columns: list[tuple[str, str]],
     before: dict[str, TableFacts] | None,
     now: dict[str, TableFacts],
     new: set[str],
@@ -450,7 +450,8 @@ def plan_stream_table(
     ddl_in_stream: bool = False,
 ) -> WatchPlan:
     """What the stream's own names say where the catalog's pictures cannot explain them, for the
-    first change of ``table`` (its name and column names as the stream carries them) in a run.
+    first change of ``table`` (its name, and its columns' names and types, as the stream carries
+    them) in a run.
 
     The catalog is read once per run, and a table created since the last run has no earlier
     picture: between two runs it may have been created, filled and then renamed (or moved by SET
@@ -464,8 +465,9 @@ def plan_stream_table(
       first seen in this run may be it under its new name, holding rows the stream gave the old
       one: each is resynced;
     - a table first seen in this run whose change carries a column the catalog no longer has
-      (renamed or dropped since): resynced, without the DDL trigger (its messages compare the
-      pictures themselves).
+      (renamed or dropped since), or one retyped since in a way the lake cannot apply in place
+      (``numeric(10,2)`` to ``numeric`` rewrites nothing, so no other trace tells): resynced,
+      without the DDL trigger (its messages compare the pictures themselves).
     """
     plan = WatchPlan()
     facts = now.get(table)
@@ -488,11 +490,20 @@ def plan_stream_table(
         return plan
     if ddl_in_stream or table not in new:
         return plan
-    names = {c.name for c in facts.columns.values()}
-    gone = [c for c in stream_columns if c not in names]
+    types = {c.name: c.type for c in facts.columns.values()}
+    whys = []
+    gone = [name for name, _ in stream_columns if name not in types]
     if gone:
-        plan.resync[table] = (
+        whys.append(
             f"first seen in this run with changes carrying column {', '.join(gone)}, which the catalog no longer "
             "has (renamed or dropped since the table was created): its rows may differ from the stream's"
         )
+    for name, typ in stream_columns:
+        now_type = types.get(name)
+        if now_type is not None and now_type != typ and not retype_in_place(typ, now_type):
+            whys.append(
+                f"column {name} changed type from {typ} to {now_type} since it was created, {RETYPE_NOT_IN_PLACE}"
+            )
+    if whys:
+        plan.resync[table] = "; ".join(whys)
     return plan

@@ -82,19 +82,29 @@ def test_stream_names_the_catalog_cannot_explain() -> None:
     new = first_seen(before, now)
     assert new == {"public.rn", "public.new"}
     # Without the DDL trigger: parked, and every table first seen is resynced (it may be the one).
-    p = plan_stream_table("public.t", ["id"], before, now, new, every)
+    p = plan_stream_table("public.t", [("id", "integer")], before, now, new, every)
     assert "renamed or dropped" in p.park["public.t"]
     assert set(p.resync) == {"public.rn", "public.new"}
     # With it, the rename's message resyncs the right table (ddl.plan_message): parked only.
-    p = plan_stream_table("public.t", ["id"], before, now, new, every, ddl_in_stream=True)
+    p = plan_stream_table("public.t", [("id", "integer")], before, now, new, every, ddl_in_stream=True)
     assert set(p.park) == {"public.t"} and not p.resync
     # A known table renamed away is plan_watch's; tables the catalog has are explained.
     for table in ("public.away", "public.k", "public.rn"):
-        p = plan_stream_table(table, ["id"], before, now, new, every)
+        p = plan_stream_table(table, [("id", "integer")], before, now, new, every)
         assert not p.park and not p.resync, table
     # A table first seen whose change carries a column the catalog no longer has (renamed since).
-    p = plan_stream_table("public.new", ["id", "b"], before, now, new, every)
+    p = plan_stream_table("public.new", [("id", "integer"), ("b", "text")], before, now, new, every)
     assert "column b" in p.resync["public.new"] and not p.park
-    assert not plan_stream_table("public.new", ["id", "b"], before, now, new, every, ddl_in_stream=True).resync
+    assert not plan_stream_table(
+        "public.new", [("id", "integer"), ("b", "text")], before, now, new, every, ddl_in_stream=True
+    ).resync
+    # A column retyped since in a way the lake cannot take in place (no rewrite: no other trace).
+    now["public.num"] = facts(5, n=Column("n", "numeric", False))
+    new.add("public.num")
+    p = plan_stream_table("public.num", [("id", "integer"), ("n", "numeric(10,2)")], before, now, new, every)
+    assert "numeric(10,2) to numeric" in p.resync["public.num"]
+    now["public.wide"] = facts(6, n=Column("n", "bigint", False))
+    new.add("public.wide")
+    assert not plan_stream_table("public.wide", [("id", "integer"), ("n", "integer")], before, now, new, every).resync
     # ... but not a table seen before (plan_watch compares its pictures).
-    assert not plan_stream_table("public.k", ["id", "b"], before, now, new, every).resync
+    assert not plan_stream_table("public.k", [("id", "integer"), ("b", "text")], before, now, new, every).resync
