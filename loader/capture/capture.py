@@ -42,7 +42,7 @@ from loader.capture.source_filter import (
 from loader.capture.source_tables import KeyLookup
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
-from loader.capture.watch import TableFacts, WatchPlan, plan_watch, read_facts
+from loader.capture.watch import TableFacts, WatchPlan, first_seen, plan_stream_table, plan_watch, read_facts
 from loader.config import LoaderSettings
 from loader.errors import DecodeError, LandingError, SlotLostError, SourceError, TransientError
 from loader.faults import checkpoint
@@ -200,6 +200,10 @@ class Capture:
         # the last picture of each table by oid, and whether a message said it could not be made.
         self._ddl_token: str | None = None
         self._ddl_known: dict[int, TableFacts] = {}
+        self._ddl_names: dict[int, str] = {}  # the last name of each table by oid (renames)
+        self._ddl_in_stream = False
+        self._before: dict[str, TableFacts] | None = None  # the previous run's catalog picture
+        self._first_seen: set[str] = set()  # tables that picture did not have (by oid)
         self._ddl_incomplete = False
         self._facts_by_oid: dict[int, str] | None = None
         self._publication_resyncs: dict[str, str] = {}
@@ -545,6 +549,9 @@ class Capture:
             ddl_in_stream=ddl_in_stream,
         )
         self._ddl_known = ddl.known_from(before or {})
+        self._ddl_names = {f.oid: t for t, f in (before or {}).items()}
+        self._ddl_in_stream, self._before = ddl_in_stream, before
+        self._first_seen = first_seen(before, self.facts)
         pending = dict(state.get("pending_resyncs", {})) if state else {}
         # Resyncs another process asked for (continuous verification's auto-repair): pending from
         # now on, saved with the catalog state, then the request is cleared.
@@ -602,13 +609,19 @@ class Capture:
                     f"({msg.error}): this run compares catalogs only"
                 )
                 continue
-            plan = ddl.plan_message(msg, self._ddl_known, self._landed_as)
+            plan = ddl.plan_message(msg, self._ddl_known, self._landed_as, self._ddl_names)
             result.notes += plan.notes
             for table, why in plan.resync.items():
                 if not self._captured(table) or (self.watch and table in self._pending_resyncs):
                     continue  # not captured, or already parked (earlier) and waiting for its resync
                 why = f"{why} (DDL at {format_lsn(msg.lsn)})"
                 wanted[table] = f"{wanted[table]}; {why}" if table in wanted else why
+        self._want_resyncs(wanted, result)
+
+    def _want_resyncs(self, wanted: dict[str, str], result: CaptureResult) -> None:
+        """Park each table right here and resync it at the end of the run; the resync is recorded
+        as requested at once (before the slot can move past what asked for it), so a run killed
+        after that still does it."""
         if not wanted:
             return
         if not self.settings.source.auto_resync:
@@ -629,6 +642,21 @@ class Capture:
             parked = f"waiting for a resync: {why}"
             self.controls.pending.append((table, parked))
             result.parked[table] = parked
+
+    def _check_stream_table(self, qualified: str, columns: list[tuple[str, str]], result: CaptureResult) -> None:
+        """The first change of a table in this run, by the names the stream carries: what the
+        catalog's pictures cannot explain (a table created since the last run, then renamed or
+        dropped, or with a column renamed) parks and resyncs (``watch.plan_stream_table``)."""
+        if not self.watch or not self.facts or not self._captured(qualified):
+            return
+        plan = plan_stream_table(
+            qualified, columns, self._before, self.facts, self._first_seen, self._captured, self._ddl_in_stream
+        )
+        for table, why in plan.park.items():
+            if table not in result.parked:
+                self.controls.pending.append((table, why))
+                result.parked[table] = why
+        self._want_resyncs({t: why for t, why in plan.resync.items() if t not in self._pending_resyncs}, result)
 
     def _landed_as(self, table: str, root: str | None, oid: int) -> str | None:
         """The table a source table's changes land as: its root, for a partition with partitions =
@@ -1022,6 +1050,7 @@ class _Lander:
         self.result = result
         self.txn_has_output = False
         self.routes: dict[tuple[str, str], _Route | None] = {}
+        self.checked: set[tuple[str, str]] = set()  # tables whose names were checked (already landed)
 
     def land(self, rec: ChangeRecord) -> None:
         capture, writer, result = self.capture, self.writer, self.result
@@ -1029,6 +1058,13 @@ class _Lander:
             if rec.position <= self.landed:
                 if rec.op != COMMIT:
                     result.skipped_already_landed += 1
+                    if rec.op in _ROUTED_OPS and (rec.schema, rec.table) not in self.checked:
+                        # Landed by a run that may have stopped before acting on its names.
+                        self.checked.add((rec.schema, rec.table))
+                        rec = capture._to_root(self.conn, rec, result)
+                        capture._check_stream_table(
+                            rec.qualified_table, [(c.name, c.type) for c in rec.columns], result
+                        )
                 return
             self.landed = None  # records come in commit order: every later one is past it too
         op = rec.op
@@ -1075,6 +1111,7 @@ class _Lander:
         qualified = rec.qualified_table
         route: _Route | None = None
         if capture._wanted(self.conn, rec, qualified, self.result):
+            capture._check_stream_table(qualified, [(c.name, c.type) for c in rec.columns], self.result)
             stream_pk = rec.pk
             capture._complete_key(rec, qualified, self.result)
             route = (rec.schema, rec.table, qualified, None if rec.pk is stream_pk else rec.pk)

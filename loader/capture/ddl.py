@@ -276,12 +276,19 @@ def plan_message(
     msg: Message,
     known: dict[int, TableFacts],
     landed_as: Callable[[str, str | None, int], str | None],
+    names: dict[int, str] | None = None,
 ) -> DdlPlan:
     """What one DDL message means for each table it pictures, against the last picture ``known``
     (by oid; updated with the message's). ``landed_as(table, root, oid)``: the table capture lands
     its changes as (a leaf partition's root with ``source.partitions = root``; a table renamed since,
-    under its name now), None when it is gone (the catalog comparison speaks for it)."""
+    under its name now), None when it is gone (the catalog comparison speaks for it).
+
+    ``names``: the last name of each table by oid (updated with the message's). A table pictured
+    under another name than its last one was renamed (or moved by SET SCHEMA): the stream gave its
+    earlier changes the old name, so the table under its name now is resynced. This is the only
+    trace of a rename of a table created since the last run (no earlier catalog picture has it)."""
     plan = DdlPlan()
+    names = {} if names is None else names
     doc = msg.doc
     tag = str(doc.get("tag", "?"))
     try:
@@ -292,6 +299,11 @@ def plan_message(
     for table, facts, _kind, _is_partition, root in tables:
         target = landed_as(table, root, facts.oid)
         why = _meaning(doc, tag, facts, known.get(facts.oid))
+        was = names.get(facts.oid)
+        if was is not None and was != table and tag not in ("CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"):
+            renamed = f"renamed from {was}: its earlier changes in the stream carry the old name"
+            why = f"{renamed}; {why}" if why else renamed
+        names[facts.oid] = table
         if doc.get("event") != "table_rewrite":  # its picture is the one before the rewrite
             known[facts.oid] = facts
         if why and target is not None:

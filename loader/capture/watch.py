@@ -429,3 +429,81 @@ def read_facts(conn: psycopg.Connection, partitions: str = "root") -> CatalogVie
             identity_ok=base.identity_ok and all(leaf.info.updates_deletes_captured for _, leaf in parts),
         )
     return CatalogView(facts, roots)
+
+
+def first_seen(before: dict[str, TableFacts] | None, now: dict[str, TableFacts]) -> set[str]:
+    """Tables of the catalog now that the previous run's picture did not have (by oid): created,
+    or renamed into the catalog, since; every table on a first run."""
+    if before is None:
+        return set(now)
+    oids = {f.oid for f in before.values()}
+    return {t for t, f in now.items() if f.oid not in oids}
+
+
+def plan_stream_table(
+    table: str,
+    stream_columns: list[tuple[str, str]],
+    before: dict[str, TableFacts] | None,
+    now: dict[str, TableFacts],
+    new: set[str],
+    included: Callable[[str], bool],
+    ddl_in_stream: bool = False,
+) -> WatchPlan:
+    """What the stream's own names say where the catalog's pictures cannot explain them, for the
+    first change of ``table`` (its name, and its columns' names and types, as the stream carries
+    them) in a run.
+
+    The catalog is read once per run, and a table created since the last run has no earlier
+    picture: between two runs it may have been created, filled and then renamed (or moved by SET
+    SCHEMA), dropped, or had a column renamed, and the stream's changes carry the names of the time.
+    ``new``: the tables first seen in this run (:func:`first_seen`).
+
+    - a table in the stream that the catalog now does not have, and that the previous picture does
+      not explain (plan_watch parks and resyncs a known table renamed away by its oid): its changes
+      stop here (parked); and unless the DDL trigger's messages name every rename since the last
+      run (``ddl_in_stream``: ``ddl.plan_message`` resyncs the renamed table then), every table
+      first seen in this run may be it under its new name, holding rows the stream gave the old
+      one: each is resynced;
+    - a table first seen in this run whose change carries a column the catalog no longer has
+      (renamed or dropped since), or one retyped since in a way the lake cannot apply in place
+      (``numeric(10,2)`` to ``numeric`` rewrites nothing, so no other trace tells): resynced,
+      without the DDL trigger (its messages compare the pictures themselves).
+    """
+    plan = WatchPlan()
+    facts = now.get(table)
+    if facts is None:
+        old = (before or {}).get(table)
+        if old is not None and any(f.oid == old.oid for f in now.values()):
+            return plan  # renamed away: plan_watch parked it and resyncs the new name
+        if old is None:
+            plan.park[table] = (
+                "not in the source catalog: created since the last capture, then renamed or dropped; its "
+                "changes in the stream carry this name, its rows continue (if renamed) under the new one"
+            )
+        if not ddl_in_stream:
+            for t in sorted(new):
+                if included(t) and now[t].persistence == "p":
+                    plan.resync[t] = (
+                        f"first seen in this run while the stream carries changes of {table}, a table the catalog "
+                        "does not have: this may be that table renamed, with rows landed under the old name"
+                    )
+        return plan
+    if ddl_in_stream or table not in new:
+        return plan
+    types = {c.name: c.type for c in facts.columns.values()}
+    whys = []
+    gone = [name for name, _ in stream_columns if name not in types]
+    if gone:
+        whys.append(
+            f"first seen in this run with changes carrying column {', '.join(gone)}, which the catalog no longer "
+            "has (renamed or dropped since the table was created): its rows may differ from the stream's"
+        )
+    for name, typ in stream_columns:
+        now_type = types.get(name)
+        if now_type is not None and now_type != typ and not retype_in_place(typ, now_type):
+            whys.append(
+                f"column {name} changed type from {typ} to {now_type} since it was created, {RETYPE_NOT_IN_PLACE}"
+            )
+    if whys:
+        plan.resync[table] = "; ".join(whys)
+    return plan

@@ -175,3 +175,24 @@ def test_a_table_gone_since_its_ddl_is_left_to_the_catalog_comparison_and_a_rena
     assert gone == [{}, {}]
     renamed = ddl.plan_message(filled, {}, lambda t, root, oid: "public.renamed" if oid == 7 else None)
     assert set(renamed.resync) == {"public.renamed"}
+
+
+def test_a_table_created_then_renamed_is_resynced_under_its_name_now() -> None:
+    """Found by make fuzz (seed 28): no catalog picture has the table before its rename, and a rename
+    changes no column: only the name in the message differs from the one before."""
+    names: dict[int, str] = {}
+    known: dict[int, TableFacts] = {}
+    now = {7: "public.rn"}
+
+    def landed_as(t: str, root: str | None, oid: int) -> str | None:
+        return now.get(oid)
+
+    created = ddl.plan_message(message("CREATE TABLE", picture(oid=7, name="t")), known, landed_as, names)
+    assert created.resync == {}
+    renamed = ddl.plan_message(message("ALTER TABLE", picture(oid=7, name="rn")), known, landed_as, names)
+    assert "renamed from public.t" in renamed.resync["public.rn"]
+    # Another ALTER under the same name is no rename; a table moved by SET SCHEMA is one.
+    assert ddl.plan_message(message("ALTER TABLE", picture(oid=7, name="rn")), known, landed_as, names).resync == {}
+    moved = message("ALTER TABLE", {**picture(oid=7, name="rn"), "nspname": "other"})
+    now[7] = "other.rn"
+    assert "renamed from public.rn" in ddl.plan_message(moved, known, landed_as, names).resync["other.rn"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loader.capture.watch import Column, TableFacts, WatchPlan, plan_watch, type_change
+from loader.capture.watch import Column, TableFacts, WatchPlan, first_seen, plan_stream_table, plan_watch, type_change
 
 MOOD = {"enum": {"16390": "sad", "16392": "ok"}}
 
@@ -66,3 +66,45 @@ def test_type_change_needs_both_pictures() -> None:
     assert type_change(None, MOOD) is None  # a picture saved by an older loader: nothing to compare
     assert type_change({"composite": [[1, "a", "integer"]]}, {"composite": [[1, "a", "integer"], [2, "b", "date"]]})
     assert type_change({"composite": [[1, "a", "integer"]]}, {"composite": [[1, "a", "integer"]]}) is None
+
+
+def test_stream_names_the_catalog_cannot_explain() -> None:
+    """Found by make fuzz (seed 28): a table created, filled and renamed between two runs; its changes
+    carry the old name, which neither catalog picture has."""
+    before = {"public.k": facts(1), "public.away": facts(2)}
+    now = {
+        "public.k": facts(1),
+        "public.moved": facts(2),  # renamed from public.away: plan_watch's (by oid)
+        "public.rn": facts(3),  # created since, maybe public.t renamed
+        "public.new": facts(4, a=Column("a", "text", False)),  # created since
+    }
+    every = lambda t: True  # noqa: E731
+    new = first_seen(before, now)
+    assert new == {"public.rn", "public.new"}
+    # Without the DDL trigger: parked, and every table first seen is resynced (it may be the one).
+    p = plan_stream_table("public.t", [("id", "integer")], before, now, new, every)
+    assert "renamed or dropped" in p.park["public.t"]
+    assert set(p.resync) == {"public.rn", "public.new"}
+    # With it, the rename's message resyncs the right table (ddl.plan_message): parked only.
+    p = plan_stream_table("public.t", [("id", "integer")], before, now, new, every, ddl_in_stream=True)
+    assert set(p.park) == {"public.t"} and not p.resync
+    # A known table renamed away is plan_watch's; tables the catalog has are explained.
+    for table in ("public.away", "public.k", "public.rn"):
+        p = plan_stream_table(table, [("id", "integer")], before, now, new, every)
+        assert not p.park and not p.resync, table
+    # A table first seen whose change carries a column the catalog no longer has (renamed since).
+    p = plan_stream_table("public.new", [("id", "integer"), ("b", "text")], before, now, new, every)
+    assert "column b" in p.resync["public.new"] and not p.park
+    assert not plan_stream_table(
+        "public.new", [("id", "integer"), ("b", "text")], before, now, new, every, ddl_in_stream=True
+    ).resync
+    # A column retyped since in a way the lake cannot take in place (no rewrite: no other trace).
+    now["public.num"] = facts(5, n=Column("n", "numeric", False))
+    new.add("public.num")
+    p = plan_stream_table("public.num", [("id", "integer"), ("n", "numeric(10,2)")], before, now, new, every)
+    assert "numeric(10,2) to numeric" in p.resync["public.num"]
+    now["public.wide"] = facts(6, n=Column("n", "bigint", False))
+    new.add("public.wide")
+    assert not plan_stream_table("public.wide", [("id", "integer"), ("n", "integer")], before, now, new, every).resync
+    # ... but not a table seen before (plan_watch compares its pictures).
+    assert not plan_stream_table("public.k", [("id", "integer"), ("b", "text")], before, now, new, every).resync

@@ -23,11 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from loader.capture.capture import snapshot
+from loader.cli import EXIT_PARKED
 from loader.errors import SlotBusyError, StageBusyError
 from loader.names import lake_column
 from tests.fuzz.workload import AUDIT_SCHEMA, SCHEMAS, Loader, Sql, Workload, is_copy
 from tests.harness import Env, overlap, run_killed
 from tests.oracle import assert_unique_positions, history_rows
+
+#: Exit statuses of a loader process that did its work: 0, or EXIT_PARKED when some table is parked
+#: (load and merge say so whenever one is: a table renamed away or dropped at the source, or with
+#: columns differing only in case). Whether each park is right is the oracle's to judge, after the
+#: next run (found by make fuzz, seed 37: a held merge exited 5 for a table moved by SET SCHEMA).
+SUCCEEDED = (0, EXIT_PARKED)
 
 
 class FuzzFailure(AssertionError):
@@ -107,15 +114,16 @@ class FuzzRun:
         elif step.action == "kill":
             self.before(step.stage)
             rc, out = run_killed(env, step.stage, step.point, **self.proc_env)
-            # The point may not be reached (nothing to publish, no resync): then the run must succeed.
-            assert rc in (-signal.SIGKILL, 0), f"loader {step.stage} with {step.point} ended {rc}:\n{out}"
+            # The point may not be reached (nothing to publish, no resync): then the run must succeed
+            # (parked tables included: the oracle after the next run judges each park).
+            assert rc in (-signal.SIGKILL, *SUCCEEDED), f"loader {step.stage} with {step.point} ended {rc}:\n{out}"
         elif step.action == "overlap":
             self.before(step.stage)
             raised, rc, out = overlap(env, step.stage, **self.proc_env)
             assert isinstance(raised, (SlotBusyError, StageBusyError)), (
                 f"the second {step.stage} was not refused: {raised!r}"
             )
-            assert rc == 0, f"the held loader {step.stage} ended {rc}:\n{out}"
+            assert rc in SUCCEEDED, f"the held loader {step.stage} ended {rc}:\n{out}"
         else:
             raise ValueError(step.action)
 
