@@ -65,6 +65,9 @@ def run() -> None:
             _stage("load", ["load"], env, sample_s),
             _stage("merge", ["merge"], env, sample_s),
         ]
+        for line in stages[2].output.splitlines():
+            if line.strip().startswith(("merge:", "public.accounts")):
+                print(f"    {line.strip()}", flush=True)
         _, current = _counts(settings, "accounts")
         assert current == inserts, (current, inserts)
         total = sum(s.wall_s for s in stages)
