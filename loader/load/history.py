@@ -177,6 +177,14 @@ class HistoryLoad:
         so an idle cycle lists the landing area and touches nothing else). ``max_files`` bounds a
         batch, still cut at a file that ends a transaction.
         """
+        from loader.landing.state import SNAPSHOT_STATE
+
+        # A snapshot or resync still copying (loader.capture.snapshot drains the stream meanwhile):
+        # its files end inside its one transaction and later transactions may already be landed
+        # after them; nothing loads from its first file on until its commit lands. The state is read
+        # before the listing, so a snapshot done by then has every one of its files listed.
+        state = self.store.read_state(SNAPSHOT_STATE)
+        copying = int(state["position_lsn"]) if state and not state.get("done") and "position_lsn" in state else None
         loaded = self.loaded_files() if known_loaded is None else known_loaded
         files = self.store.files()
         pending = [f for f in files if f.name not in loaded]
@@ -184,10 +192,7 @@ class HistoryLoad:
         # If that file is missing (not loaded, not pending before it), loading this one would make half
         # a transaction visible: stop the batch there until the earlier part arrives.
         # Ends of loaded files come from the ledger's names: loaded files may have left the landing area.
-        parsed_loaded = [parsed for parsed in map(LandingFile.parse, loaded) if parsed is not None]
-        ends = {parsed.last for parsed in parsed_loaded}
-        # The positions some file (loaded or not) continues right after.
-        continued = {g.first.just_before() for g in (*parsed_loaded, *pending)}
+        ends = {parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None}
         for i, f in enumerate(pending):
             if f.first.seq > 1 and f.first.just_before() not in ends:
                 self.gap = (
@@ -197,12 +202,8 @@ class HistoryLoad:
                 pending = pending[:i]
                 break
             ends.add(f.last)
-            if not f.complete and i + 1 < len(pending) and f.last not in continued:
-                # A transaction still landing, with later transactions already landed after it: a
-                # snapshot or resync copying while capture drains the stream (loader.capture.snapshot).
-                # Its remaining files sort before those: stop before it until its commit lands. (A
-                # file whose continuation exists, loaded or not, is not: a redelivery cut elsewhere.)
-                self.gap = f"landing file {f.name} ends inside a transaction still landing (a snapshot copying)"
+            if copying is not None and f.first.commit_lsn == copying:
+                self.gap = f"landing file {f.name} belongs to a snapshot still landing (copying, or interrupted)"
                 log.info("%s; loading stops before it", self.gap)
                 pending = pending[:i]
                 break
