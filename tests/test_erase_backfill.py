@@ -136,6 +136,7 @@ def test_status_counts_rows_exactly_after_an_erasure(env: Env) -> None:
     from loader.cli import main
     from tests.harness import cli_env
 
+    env.configure("merge", compact_every=0)  # the merge-on-read deletes stay until the erasure
     env.sql("CREATE TABLE public.orders (id int PRIMARY KEY, customer int, v text)")
     env.capture()
     env.sql("INSERT INTO public.orders SELECT g, g % 7, 'v' || g FROM generate_series(1, 300) g")
