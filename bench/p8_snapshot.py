@@ -125,6 +125,26 @@ def _stage(name: str, args: list[str], env: dict[str, str], sample_s: float) -> 
     return stage
 
 
+def stage_report(stages: list[Stage], n: int, unit: str) -> dict[str, dict[str, float]]:
+    """One line per stage (wall, CPU, ``unit``/s over ``n``, peak RSS), and the same as figures."""
+    width = max(len(s.name) for s in stages)
+    for s in stages:
+        print(
+            f"  {s.name:<{width}} {s.wall_s:8.1f} s wall {s.cpu_s:8.1f} s CPU {n / s.wall_s:12,.0f} {unit}/s"
+            f" {s.peak_rss_mb:8,.0f} MB peak RSS",
+            flush=True,
+        )
+    return {
+        s.name: {
+            "wall_s": round(s.wall_s, 2),
+            "cpu_s": round(s.cpu_s, 2),
+            f"{unit}_per_s": round(n / s.wall_s),
+            "peak_rss_mb": round(s.peak_rss_mb),
+        }
+        for s in stages
+    }
+
+
 def _ceiling(dsn: str, rows: int, repeats: int = 3) -> float:
     """rows/s of ``COPY pgbench_accounts TO STDOUT`` read by a client that keeps nothing."""
     times = []
@@ -195,21 +215,7 @@ def run() -> None:
             assert _counts(settings, "pgbench_accounts")[1] == rows
         total = sum(s.wall_s for s in stages)
         ours = rows / total
-        per_stage = {
-            s.name: {
-                "wall_s": round(s.wall_s, 2),
-                "cpu_s": round(s.cpu_s, 2),
-                "rows_per_s": round(rows / s.wall_s),
-                "peak_rss_mb": round(s.peak_rss_mb),
-            }
-            for s in stages
-        }
-        for s in stages:
-            print(
-                f"  {s.name:<20} {s.wall_s:8.1f} s wall {s.cpu_s:8.1f} s CPU {rows / s.wall_s:12,.0f} rows/s"
-                f" {s.peak_rss_mb:8,.0f} MB peak RSS",
-                flush=True,
-            )
+        per_stage = stage_report(stages, rows, "rows")
         total_cpu = sum(s.cpu_s for s in stages)
         print(f"  CPU (commands and their JVMs) {total_cpu:.1f} s: {rows / total_cpu:,.0f} rows per CPU-second")
         if repeats > 1:

@@ -23,7 +23,7 @@ import psycopg
 
 from bench.common import Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
 from bench.p3_capture import ROWS, TABLE, _peek_copy
-from bench.p8_snapshot import _counts, _stage
+from bench.p8_snapshot import _counts, _stage, stage_report
 
 
 def run() -> None:
@@ -73,12 +73,7 @@ def run() -> None:
         total = sum(s.wall_s for s in stages)
         cpu = sum(s.cpu_s for s in stages)
         ours = written / total
-        for s in stages:
-            print(
-                f"  {s.name:<8} {s.wall_s:8.1f} s wall {s.cpu_s:8.1f} s CPU {written / s.wall_s:12,.0f} changes/s"
-                f" {s.peak_rss_mb:8,.0f} MB peak RSS",
-                flush=True,
-            )
+        per_stage = stage_report(stages, written, "changes")
         print(
             f"  end to end {total:.1f} s: {ours:,.0f} changes/s, {written / cpu:,.0f} changes per CPU-second",
             flush=True,
@@ -96,15 +91,7 @@ def run() -> None:
                 None,
                 extra={
                     "changes": written,
-                    "stages": {
-                        s.name: {
-                            "wall_s": round(s.wall_s, 2),
-                            "cpu_s": round(s.cpu_s, 2),
-                            "changes_per_s": round(written / s.wall_s),
-                            "peak_rss_mb": round(s.peak_rss_mb),
-                        }
-                        for s in stages
-                    },
+                    "stages": per_stage,
                     "total_wall_s": round(total, 2),
                     "changes_per_cpu_s": round(written / cpu),
                 },

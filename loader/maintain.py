@@ -85,7 +85,7 @@ class Maintenance:
         snapshot. The horizon is recorded first, so replay refuses what is gone."""
         from loader.lake.iceberg import table_properties
         from loader.lake.tables import SUMMARY_LOADED_THROUGH, newest_position
-        from loader.landing.state import RETENTION_STATE, SNAPSHOT_STATE
+        from loader.landing.state import RETENTION_STATE, unfinished_snapshot
         from loader.landing.store import open_landing
         from loader.lsn import ChangePosition
 
@@ -93,8 +93,7 @@ class Maintenance:
         if hours is None:
             return
         store = open_landing(self.settings)
-        snapshot = store.read_state(SNAPSHOT_STATE)
-        if snapshot is not None and not snapshot.get("done"):
+        if unfinished_snapshot(store) is not None:
             return  # a snapshot in progress: its files wait for the load
         loaded = newest_position(table_properties(self.spark, self.names.ledger).get(SUMMARY_LOADED_THROUGH))
         if loaded is None:

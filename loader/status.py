@@ -211,11 +211,10 @@ class SnapshotStatus:
 def snapshot_status(settings: LoaderSettings, landing: Any, files: list[Any]) -> SnapshotStatus | None:
     """The unfinished snapshot, if any: how far it landed, and whether a process is copying it."""
     from loader.capture import slot as slots
-    from loader.landing.state import SNAPSHOT_STATE
-    from loader.locks import advisory_holder, advisory_key
+    from loader.landing.state import unfinished_snapshot
 
-    state = landing.read_state(SNAPSHOT_STATE)
-    if state is None or state.get("done"):
+    state = unfinished_snapshot(landing)
+    if state is None:
         return None
     pos = int(state.get("position_lsn", -1))
     mine = [f for f in files if f.first.commit_lsn == pos]
@@ -229,7 +228,7 @@ def snapshot_status(settings: LoaderSettings, landing: Any, files: list[Any]) ->
     )
     try:
         with slots.connect(settings.source.conninfo(), connect_timeout=5) as conn:
-            holder = advisory_holder(conn, advisory_key(conn, f"lakehouse-loader:{settings.source.slot}"))
+            holder = slots.capture_lock_holder(conn, settings.source.slot)
     except Exception:  # status answers whatever the source does
         return out
     out.running = holder is not None

@@ -50,9 +50,9 @@ from loader.landing.records import COMMIT, ChangeRecord
 from loader.landing.state import (
     CATALOG_STATE,
     RESYNC_REQUESTS,
-    SNAPSHOT_STATE,
     SOURCE_STATE,
     record_confirmed,
+    unfinished_snapshot,
 )
 from loader.landing.store import LandingStore, LandingWriter, open_landing
 from loader.lsn import ChangePosition, format_lsn, parse_lsn
@@ -503,8 +503,8 @@ class Capture:
 
     def _finish_unfinished_snapshot(self) -> None:
         """A snapshot or resync that was interrupted resumes before streaming (it must land first)."""
-        state = self.store.read_state(SNAPSHOT_STATE)
-        if state is None or state.get("done"):
+        state = unfinished_snapshot(self.store)
+        if state is None:
             return
         if not self.watch:
             self.check_no_snapshot_in_progress()
@@ -512,8 +512,8 @@ class Capture:
         snapshot(self.settings, self.store, on_published=self.on_published).run(locked=True)
 
     def check_no_snapshot_in_progress(self) -> None:
-        state = self.store.read_state(SNAPSHOT_STATE)
-        if state is not None and not state.get("done"):
+        state = unfinished_snapshot(self.store)
+        if state is not None:
             raise SnapshotInProgressError(
                 f"a snapshot of {len(state.get('tables', []))} tables at LSN {state.get('consistent_lsn')} is unfinished "
                 f"in {self.store.url}; streaming now would land changes before the rest of it",

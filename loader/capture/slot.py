@@ -290,6 +290,11 @@ def release_capture_lock(conn: psycopg.Connection, slot: str) -> None:
         locks.release_advisory_lock(conn, _lock_key(conn, slot))
 
 
+def capture_lock_holder(conn: psycopg.Connection, slot: str) -> tuple[int, str, Any] | None:
+    """(pid, application_name, backend_start) of the session holding ``slot``'s capture lock, if any."""
+    return locks.advisory_holder(conn, _lock_key(conn, slot))
+
+
 def _lock_key(conn: psycopg.Connection, slot: str) -> int:
     return locks.advisory_key(conn, f"lakehouse-loader:{slot}")
 

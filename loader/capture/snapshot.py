@@ -50,10 +50,10 @@ from loader.capture import slot as slots
 from loader.capture.source_filter import TableFilter, current_role, plan_source, read_relations
 from loader.capture.source_tables import column_types, list_tables, table_info
 from loader.config import LoaderSettings
-from loader.errors import ConfigError, LandingError, UsageError
+from loader.errors import ConfigError, LandingError, LoaderError, UsageError
 from loader.lake.tables import unknown_tables
 from loader.landing.records import COMMIT, ChangeRecord, Column
-from loader.landing.state import SNAPSHOT_STATE
+from loader.landing.state import SNAPSHOT_STATE, unfinished_snapshot
 from loader.landing.store import LandingFile, LandingStore, LandingWriter, open_landing
 from loader.lsn import ChangePosition, format_lsn
 from loader.progress import bar
@@ -140,8 +140,8 @@ class Snapshot:
         result = SnapshotResult()
         with slots.connect(src.conninfo()) as conn, slots.owning(conn, src.slot, held=locked):
             slots.check_wal_level(conn)
-            state = self.store.read_state(SNAPSHOT_STATE)
-            if state is not None and not state.get("done"):
+            state = unfinished_snapshot(self.store)
+            if state is not None:
                 return self._resume(state, result)
             tables = self._select_tables(conn)
             info = slots.slot_info(conn, src.slot)
@@ -525,13 +525,14 @@ class Snapshot:
             if mine:
                 last = self._last_record(mine[-1])
                 start = tables.index(f"{last.schema}.{last.table}")
-                if not self._key(reader, f"{last.schema}.{last.table}") and self.stream_until is not None:
+                key = self._key(reader, f"{last.schema}.{last.table}")
+                if not key and self.stream_until is not None:
                     # Its files go; it is read again below, at a consistent point of its own.
                     seq = self._drop_table_files(mine, last.schema, last.table)
                 elif last.op == "S":
                     # Only the table's resync marker landed: copy all of it, without a second marker.
                     seq, marker_written = last.seq, True
-                elif key := self._key(reader, f"{last.schema}.{last.table}"):
+                elif key:
                     values = {c.name: c.value for c in last.columns}
                     after_key = [values[k] for k in key]
                     seq, marker_written = last.seq, True
@@ -625,8 +626,6 @@ class Snapshot:
             return
         if time.monotonic() - self._drained_at < interval:
             return
-        from loader.errors import LoaderError
-
         try:
             changes, files = self.drain()
         except LoaderError as exc:

@@ -5,6 +5,8 @@ Each is a small JSON document written atomically through the store (``LandingSto
 
 from __future__ import annotations
 
+from typing import Any
+
 from loader.landing.store import LandingStore
 
 # Name of the state object an unfinished snapshot leaves in the landing area (see snapshot.py).
@@ -28,6 +30,13 @@ def record_confirmed(store: LandingStore, slot: str, lsn: int) -> None:
 RESYNC_REQUESTS = "resync_requests.json"
 # Continuous verification's rolling position and each table's last verdict (for status).
 VERIFY_STATE = "verify.state.json"
+
+
+def unfinished_snapshot(store: LandingStore) -> dict[str, Any] | None:
+    """The snapshot state while a snapshot or resync is not done (copying, or interrupted), else None.
+    Its ``position_lsn`` is the commit position of every one of its files."""
+    state = store.read_state(SNAPSHOT_STATE)
+    return state if state is not None and not state.get("done") else None
 
 
 def request_resync(store: LandingStore, table: str, reason: str) -> None:

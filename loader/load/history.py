@@ -177,14 +177,14 @@ class HistoryLoad:
         so an idle cycle lists the landing area and touches nothing else). ``max_files`` bounds a
         batch, still cut at a file that ends a transaction.
         """
-        from loader.landing.state import SNAPSHOT_STATE
+        from loader.landing.state import unfinished_snapshot
 
         # A snapshot or resync still copying (loader.capture.snapshot drains the stream meanwhile):
         # its files end inside its one transaction and later transactions may already be landed
         # after them; nothing loads from its first file on until its commit lands. The state is read
         # before the listing, so a snapshot done by then has every one of its files listed.
-        state = self.store.read_state(SNAPSHOT_STATE)
-        copying = int(state["position_lsn"]) if state and not state.get("done") and "position_lsn" in state else None
+        state = unfinished_snapshot(self.store)
+        copying = int(state["position_lsn"]) if state is not None and "position_lsn" in state else None
         loaded = self.loaded_files() if known_loaded is None else known_loaded
         files = self.store.files()
         pending = [f for f in files if f.name not in loaded]
