@@ -66,6 +66,7 @@ def run() -> None:
             loaded = sum(res.rows_per_table.values())
             assert loaded == landed, (loaded, landed)
             print(f"  load of {landed:,} changes in {len(res.files)} files: {times[-1]:.1f}s (landing {land_s:.1f}s)")
+            print(f"  engines: {'; '.join(res.engines)}")
         t_load = statistics.median(times)
         ident = (settings.catalog.history_namespace, SourceTable("public", "accounts").iceberg_name)
         hist = open_catalog(settings).load_table(ident)

@@ -416,7 +416,7 @@ class LandingWriter:
     """Buffers records into gzip files on local spool disk and publishes them by LSN range.
 
     Memory stays bounded: records stream into a compressed temp file; a file is closed after
-    ``max_changes`` changes even inside a transaction.
+    ``max_changes`` changes even inside a transaction (after the commit marker when it comes next).
     """
 
     def __init__(self, store: LandingStore, max_changes: int, spool_dir: Path | None = None) -> None:
@@ -431,10 +431,21 @@ class LandingWriter:
         self._count = 0
         self._tables: dict[str, int] = {}
         self._pending: list[bytes] = []  # encoded lines not yet handed to the compressor
+        self._cut_due = False  # the open file is full: closed at the next record
         self.published: list[str] = []
 
     def write(self, record: ChangeRecord, qualified: str | None = None) -> None:
         """Append a record (``qualified``: its ``schema.table``, when the caller has it)."""
+        if self._cut_due:
+            # A file full at a transaction's last change takes the commit marker that follows, so
+            # it ends the transaction (name ``_c``) and the load can cut a batch after it.
+            self._cut_due = False
+            if record.op == COMMIT and self._gz is not None:
+                self._pending.append(record.to_json_bytes())
+                self._last_record = record
+                self.close_file()
+                return
+            self.close_file()
         if self._gz is None:
             fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)  # mode 0600
             self._tmp = Path(tmp)
@@ -457,7 +468,7 @@ class LandingWriter:
             tables = self._tables
             tables[t] = tables.get(t, 0) + 1
         if self._count >= self.max_changes:
-            self.close_file()
+            self._cut_due = True  # at the next record: after it if it is the commit marker
 
     def drain(self, into: list[str], point: str, on_published: Callable[[str], None] | None) -> None:
         """Hand the files published so far to ``into`` (and ``on_published``), each after the
@@ -471,6 +482,7 @@ class LandingWriter:
 
     def close_file(self) -> str | None:
         """Publish the open file, if any; returns its name."""
+        self._cut_due = False
         if self._gz is None:
             return None
         self._close_spool()
@@ -512,6 +524,7 @@ class LandingWriter:
             self._spool = None
 
     def abort(self) -> None:
+        self._cut_due = False
         self._pending.clear()
         if self._gz is not None:
             self._close_spool()

@@ -125,6 +125,60 @@ def _read_text(name: str, data: bytes, limit: int) -> tuple[bytes, FileHeader | 
     return text, header
 
 
+@dataclass
+class TextGroup:
+    """Consecutive landing v1 files the driver load takes as one batch (:func:`plain_groups`):
+    their record lines, or why the group goes to the Spark path (``texts`` None)."""
+
+    files: list[LandingFile]
+    texts: list[tuple[bytes, FileHeader | None]] | None
+    not_plain: str | None = None
+
+
+def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) -> Iterator[TextGroup]:
+    """``files`` (landing v1, in order) read one at a time and cut into groups of at most
+    ``max_bytes`` of record text, each ending with a file that ends a transaction (a cut never
+    splits one; a group is cut at the first such file past half the bound), so a backlog of any
+    size loads on the driver in bounded memory, group after group.
+
+    A file that is not plain (damaged, not UTF-8, ...) sends its group (up to the end of its
+    transaction) to the Spark path, as does a transaction longer than ``max_bytes``; the text of
+    such a group is dropped as soon as that is known. The groups after it are read as before."""
+    group: list[LandingFile] = []
+    texts: list[tuple[bytes, FileHeader | None]] | None = []
+    size, reason = 0, None
+    problem: str | None
+    for f in files:
+        body: bytes | None
+        try:
+            body, header = _read_text(f.name, store.open_bytes(f.name), store.max_decompressed)
+        except NotPlain as exc:
+            body, header, problem = None, None, str(exc)
+        else:
+            problem = None
+        n = len(body) if body is not None else 0
+        # Cut at a file ending a transaction once half the bound is reached (or the next file would
+        # pass it): a transaction running on past that point then has the other half to end in.
+        full = size >= max_bytes // 2 or size + n > max_bytes
+        if group and group[-1].complete and reason is None and (body is None or full):
+            yield TextGroup(group, texts)
+            group, texts, size = [], [], 0
+        group.append(f)
+        size += n
+        reason = reason or problem
+        if reason is None and size > max_bytes:
+            reason = f"a transaction of more than load.driver_max_bytes ({max_bytes}) of landing text"
+        if reason is not None:
+            texts = None
+        elif texts is not None and body is not None:
+            texts.append((body, header))
+        if f.complete and reason is not None:
+            yield TextGroup(group, None, reason)
+            group, texts, size, reason = [], [], 0, None
+    if group:
+        yield TextGroup(group, texts if reason is None else None, reason)
+
+
 def _entries(chunked: Any, what: str) -> tuple[np.ndarray, pa.Array, pa.Array, pa.Array]:
     """A ``list<[name, type, value]>`` column as (row offsets, names, types, values), flat; an
     absent list reads as empty (msgspec's default)."""
@@ -185,21 +239,33 @@ class PlainBatch:
     """A plain batch in Arrow: its survey (as the Spark path's survey job would give it) and, per
     table, its history rows."""
 
-    def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
+    def __init__(
+        self,
+        store: LandingStore,
+        batch: list[LandingFile],
+        max_bytes: int,
+        texts: list[tuple[bytes, FileHeader | None]] | None = None,
+    ) -> None:
+        """``texts``: the files' record lines and headers as :func:`plain_groups` read them (else
+        read here)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.json as pj
 
         bodies, lines, headers, size = [], [], [], 0
-        for f in batch:
-            body, header = _read_text(f.name, store.open_bytes(f.name), store.max_decompressed)
+        for i, f in enumerate(batch):
+            if texts is None:
+                body, header = _read_text(f.name, store.open_bytes(f.name), store.max_decompressed)
+            else:
+                body, header = texts[i]
             size += len(body)
             if size > max_bytes:
                 raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of landing text")
             bodies.append(body)
             lines.append(body.count(b"\n"))
             headers.append(header)
+        del texts
         text = b"".join(bodies)
         del bodies
         schema = _landing_schema()

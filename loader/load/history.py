@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,6 +70,8 @@ from loader.progress import each_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from loader.load.driver import TextGroup
 
 T = TypeVar("T")
 
@@ -225,15 +227,12 @@ class HistoryLoad:
             result = LoadResult(waiting_files=waiting, gap=self.gap)
             if not batch:
                 return result
-            segments = _by_format(batch)
-            if len(segments) == 1:
-                self._load_batch(batch, result)
-                return result
             # Snapshot chunks (landing v2) and v1 files load as batches of their own, one after
-            # another, each with its ledger rows: each can take its own driver path.
-            for segment in segments:
+            # another, each with its ledger rows: each can take its own driver path. A v1 backlog
+            # larger than load.driver_max_bytes loads as several driver batches (bounded memory).
+            for segment, group in self._sub_batches(batch):
                 part = LoadResult()
-                self._load_batch(segment, part)
+                self._load_batch(segment, part, group=group)
                 result.files += part.files
                 for t, n in part.rows_per_table.items():
                     result.rows_per_table[t] = result.rows_per_table.get(t, 0) + n
@@ -241,6 +240,24 @@ class HistoryLoad:
                 result.absorb(part)
                 result.loaded_through = part.loaded_through or result.loaded_through
             return result
+
+    def _sub_batches(self, batch: list[LandingFile]) -> Iterator[tuple[list[LandingFile], TextGroup | None]]:
+        """``batch`` as the batches the load takes one after another, each with its ledger rows:
+        snapshot chunks (landing v2) apart from v1 files, and v1 files in groups the driver holds
+        (loader.load.driver.plain_groups: read once, here, lazily, so one group is in memory at a
+        time), with what was read of them (None: the driver reads them when it loads them)."""
+        from loader.landing.store import JSONL
+        from loader.load.driver import plain_groups
+
+        max_bytes = self.settings.load.driver_max_bytes
+        for segment in _by_format(batch):
+            if segment[0].format != JSONL or not max_bytes:
+                yield segment, None
+                continue
+            groups = plain_groups(self.store, segment, max_bytes)
+            read_next: Callable[[], TextGroup | None] = lambda: next(groups, None)  # noqa: B023, E731
+            while (group := _landing_read_explained(read_next)) is not None:
+                yield group.files, group
 
     def replay(self, files: list[LandingFile], row_filter: str, dry_run: bool = False) -> LoadResult:
         """Load ``files`` again (``loader backfill replay``), only the changes ``row_filter`` keeps.
@@ -266,7 +283,9 @@ class HistoryLoad:
         row_filter: str | None = None,
         ledger: bool = True,
         dry_run: bool = False,
+        group: TextGroup | None = None,
     ) -> None:
+        """``group``: ``batch`` as :meth:`_sub_batches` read it (its text, or why it is not plain)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -278,7 +297,7 @@ class HistoryLoad:
         spans = sorted((f.first, f.last) for f in batch)
         self._positions_unique = all(a[1] < b[0] for a, b in itertools.pairwise(spans))
         if row_filter is None and not dry_run:
-            plain = self._driver_load(batch, result)
+            plain = self._driver_load(batch, result, group)
             if plain is not None:
                 result.engines.append(f"driver ({len(batch)} files)")
                 result.files = [f.name for f in batch]
@@ -369,7 +388,9 @@ class HistoryLoad:
         update_properties(self.spark, self.names.ledger, props)
         result.loaded_through = loaded_through
 
-    def _driver_load(self, batch: list[LandingFile], result: LoadResult) -> BatchSurvey | None:
+    def _driver_load(
+        self, batch: list[LandingFile], result: LoadResult, group: TextGroup | None = None
+    ) -> BatchSurvey | None:
         """Load a plain batch on the driver (loader.load.driver): its survey, or None when the
         batch is not plain (nothing was appended; the Spark path loads it)."""
         from loader.lake.catalog import open_catalog
@@ -379,6 +400,9 @@ class HistoryLoad:
         max_bytes = self.settings.load.driver_max_bytes
         if not max_bytes:
             self._spark_reason = "load.driver_max_bytes = 0"
+            return None
+        if group is not None and group.texts is None:
+            self._spark_reason = group.not_plain or "not plain"
             return None
         if not self._positions_unique:
             self._spark_reason = "landing files with overlapping positions (redelivered or re-landed changes)"
@@ -391,7 +415,15 @@ class HistoryLoad:
             return None
         kind = SnapshotBatch if formats == {ARROW} else PlainBatch
         try:
-            plain = _landing_read_explained(lambda: kind(self.store, batch, max_bytes))
+            texts = group.texts if group is not None else None
+            if group is not None:
+                group.texts = None  # the batch holds the text alone: freed once it is parsed
+            plain: PlainBatch | SnapshotBatch
+            if kind is PlainBatch:
+                plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes, texts))
+            else:
+                plain = _landing_read_explained(lambda: kind(self.store, batch, max_bytes))
+            texts = None
             read = time.perf_counter()
             for table, (columns, pk) in sorted(plain.survey.tables().items()):
                 prepared.append(self._driver_prepare(plain, table, columns, pk, result))

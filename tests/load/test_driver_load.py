@@ -22,7 +22,7 @@ from loader.config import LoaderSettings, LoadSettings
 from loader.lake.tables import SourceTable, TableNames
 from loader.landing import arrowfile
 from loader.landing.records import ChangeRecord, Column
-from loader.landing.store import open_landing, publish_arrow
+from loader.landing.store import LocalLandingStore, open_landing, publish_arrow
 from loader.load.history import HistoryLoad
 from tests.harness import TS, Txn, lake_settings, write_files
 
@@ -216,6 +216,7 @@ def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     odd=st.sampled_from([0.0, 0.0, 0.05, 0.3]),
     text_keys=st.booleans(),
     max_changes=st.integers(2, 12),
+    bound=st.sampled_from([ON.driver_max_bytes, ON.driver_max_bytes, 600, 2500]),
 )
 def test_driver_and_spark_paths_write_the_same_history(
     spark: Any,
@@ -227,9 +228,14 @@ def test_driver_and_spark_paths_write_the_same_history(
     odd: float,
     text_keys: bool,
     max_changes: int,
+    bound: int,
 ) -> None:
+    """``bound`` (load.driver_max_bytes): small ones cut the batch into several driver batches, and
+    send a transaction longer than the bound to the Spark path."""
     txns = _batch(seed, sorted(columns), odd, text_keys)
-    with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
+    with_driver = lake_settings(base_settings, tmp_path).model_copy(
+        update={"load": LoadSettings(driver_max_bytes=bound)}
+    )
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     results = []
     for s in (with_driver, spark_only):
@@ -260,6 +266,52 @@ def test_the_oracle_used_the_driver_path(
         HistoryLoad(spark, s).run()
     assert used, "the plain batch went to Spark"
     assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+
+
+def test_a_backlog_above_the_memory_bound_loads_in_driver_batches(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+) -> None:
+    """Landing text beyond load.driver_max_bytes is loaded as several driver batches, each cut after
+    a file ending a transaction; a damaged file sends its own transaction's files to the Spark path
+    and no more. History, rejects and ledger as with the driver path off."""
+    txns = []
+    for t in range(8):
+        txn = Txn(commit_lsn=0x1000 * (t + 1))
+        for k in range(4):
+            key = t * 4 + k
+            txn.changes.append(
+                ChangeRecord(
+                    op="I",
+                    commit_lsn=txn.commit_lsn,
+                    seq=k + 1,
+                    xid=t + 1,
+                    ts=TS,
+                    schema="public",
+                    table="acct",
+                    columns=[Column("id", "integer", str(key)), Column("n", "text", f"v{key}")],
+                    pk=["id"],
+                )
+            )
+        txns.append(txn)
+    # 4 changes a file: each transaction is one file that takes its commit marker (complete).
+    bounded = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=2000)})
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    res = []
+    for s in (bounded, spark_only):
+        names = write_files(s, txns, 4)
+        assert len(names) == 8 and all(n.endswith("_c.jsonl.gz") for n in names), names
+        store = open_landing(s)
+        assert isinstance(store, LocalLandingStore)
+        damaged = store.path / names[5]
+        data = damaged.read_bytes()
+        damaged.write_bytes(data[: len(data) - 12])  # cut short: the Spark path salvages its prefix
+        res.append(HistoryLoad(spark, s).run())
+    engines = res[0].engines
+    assert sum(e.startswith("driver") for e in engines) >= 3, engines
+    assert [e.split(":")[0] for e in engines if e.startswith("spark")] == ["spark (1 files)"], engines
+    assert used
+    assert sorted(res[0].rows_per_table.items()) == sorted(res[1].rows_per_table.items())
+    assert _snapshot(spark, bounded) == _snapshot(spark, spark_only)
 
 
 def test_a_misfit_sends_the_batch_to_spark(
