@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,16 @@ BULK_ROW_GROUP_BYTES = 64 << 20
 _CONTROL_OPS = ["truncate", "resync", "park"]
 _KEY_TYPES = {"SMALLINT", "INT", "BIGINT", "STRING"}
 
-__all__ = ["BULK_FILE_ARROW_BYTES", "BulkPlan", "NotPlainBulk", "bucket_ints", "plan_bulk", "write_bulk"]
+__all__ = [
+    "BULK_FILE_ARROW_BYTES",
+    "BulkPlan",
+    "NotPlainBulk",
+    "bucket_ints",
+    "first_state_rows",
+    "key_hashes",
+    "plan_bulk",
+    "write_bulk",
+]
 
 
 class NotPlainBulk(Exception):
@@ -68,6 +77,27 @@ def bucket_ints(values: Any, n: int) -> Any:
     little-endian through murmur3_x86_32, seed 0), for a whole numpy/Arrow column at once."""
     import numpy as np
 
+    return (_murmur_ints(values) % np.uint32(n)).astype(np.int32)
+
+
+def key_hashes(keys: Any) -> Any:
+    """Iceberg's bucket hash of each key of an Arrow column (integers, whole column at once; text,
+    murmur3 of its UTF-8 one value at a time) before the modulo: ``bucket[n]`` is this ``% n``."""
+    import mmh3
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_integer(keys.type):
+        return _murmur_ints(keys.to_numpy(zero_copy_only=False))
+    return np.fromiter(
+        (mmh3.hash(v.encode("utf-8")) & 0x7FFFFFFF for v in keys.to_pylist()), dtype=np.uint32, count=len(keys)
+    )
+
+
+def _murmur_ints(values: Any) -> Any:
+    """murmur3_x86_32 (seed 0) of each integer as 8 bytes little-endian, masked non-negative."""
+    import numpy as np
+
     v = np.asarray(values, dtype=np.int64).view(np.uint64)
     c1, c2 = np.uint32(0xCC9E2D51), np.uint32(0x1B873593)
 
@@ -85,7 +115,7 @@ def bucket_ints(values: Any, n: int) -> Any:
         h ^= h >> np.uint32(13)
         h *= np.uint32(0xC2B2AE35)
         h ^= h >> np.uint32(16)
-    return ((h & np.uint32(0x7FFFFFFF)) % np.uint32(n)).astype(np.int32)
+    return h & np.uint32(0x7FFFFFFF)
 
 
 def _range_filter(since: ChangePosition | None, cut: ChangePosition) -> Any:
@@ -159,6 +189,134 @@ def plan_bulk(
     return BulkPlan(plan, at, rows, tail_rows, tail_toast)
 
 
+# A table's first state from changes is reduced in partitions of about this many history rows.
+FIRST_STATE_PARTITION_ROWS = 1 << 20
+
+
+def first_state_rows(
+    hist: Any, hist_snapshot: int, cut: ChangePosition, pk: list[str], spill_dir: str | None = None
+) -> tuple[int, Callable[[Any, int], Iterator[tuple[Any, Any, int]]]]:
+    """A table's first current state from the changes history holds up to ``cut`` (no snapshot in
+    them): for every key its newest change, when that is an insert, update or read. Returns (the
+    increment's rows, a ``rows_source`` for :func:`write_bulk`).
+
+    Bounded memory whatever the backlog: the changes stream from history's files (one batch at a
+    time) into spill files on local disk, partitioned by the key's bucket hash (so a key's changes
+    all fall in one partition, and every partition in one bucket of the current table), and each
+    partition is reduced alone. The rules are the driver merge's (:mod:`loader.merge.driver`): no
+    control rows, no update leaving a value out, none changing the key (else NotPlainBulk, and
+    Spark's MERGE builds it); a delete is keyed by its old key; of two events at one position the
+    upsert wins over the delete."""
+    import pyarrow.compute as pc
+
+    scan = hist.scan(row_filter=_range_filter(None, cut), snapshot_id=hist_snapshot)
+    tasks = list(scan.plan_files())
+    total = sum(t.file.record_count for t in tasks)
+    if not total:
+        raise NotPlainBulk("no changes to build from")
+
+    def source(target: Any, n_buckets: int) -> Iterator[tuple[Any, Any, int]]:
+        import tempfile
+
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        from loader.merge.driver import _newest_per_key, _old_keys
+
+        parts = n_buckets * max(1, -(-total // (FIRST_STATE_PARTITION_ROWS * n_buckets)))
+        spill_schema = pa.schema([*target, pa.field("sub", pa.int8())])
+        data = [f.name for f in target]
+        wanted = [*dict.fromkeys([*data, "pg_operation", "pg_absent_columns", "pg_old_key"])]
+        key_types = {k: target.field(k).type for k in pk}
+        with tempfile.TemporaryDirectory(prefix="loader-first-state-", dir=spill_dir) as tmp:
+            writers: dict[int, Any] = {}
+            try:
+                for batch in hist.scan(
+                    row_filter=_range_filter(None, cut), selected_fields=tuple(wanted), snapshot_id=hist_snapshot
+                ).to_arrow_batch_reader():
+                    batch = _in_range(batch, None, cut)
+                    if not batch.num_rows:
+                        continue
+                    events = _first_state_events(batch, pk, key_types, spill_schema, _old_keys)
+                    part_of = key_hashes(events.column(pk[0]).combine_chunks()) % np.uint32(parts)
+                    order = np.argsort(part_of, kind="stable")
+                    events, part_of = events.take(pa.array(order)), part_of[order]
+                    bounds = [0, *(np.flatnonzero(np.diff(part_of)) + 1).tolist()]
+                    for start, stop in zip(bounds, [*bounds[1:], len(part_of)], strict=True):
+                        p = int(part_of[start])
+                        if p not in writers:
+                            writers[p] = ipc.new_stream(f"{tmp}/{p}.arrows", spill_schema)
+                        writers[p].write_table(events.slice(start, stop - start))
+            finally:
+                for w in writers.values():
+                    w.close()
+            for p in sorted(writers):
+                with ipc.open_stream(f"{tmp}/{p}.arrows") as reader:
+                    events = reader.read_all()
+                newest = _newest_per_key(events, pk)
+                rows = newest.filter(pc.equal(newest.column("sub"), 1)).select(data)
+                del events, newest
+                if rows.num_rows:
+                    # partition p of n_buckets * k: its keys' hashes are p modulo n_buckets * k,
+                    # so their bucket (hash modulo n_buckets) is p modulo n_buckets.
+                    yield rows, np.full(rows.num_rows, p % n_buckets, np.int32), cut.seq
+
+    return total, source
+
+
+def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], schema: Any, old_keys: Any) -> Any:
+    """A batch of history rows as key events in ``schema`` (the current table's columns and
+    ``sub``: 1 an upsert with its row, 0 a delete with its old key); NotPlainBulk for what only
+    Spark's MERGE handles."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from loader.merge.driver import NotPlainIncrement
+
+    op = batch.column("pg_operation")
+    if pc.any(pc.is_in(op, value_set=_pa_strings(_CONTROL_OPS))).as_py():
+        raise NotPlainBulk("the changes hold control rows")
+    upsert = pc.is_in(op, value_set=_pa_strings(["insert", "update", "read"]))
+    absent = pc.list_value_length(batch.column("pg_absent_columns"))
+    if pc.any(pc.and_kleene(upsert, pc.or_kleene(pc.is_null(absent), pc.greater(absent, 0)))).as_py():
+        raise NotPlainBulk("an update left values out (unchanged TOAST)")
+    table = pa.Table.from_batches([batch])
+    ups = table.filter(upsert)
+    moved = ups.filter(pc.and_(pc.equal(ups.column("pg_operation"), "update"), pc.is_valid(ups.column("pg_old_key"))))
+    try:
+        if moved.num_rows:
+            old = old_keys(moved.column("pg_old_key").to_pylist(), pk, key_types)
+            for k in pk:
+                if not pc.all(pc.equal(old[k], moved.column(k))).as_py():
+                    raise NotPlainBulk("an update changed the key")
+        dels = table.filter(pc.equal(op, "delete"))
+        old = old_keys(dels.column("pg_old_key").to_pylist(), pk, key_types) if dels.num_rows else {}
+    except NotPlainIncrement as exc:
+        raise NotPlainBulk(str(exc)) from None
+    parts = []
+    if ups.num_rows:
+        cols = [ups.column(f.name).cast(f.type) for f in schema if f.name != "sub"]
+        parts.append(pa.Table.from_arrays([*cols, pa.array(np.ones(ups.num_rows, np.int8))], schema=schema))
+    if dels.num_rows:
+        cols = []
+        for f in schema:
+            if f.name in old:
+                cols.append(old[f.name].cast(f.type))
+            elif f.name in ("pg_lsn", "pg_seq"):
+                cols.append(dels.column(f.name).cast(f.type))
+            elif f.name == "sub":
+                cols.append(pa.array(np.zeros(dels.num_rows, np.int8)))
+            else:
+                cols.append(pa.nulls(dels.num_rows, f.type))
+        parts.append(pa.Table.from_arrays(cols, schema=schema))
+    events = pa.concat_tables(parts) if parts else schema.empty_table()
+    if any(events.column(k).null_count for k in pk):
+        raise NotPlainBulk("a key without a value")
+    return events
+
+
 def _pa_strings(values: list[str]) -> Any:
     import pyarrow as pa
 
@@ -177,10 +335,15 @@ def write_bulk(
     watermark_key: str,
     start_snapshot: int | None,
     before_commit: Any = None,
+    rows_source: Callable[[Any, int], Iterator[tuple[Any, Any, int]]] | None = None,
 ) -> tuple[int, ChangePosition, ChangePosition]:
     """Write the snapshot's rows as the current table's only files, in one overwrite commit with
     ``commit_props`` and the watermark under ``watermark_key``: the cut when nothing follows the
-    snapshot, else the snapshot's last row. Returns (rows written, that last row, the watermark)."""
+    snapshot, else the snapshot's last row. Returns (rows written, that last row, the watermark).
+
+    ``rows_source(target schema, number of buckets)``: other rows to write instead of the snapshot's
+    (:func:`first_state_rows`), as (rows in ``target``'s schema sorted by bucket, their buckets, a
+    seq at ``bulk.at``'s LSN) parts."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -242,6 +405,12 @@ def write_bulk(
     rows = 0
     last_seq = at.seq
 
+    def buckets_of(keys: Any) -> Any:
+        """The bucket of each key of an Arrow column (numpy int32)."""
+        if integer_key:
+            return bucket_ints(keys.to_numpy(zero_copy_only=False), n)
+        return np.fromiter((one(v) for v in keys.to_pylist()), dtype=np.int32, count=len(keys))
+
     def bucketed() -> Iterator[tuple[Any, Any, int]]:
         """(rows sorted by bucket, their buckets, last seq) of each batch of the snapshot."""
         for batch in scan.to_arrow_batch_reader():
@@ -255,19 +424,17 @@ def write_bulk(
             keys = batch.column(key)
             if keys.null_count:
                 raise NotPlainBulk("a key without a value")
-            if integer_key:
-                buckets = bucket_ints(keys.to_numpy(zero_copy_only=False), n)
-            else:
-                buckets = np.fromiter((one(v) for v in keys.to_pylist()), dtype=np.int32, count=len(keys))
+            buckets = buckets_of(keys)
             out = pa.Table.from_batches([batch]).select([f.name for f in target])
             out = pa.Table.from_arrays([out.column(f.name).cast(f.type) for f in target], schema=target)
             # A stable sort by bucket keeps each bucket's rows in the snapshot's (key) order.
             order = pc.sort_indices(pa.array(buckets))
             yield out.take(order), buckets[order.to_numpy()], int(pc.max(batch.column("pg_seq")).as_py())
 
+    parts = bucketed() if rows_source is None else rows_source(target, n)
     try:
         # Read and bucketed on a thread of their own while the parts before them are encoded.
-        for sorted_out, sorted_buckets, batch_last in prefetched(bucketed(), depth=2):
+        for sorted_out, sorted_buckets, batch_last in prefetched(parts, depth=2):
             rows += sorted_out.num_rows
             last_seq = max(last_seq, batch_last)
             bounds = [0, *(np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()]

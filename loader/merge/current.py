@@ -390,6 +390,12 @@ class CurrentMerge:
             built = self._driver_bulk(table, cur, pk, source_types, since, cut, hist_snapshot, start_snapshot, out)
             if built is not None:
                 return built
+            if (
+                since is None
+                and start_snapshot is None
+                and self._driver_first_state(table, cur, pk, source_types, cut, hist_snapshot, out)
+            ):
+                return out
         if hist_snapshot is None:
             inc = self.spark.table(hist)
         else:
@@ -738,6 +744,60 @@ class CurrentMerge:
         rest.bulk_engine = "driver"
         rest.note = "; ".join(n for n in (out.note, rest.note) if n)
         return rest
+
+    def _driver_first_state(
+        self,
+        table: SourceTable,
+        cur: str,
+        pk: list[str],
+        source_types: dict[str, str],
+        cut: ChangePosition,
+        hist_snapshot: int,
+        out: TableMerge,
+    ) -> bool:
+        """A table's first current state from changes alone (a backlog above merge.driver_max_rows,
+        no snapshot among them), reduced and written on the driver in bounded memory
+        (loader.merge.bulk.first_state_rows), one overwrite commit; False (nothing committed) when
+        the changes are not plain."""
+        from loader.lake.catalog import open_catalog
+        from loader.merge.bulk import BulkPlan, NotPlainBulk, first_state_rows, write_bulk
+
+        lake_pk = [lake_column(k) for k in pk]
+        if any(spark_type(source_types[k]).sql not in ("SMALLINT", "INT", "BIGINT", "STRING") for k in pk):
+            return False
+        plan = MergePlan(cut=cut, boundary=None, parked=None, resynced=False)
+        try:
+            hist = open_catalog(self.settings).load_table((self.names.history_ns, table.iceberg_name))
+            total, source = first_state_rows(hist, hist_snapshot, cut, lake_pk)
+            rows, _, through = write_bulk(
+                self.spark,
+                hist,
+                hist_snapshot,
+                cur,
+                BulkPlan(plan, cut, total, 0, 0),
+                [lake_column(c) for c in source_types],
+                lake_pk[0],
+                {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
+                SUMMARY_MERGED_THROUGH,
+                None,
+                before_commit=lambda: checkpoint("merge-before-bulk"),
+                rows_source=source,
+            )
+        except NotPlainBulk as exc:
+            log.debug("%s: first state not built on the driver (%s)", table.qualified, exc)
+            return False
+        except OSError as exc:
+            log.warning("%s: the first state could not read the warehouse (%s); using Spark", table.qualified, exc)
+            return False
+        checkpoint("merge-after-bulk")
+        log.info("%s: first state of %d rows from %d changes written in bulk (driver)", cur, rows, total)
+        out.method = "bulk"
+        out.bulk_engine = "driver"
+        out.note = "; ".join(n for n in (out.note, f"first state from {total} changes") if n)
+        out.increment_rows = total
+        self._after_commit(cur, plan, through.token(), None, "rebuild", out)
+        out.merged_through = through.token()
+        return True
 
     def _driver_merge(
         self,

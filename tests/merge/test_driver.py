@@ -88,6 +88,58 @@ def test_plain_increments_merged_on_the_driver_end_in_the_model(
     assert counting.calls == len(batches)
 
 
+@settings(
+    max_examples=int(os.environ.get("LOADER_PROPERTY_EXAMPLES", "5")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(seed=st.integers(0, 2**32 - 1), n_txns=st.integers(2, 30), partition_rows=st.sampled_from([1, 3, 1000]))
+def test_a_first_state_above_the_driver_bound_is_built_in_partitions(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, seed: int, n_txns: int, partition_rows: int
+) -> None:
+    """A table's first state from more changes than merge.driver_max_rows (no snapshot among them)
+    is reduced on the driver partition by partition (loader.merge.bulk.first_state_rows) and written
+    in one commit: the model's rows, each in the bucket Iceberg gives its key; later increments
+    merge onto it as onto any current table."""
+    import pyarrow.parquet as pq
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import IntegerType
+
+    import loader.merge.bulk as bulk_mod
+
+    rnd = random.Random(seed)
+    base = lake_settings(base_settings, tmp_path)
+    settings_ = base.model_copy(update={"merge": base.merge.model_copy(update={"driver_max_rows": 1})})
+    txns, model = generate(rnd, n_txns, keys=12, plain=True)
+    with mock.patch.object(bulk_mod, "FIRST_STATE_PARTITION_ROWS", partition_rows):
+        write_files(settings_, txns, 3)
+        HistoryLoad(spark, settings_).run()
+        first = CurrentMerge(spark, settings_).run().tables[0]
+    if first.increment_rows > 1:
+        assert (first.method, first.bulk_engine) == ("bulk", "driver"), first
+    assert current_rows(spark, settings_) == model
+    assert _pyiceberg_rows(settings_) == model
+    names = TableNames(settings_)
+    table = open_catalog(settings_).load_table((names.current_ns, TABLE.iceberg_name))
+    n = table.spec().fields[0].transform.num_buckets
+    for task in table.scan().plan_files():  # every row in its key's bucket
+        with table.io.new_input(task.file.file_path).open() as f:
+            keys = pq.read_table(f).column("id").to_pylist()
+        assert {BucketTransform(n).transform(IntegerType())(k) for k in keys} <= {int(task.file.partition[0])}
+    # A later increment merges onto it as onto any current table.
+    txn = Txn(commit_lsn=0x1000 * (n_txns + 2))
+    for k in range(1, 13):
+        if k in model and k % 2:
+            change(txn, "D", None, old_id=k)
+            del model[k]
+        elif k not in model:
+            change(txn, "I", {"id": k, "a": "late", "b": k})
+            model[k] = ("late", k)
+    write_files(settings_, [txn], 100)
+    load_and_merge(spark, settings_)
+    assert current_rows(spark, settings_) == model
+
+
 def _plain_lake(spark: Any, base_settings: LoaderSettings, tmp_path: Path) -> tuple[LoaderSettings, dict[int, Any]]:
     """A lake whose current table holds keys 1..5 after one merge."""
     settings_ = lake_settings(base_settings, tmp_path)

@@ -267,6 +267,16 @@ def test_the_driver_files_a_key_under_the_bucket_spark_computes(
     for i, v in enumerate(values):
         by_driver = [BucketTransform(n).transform(iceberg_type)(v) for n in widths]
         assert by_driver == by_spark[i], f"{spark_type} {v!r}: driver {by_driver}, Spark {by_spark[i]}"
+    # The first-state build's hashes (loader.merge.bulk.key_hashes, partitions of hash modulo a
+    # multiple of the bucket count) modulo each width.
+    import pyarrow as pa
+
+    from loader.merge.bulk import key_hashes
+
+    arrow_type = {"INT": pa.int32(), "BIGINT": pa.int64(), "STRING": pa.string()}[spark_type]
+    hashes = key_hashes(pa.array(values, arrow_type))
+    for j, n in enumerate(widths):
+        assert (hashes % n).tolist() == [by_spark[i][j] for i in range(len(values))], f"{spark_type} hash % {n}"
     if spark_type != "STRING":
         # The bulk build's whole-column murmur3 (loader.merge.bulk.bucket_ints) on the same values.
         import numpy as np
