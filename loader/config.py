@@ -330,11 +330,12 @@ class MergeSettings(_Section):
 class LoadSettings(_Section):
     """The history load (see README: Performance, the eighth round)."""
 
-    # Batches of up to this many bytes of landing text in which nothing is unusual (see
-    # loader.load.driver: intact files, row changes only, values Arrow types as Spark does) are read,
-    # typed and appended on the driver with Arrow, without a Spark job; the driver holds about
-    # twice this in memory (256 MiB keeps the load's peak under 1 GB). Anything else, or a larger
-    # batch, goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
+    # Batches in which nothing is unusual (see loader.load.driver: intact files, row changes only,
+    # values Arrow types as Spark does) are read, typed and appended on the driver with Arrow,
+    # without a Spark job, in groups of up to this many bytes of landing text, each cut after a file
+    # that ends a transaction (loader.load.driver.plain_groups); the driver holds about twice a
+    # group in memory; one transaction longer than this is read again file by file as its rows
+    # are written (StreamedPlainBatch). A group that is not plain goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
     # a driver load are the same transient errors (exit 75) as on the Spark path.
     driver_max_bytes: int = Field(default=256 << 20, ge=0)
 

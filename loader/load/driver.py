@@ -133,6 +133,8 @@ class TextGroup:
     files: list[LandingFile]
     texts: list[tuple[bytes, FileHeader | None]] | None
     not_plain: str | None = None
+    # A transaction longer than the bound: read again file by file (StreamedPlainBatch).
+    streamed: bool = False
 
 
 def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) -> Iterator[TextGroup]:
@@ -142,8 +144,9 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
     size loads on the driver in bounded memory, group after group.
 
     A file that is not plain (damaged, not UTF-8, ...) sends its group (up to the end of its
-    transaction) to the Spark path, as does a transaction longer than ``max_bytes``; the text of
-    such a group is dropped as soon as that is known. The groups after it are read as before."""
+    transaction) to the Spark path. A transaction longer than ``max_bytes`` makes a group of its
+    own that the driver reads again file by file (``streamed``, :class:`StreamedPlainBatch`). The
+    text of such groups is dropped as soon as that is known. The groups after it are read as before."""
     group: list[LandingFile] = []
     texts: list[tuple[bytes, FileHeader | None]] | None = []
     size, reason = 0, None
@@ -166,17 +169,15 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
         group.append(f)
         size += n
         reason = reason or problem
-        if reason is None and size > max_bytes:
-            reason = f"a transaction of more than load.driver_max_bytes ({max_bytes}) of landing text"
-        if reason is not None:
+        if reason is not None or size > max_bytes:
             texts = None
         elif texts is not None and body is not None:
             texts.append((body, header))
-        if f.complete and reason is not None:
-            yield TextGroup(group, None, reason)
+        if f.complete and (reason is not None or texts is None):
+            yield TextGroup(group, None, reason, streamed=reason is None)
             group, texts, size, reason = [], [], 0, None
     if group:
-        yield TextGroup(group, texts if reason is None else None, reason)
+        yield TextGroup(group, texts if reason is None else None, reason, streamed=reason is None and texts is None)
 
 
 def _entries(chunked: Any, what: str) -> tuple[np.ndarray, pa.Array, pa.Array, pa.Array]:
@@ -726,6 +727,44 @@ def append_rows(
                 fio.deleteFile(path)
             except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
                 pass
+
+
+class StreamedPlainBatch:
+    """Landing v1 files of a transaction too long to hold (more than ``max_bytes`` of text), with
+    the interface of :class:`PlainBatch`: every file is read, checked and surveyed as a PlainBatch
+    of its own here, and read again when its rows are written (:meth:`history_parts`, file by
+    file), so the transaction is still appended in one commit per table with one file's rows in
+    memory. A file that reads differently the second time raises NotPlain (nothing is committed)."""
+
+    def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
+        self.store, self.batch, self.max_bytes = store, batch, max_bytes
+        self.num_rows = 0
+        shapes: list[Shape] = []
+        self._spans: dict[SourceTable, tuple[ChangePosition, ChangePosition]] = {}
+        self._in_file: list[dict[SourceTable, tuple[ChangePosition, ChangePosition]]] = []
+        for f in batch:
+            part = PlainBatch(store, [f], max_bytes)
+            shapes.extend(part.survey.shapes)
+            spans = {table: part.span(table) for table in part.survey.tables()}
+            for table, (first, last) in spans.items():
+                before = self._spans.get(table)
+                self._spans[table] = (before[0], last) if before else (first, last)
+            self._in_file.append(spans)
+            self.num_rows += part.num_rows
+        self.survey = BatchSurvey(shapes)
+
+    def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
+        return self._spans[table]
+
+    def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterator[pa.Table]:
+        """The table's history rows, file by file, in position order."""
+        for f, spans in zip(self.batch, self._in_file, strict=True):
+            if table not in spans:
+                continue
+            part = PlainBatch(self.store, [f], self.max_bytes)
+            if table not in part.survey.tables() or part.span(table) != spans[table]:
+                raise NotPlain(f"{f.name}: read differently the second time")
+            yield part.history_rows(table, columns, target)
 
 
 class SnapshotBatch:

@@ -395,13 +395,13 @@ class HistoryLoad:
         batch is not plain (nothing was appended; the Spark path loads it)."""
         from loader.lake.catalog import open_catalog
         from loader.landing.store import ARROW
-        from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch
+        from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch, StreamedPlainBatch
 
         max_bytes = self.settings.load.driver_max_bytes
         if not max_bytes:
             self._spark_reason = "load.driver_max_bytes = 0"
             return None
-        if group is not None and group.texts is None:
+        if group is not None and group.texts is None and not group.streamed:
             self._spark_reason = group.not_plain or "not plain"
             return None
         if not self._positions_unique:
@@ -418,8 +418,10 @@ class HistoryLoad:
             texts = group.texts if group is not None else None
             if group is not None:
                 group.texts = None  # the batch holds the text alone: freed once it is parsed
-            plain: PlainBatch | SnapshotBatch
-            if kind is PlainBatch:
+            plain: PlainBatch | SnapshotBatch | StreamedPlainBatch
+            if group is not None and group.streamed:
+                plain = _landing_read_explained(lambda: StreamedPlainBatch(self.store, batch, max_bytes))
+            elif kind is PlainBatch:
                 plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes, texts))
             else:
                 plain = _landing_read_explained(lambda: kind(self.store, batch, max_bytes))
