@@ -26,6 +26,7 @@ MODULES = [
     "p8_snapshot",
     "p7_wal",
     "p9_backlog",
+    "p10_resync",
     "v1_verify",
 ]
 

@@ -65,8 +65,8 @@ def run() -> None:
             _stage("load", ["load"], env, sample_s),
             _stage("merge", ["merge"], env, sample_s),
         ]
-        for line in stages[2].output.splitlines():
-            if line.strip().startswith(("merge:", "public.accounts")):
+        for line in stages[1].output.splitlines() + stages[2].output.splitlines():
+            if line.strip().startswith(("merge:", "public.accounts", "engine:")):
                 print(f"    {line.strip()}", flush=True)
         _, current = _counts(settings, "accounts")
         assert current == inserts, (current, inserts)
