@@ -119,7 +119,8 @@ def run() -> None:
                         t0 = now
                     if follower.poll() is not None:
                         raise RuntimeError(f"the follower stopped: see {root / 'follow.log'}")
-                    if bench is not None and now >= next_probe:
+                    probing = "merged" not in resync or now - resync["merged"] <= after_s
+                    if bench is not None and probing and now >= next_probe:
                         probe += 1
                         conn.execute("INSERT INTO probe (id) VALUES (%s)", (probe,))
                         committed[probe] = time.monotonic()
@@ -140,7 +141,7 @@ def run() -> None:
                         for p in waiting:
                             if p in seen:
                                 latency[p] = at - committed[p]
-                    if "merged" in resync and time.monotonic() - resync["merged"] > after_s and not waiting:
+                    if not probing and not waiting:
                         break
                     if bench is not None and time.monotonic() - t0 > 3000:
                         raise RuntimeError(f"the resync did not finish in 3000 s: see {root / 'follow.log'}")
@@ -209,6 +210,8 @@ def _rebuilt(catalog: object, ident: tuple[str, str], since: int | None) -> bool
         if not after or summary is None or summary.operation.value != "overwrite":
             continue
         props = summary.additional_properties
+        if os.environ.get("BENCH_DEBUG"):
+            print("   ", snap.snapshot_id, summary.operation.value, props, flush=True)
         if props.get("total-data-files") == props.get("added-data-files"):
             return True
     return False
