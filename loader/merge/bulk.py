@@ -273,28 +273,16 @@ def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], sc
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from loader.merge.driver import NotPlainIncrement
+    from loader.merge.driver import NotPlainIncrement, plain_upserts
 
-    op = batch.column("pg_operation")
-    if pc.any(pc.is_in(op, value_set=_pa_strings(_CONTROL_OPS))).as_py():
-        raise NotPlainBulk("the changes hold control rows")
-    upsert = pc.is_in(op, value_set=_pa_strings(["insert", "update", "read"]))
-    absent = pc.list_value_length(batch.column("pg_absent_columns"))
-    if pc.any(pc.and_kleene(upsert, pc.or_kleene(pc.is_null(absent), pc.greater(absent, 0)))).as_py():
-        raise NotPlainBulk("an update left values out (unchanged TOAST)")
     table = pa.Table.from_batches([batch])
-    ups = table.filter(upsert)
-    moved = ups.filter(pc.and_(pc.equal(ups.column("pg_operation"), "update"), pc.is_valid(ups.column("pg_old_key"))))
     try:
-        if moved.num_rows:
-            old = old_keys(moved.column("pg_old_key").to_pylist(), pk, key_types)
-            for k in pk:
-                if not pc.all(pc.equal(old[k], moved.column(k))).as_py():
-                    raise NotPlainBulk("an update changed the key")
-        dels = table.filter(pc.equal(op, "delete"))
+        upsert = plain_upserts(table, pk, key_types)
+        dels = table.filter(pc.equal(table.column("pg_operation"), "delete"))
         old = old_keys(dels.column("pg_old_key").to_pylist(), pk, key_types) if dels.num_rows else {}
     except NotPlainIncrement as exc:
         raise NotPlainBulk(str(exc)) from None
+    ups = table.filter(upsert)
     parts = []
     if ups.num_rows:
         cols = [ups.column(f.name).cast(f.type) for f in schema if f.name != "sub"]

@@ -97,6 +97,33 @@ def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> 
     return out
 
 
+def plain_upserts(rows: Any, pk: list[str], key_types: dict[str, Any]) -> Any:
+    """Which of the history ``rows`` are upserts, when the rows are plain for a reduction to the
+    newest event per key: no control rows (truncate/resync/park), every upsert sent every value
+    (no unchanged TOAST), no update that carries its old key changed it. NotPlainIncrement names
+    what is not."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    op = rows.column("pg_operation")
+    if pc.any(pc.is_in(op, pa.array(_CONTROL_OPS))).as_py():
+        raise NotPlainIncrement("the increment holds control rows")
+    is_upsert = pc.is_in(op, pa.array(_UPSERT_OPS))
+    absent = pc.list_value_length(rows.column("pg_absent_columns"))
+    if pc.any(pc.and_kleene(is_upsert, pc.or_kleene(pc.is_null(absent), pc.greater(absent, 0)))).as_py():
+        raise NotPlainIncrement("an update left values out (unchanged TOAST)")
+    upserts = rows.filter(is_upsert)
+    with_old = upserts.filter(
+        pc.and_(pc.equal(upserts.column("pg_operation"), "update"), pc.is_valid(upserts.column("pg_old_key")))
+    )
+    if with_old.num_rows:
+        old = _old_keys(with_old.column("pg_old_key").to_pylist(), pk, key_types)
+        for k in pk:
+            if not pc.all(pc.equal(old[k], with_old.column(k))).as_py():
+                raise NotPlainIncrement("an update changed the key")
+    return is_upsert
+
+
 def _newest_per_key(events: Any, pk: list[str]) -> Any:
     """The last event of each key (by position; a delete before an upsert at the same one)."""
     import numpy as np
@@ -190,26 +217,12 @@ def driver_rows(
     n_rows = inc.num_rows
     if n_rows == 0:
         return None, None, 0
-    op = inc.column("pg_operation")
-    if pc.any(pc.is_in(op, pa.array(_CONTROL_OPS))).as_py():
-        raise NotPlainIncrement("the increment holds control rows")
-    is_upsert = pc.is_in(op, pa.array(_UPSERT_OPS))
-    absent = pc.list_value_length(inc.column("pg_absent_columns"))
-    if pc.any(pc.and_kleene(is_upsert, pc.or_kleene(pc.is_null(absent), pc.greater(absent, 0)))).as_py():
-        raise NotPlainIncrement("an update left values out (unchanged TOAST)")
     key_types = {k: inc.schema.field(k).type for k in pk}
+    is_upsert = plain_upserts(inc, pk, key_types)
+    op = inc.column("pg_operation")
 
     inc = inc.append_column("idx", pa.array(range(n_rows), pa.int64()))
     upserts = inc.filter(is_upsert)
-    # An update that carries its old key must not have changed it.
-    with_old = upserts.filter(
-        pc.and_(pc.equal(upserts.column("pg_operation"), "update"), pc.is_valid(upserts.column("pg_old_key")))
-    )
-    if with_old.num_rows:
-        old = _old_keys(with_old.column("pg_old_key").to_pylist(), pk, key_types)
-        for k in pk:
-            if not pc.all(pc.equal(old[k], with_old.column(k))).as_py():
-                raise NotPlainIncrement("an update changed the key")
     deletes = inc.filter(pc.equal(op, "delete"))
     meta = ["pg_lsn", "pg_seq", "idx"]
     parts = [upserts.select([*pk, *meta]).append_column("sub", pa.array([1] * upserts.num_rows, pa.int8()))]
