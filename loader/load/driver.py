@@ -22,7 +22,6 @@ them to each other on random batches).
 
 from __future__ import annotations
 
-import io
 import re
 import uuid
 from collections.abc import Iterable, Iterator
@@ -266,22 +265,27 @@ class PlainBatch:
             bodies.append(body)
             lines.append(body.count(b"\n"))
             headers.append(header)
-        del texts
-        text = b"".join(bodies)
-        del bodies
+        if texts is not None:
+            texts.clear()  # handed over: each file's text is freed once it is parsed
         schema = _landing_schema()
-        if not text:
-            rows = schema.empty_table()
-        else:
-            try:  # the files in one read: Arrow parses blocks of it on every core
-                rows = pj.read_json(
-                    io.BytesIO(text),
-                    read_options=pj.ReadOptions(block_size=min(16 << 20, max(1 << 20, len(text) // 4 + 1))),
-                    parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        parsed = []
+        for i, body in enumerate(bodies):
+            bodies[i] = b""
+            if not body:
+                continue
+            try:  # Arrow parses blocks of a file on every core, no copy of its text
+                parsed.append(
+                    pj.read_json(
+                        pa.BufferReader(body),
+                        read_options=pj.ReadOptions(block_size=min(16 << 20, max(1 << 20, len(body) // 4 + 1))),
+                        parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+                    )
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise NotPlain(f"landing files {batch[0].name}..: {str(exc)[:200]}") from None
-        del text
+                raise NotPlain(f"landing file {batch[i].name}: {str(exc)[:200]}") from None
+            del body
+        rows = pa.concat_tables(parsed) if parsed else schema.empty_table()
+        del parsed
         if rows.num_rows != sum(lines):
             raise NotPlain("blank lines in a landing file")
         for required in ("v", "op", "lsn", "seq", "xid", "ts"):
