@@ -282,7 +282,7 @@ def driver_rows(
         new_keys = writes.column(pk[0]).filter(pc.is_null(buckets))
         if pa.types.is_integer(new_keys.type) and not new_keys.null_count:
             # A whole column at once (a table's first state makes every key new).
-            from loader.merge.bulk import bucket_ints
+            from loader.lake.buckets import bucket_ints
 
             hashed = iter(bucket_ints(new_keys.to_numpy(), spec.fields[0].transform.num_buckets).tolist())
         else:
