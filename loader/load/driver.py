@@ -127,13 +127,16 @@ def _read_text(name: str, data: bytes, limit: int) -> tuple[bytes, FileHeader | 
 @dataclass
 class TextGroup:
     """Consecutive landing v1 files the driver load takes as one batch (:func:`plain_groups`):
-    their record lines, or why the group goes to the Spark path (``texts`` None)."""
+    their record lines, or why the group goes to the Spark path (``not_plain``), or neither: a
+    transaction longer than the bound, read again file by file (``streamed``)."""
 
     files: list[LandingFile]
     texts: list[tuple[bytes, FileHeader | None]] | None
     not_plain: str | None = None
-    # A transaction longer than the bound: read again file by file (StreamedPlainBatch).
-    streamed: bool = False
+
+    @property
+    def streamed(self) -> bool:
+        return self.texts is None and self.not_plain is None
 
 
 def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) -> Iterator[TextGroup]:
@@ -172,11 +175,11 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
             texts = None
         elif texts is not None and body is not None:
             texts.append((body, header))
-        if f.complete and (reason is not None or texts is None):
-            yield TextGroup(group, None, reason, streamed=reason is None)
+        if f.complete and texts is None:
+            yield TextGroup(group, None, reason)
             group, texts, size, reason = [], [], 0, None
     if group:
-        yield TextGroup(group, texts if reason is None else None, reason, streamed=reason is None and texts is None)
+        yield TextGroup(group, texts, reason)
 
 
 def _entries(chunked: Any, what: str) -> tuple[np.ndarray, pa.Array, pa.Array, pa.Array]:

@@ -19,6 +19,7 @@ resync of the table; every other table keeps advancing.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -251,11 +252,11 @@ class HistoryLoad:
 
         max_bytes = self.settings.load.driver_max_bytes
         for segment in _by_format(batch):
-            if segment[0].format != JSONL or not max_bytes:
+            # Overlapping files need the Spark path's dedupe: not read here only to be read again.
+            if segment[0].format != JSONL or not max_bytes or not _disjoint(segment):
                 yield segment, None
                 continue
-            groups = plain_groups(self.store, segment, max_bytes)
-            read_next: Callable[[], TextGroup | None] = lambda: next(groups, None)  # noqa: B023, E731
+            read_next = functools.partial(next, plain_groups(self.store, segment, max_bytes), None)
             while (group := _landing_read_explained(read_next)) is not None:
                 yield group.files, group
 
@@ -294,8 +295,7 @@ class HistoryLoad:
 
         # Credentials reach executors as their environment, never in the pickled function.
         self.spark.sparkContext.environment.update(executor_environment(self.settings))
-        spans = sorted((f.first, f.last) for f in batch)
-        self._positions_unique = all(a[1] < b[0] for a, b in itertools.pairwise(spans))
+        self._positions_unique = _disjoint(batch)
         if row_filter is None and not dry_run:
             plain = self._driver_load(batch, result, group)
             if plain is not None:
@@ -401,8 +401,8 @@ class HistoryLoad:
         if not max_bytes:
             self._spark_reason = "load.driver_max_bytes = 0"
             return None
-        if group is not None and group.texts is None and not group.streamed:
-            self._spark_reason = group.not_plain or "not plain"
+        if group is not None and group.not_plain is not None:
+            self._spark_reason = group.not_plain
             return None
         if not self._positions_unique:
             self._spark_reason = "landing files with overlapping positions (redelivered or re-landed changes)"
@@ -413,19 +413,16 @@ class HistoryLoad:
         if len(formats) > 1:
             self._spark_reason = "landing formats mixed in one batch"
             return None
-        kind = SnapshotBatch if formats == {ARROW} else PlainBatch
         try:
-            texts = group.texts if group is not None else None
-            if group is not None:
-                group.texts = None  # the batch holds the text alone: freed once it is parsed
             plain: PlainBatch | SnapshotBatch | StreamedPlainBatch
-            if group is not None and group.streamed:
+            if formats == {ARROW}:
+                plain = _landing_read_explained(lambda: SnapshotBatch(self.store, batch, max_bytes))
+            elif group is not None and group.streamed:
                 plain = _landing_read_explained(lambda: StreamedPlainBatch(self.store, batch, max_bytes))
-            elif kind is PlainBatch:
-                plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes, texts))
             else:
-                plain = _landing_read_explained(lambda: kind(self.store, batch, max_bytes))
-            texts = None
+                # The group's text is handed over (PlainBatch empties the list as it parses it).
+                texts = group.texts if group is not None else None
+                plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes, texts))
             read = time.perf_counter()
             for table, (columns, pk) in sorted(plain.survey.tables().items()):
                 prepared.append(self._driver_prepare(plain, table, columns, pk, result))
@@ -903,6 +900,12 @@ class HistoryLoad:
 _LEDGER_SCHEMA = (
     "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
 )
+
+
+def _disjoint(files: list[LandingFile]) -> bool:
+    """Whether the files' position ranges do not overlap (no change in two of them)."""
+    spans = sorted((f.first, f.last) for f in files)
+    return all(a[1] < b[0] for a, b in itertools.pairwise(spans))
 
 
 def _by_format(batch: list[LandingFile]) -> list[list[LandingFile]]:

@@ -149,7 +149,7 @@ FIRST_STATE_PARTITION_ROWS = 1 << 20
 
 
 def first_state_rows(
-    hist: Any, hist_snapshot: int, cut: ChangePosition, pk: list[str], spill_dir: str | None = None
+    hist: Any, hist_snapshot: int, cut: ChangePosition, pk: list[str], pk_types: list[str], spill_dir: str | None = None
 ) -> tuple[int, Callable[[Any, int], Iterator[tuple[Any, Any, int]]]]:
     """A table's first current state from the changes history holds up to ``cut`` (no snapshot in
     them): for every key its newest change, when that is an insert, update or read. Returns (the
@@ -161,9 +161,11 @@ def first_state_rows(
     partition is reduced alone. The rules are the driver merge's (:mod:`loader.merge.driver`): no
     control rows, no update leaving a value out, none changing the key (else NotPlainBulk, and
     Spark's MERGE builds it); a delete is keyed by its old key; of two events at one position the
-    upsert wins over the delete."""
+    upsert wins over the delete. Keys are integers or text (``pk_types``: their Spark types)."""
     import pyarrow.compute as pc
 
+    if any(t not in _KEY_TYPES for t in pk_types):
+        raise NotPlainBulk(f"key types {pk_types}")
     scan = hist.scan(row_filter=_range_filter(None, cut), snapshot_id=hist_snapshot)
     tasks = list(scan.plan_files())
     total = sum(t.file.record_count for t in tasks)
@@ -177,7 +179,7 @@ def first_state_rows(
         import pyarrow as pa
         import pyarrow.ipc as ipc
 
-        from loader.merge.driver import _newest_per_key, _old_keys
+        from loader.merge.driver import _newest_per_key
 
         parts = n_buckets * max(1, -(-total // (FIRST_STATE_PARTITION_ROWS * n_buckets)))
         spill_schema = pa.schema([*target, pa.field("sub", pa.int8())])
@@ -193,7 +195,7 @@ def first_state_rows(
                     batch = _in_range(batch, None, cut)
                     if not batch.num_rows:
                         continue
-                    events = _first_state_events(batch, pk, key_types, spill_schema, _old_keys)
+                    events = _first_state_events(batch, pk, key_types, spill_schema)
                     part_of = key_hashes(events.column(pk[0]).combine_chunks()) % np.uint32(parts)
                     order = np.argsort(part_of, kind="stable")
                     events, part_of = events.take(pa.array(order)), part_of[order]
@@ -220,7 +222,7 @@ def first_state_rows(
     return total, source
 
 
-def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], schema: Any, old_keys: Any) -> Any:
+def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], schema: Any) -> Any:
     """A batch of history rows as key events in ``schema`` (the current table's columns and
     ``sub``: 1 an upsert with its row, 0 a delete with its old key); NotPlainBulk for what only
     Spark's MERGE handles."""
@@ -228,13 +230,13 @@ def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], sc
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from loader.merge.driver import NotPlainIncrement, plain_upserts
+    from loader.merge.driver import NotPlainIncrement, _old_keys, plain_upserts
 
     table = pa.Table.from_batches([batch])
     try:
         upsert = plain_upserts(table, pk, key_types)
         dels = table.filter(pc.equal(table.column("pg_operation"), "delete"))
-        old = old_keys(dels.column("pg_old_key").to_pylist(), pk, key_types) if dels.num_rows else {}
+        old = _old_keys(dels.column("pg_old_key").to_pylist(), pk, key_types) if dels.num_rows else {}
     except NotPlainIncrement as exc:
         raise NotPlainBulk(str(exc)) from None
     ups = table.filter(upsert)

@@ -24,8 +24,9 @@ import json
 import logging
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError, MergeConflictError
@@ -75,6 +76,10 @@ from loader.progress import each_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from loader.merge.bulk import BulkPlan
+
+T = TypeVar("T")
 
 log = logging.getLogger("loader.merge")
 
@@ -683,38 +688,18 @@ class CurrentMerge:
     ) -> TableMerge | None:
         """A resync's rows built on the driver (loader.merge.bulk), then what follows them; None
         (nothing committed) when the increment is not a plain snapshot."""
-        from loader.lake.catalog import open_catalog
-        from loader.merge.bulk import NotPlainBulk, plan_bulk, write_bulk
+        from loader.merge.bulk import NotPlainBulk, plan_bulk
 
-        lake_pk = [lake_column(k) for k in pk]
-        columns = [lake_column(c) for c in source_types]
-        try:
-            hist = open_catalog(self.settings).load_table((self.names.history_ns, table.iceberg_name))
+        def build(hist: Any) -> tuple[BulkPlan, tuple[int, ChangePosition, ChangePosition]]:
             bulk = plan_bulk(hist, hist_snapshot, since, cut, [spark_type(source_types[k]).sql for k in pk])
             if since is not None and bulk.plan.cut <= since:
                 raise NotPlainBulk("nothing after the watermark")
-            rows, end, through = write_bulk(
-                self.spark,
-                hist,
-                hist_snapshot,
-                cur,
-                bulk,
-                columns,
-                lake_pk[0],
-                {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
-                SUMMARY_MERGED_THROUGH,
-                start_snapshot,
-                before_commit=lambda: checkpoint("merge-before-bulk"),
-            )
-        except NotPlainBulk as exc:
-            log.debug("%s: not built on the driver (%s)", table.qualified, exc)
+            return bulk, self._write_bulk(hist, hist_snapshot, cur, bulk, source_types, pk, start_snapshot)
+
+        built = self._on_driver(table, "bulk build", build)
+        if built is None:
             return None
-        except OSError as exc:
-            # The warehouse did not answer pyiceberg's reads: Spark's path reads through S3A,
-            # which retries, and reports what persists.
-            log.warning("%s: the bulk build could not read the warehouse (%s); using Spark", table.qualified, exc)
-            return None
-        checkpoint("merge-after-bulk")
+        bulk, (rows, end, through) = built
         log.info(
             "%s: %d rows of the resync at %s written in bulk (driver), %d changes after it",
             cur,
@@ -759,37 +744,20 @@ class CurrentMerge:
         no snapshot among them), reduced and written on the driver in bounded memory
         (loader.merge.bulk.first_state_rows), one overwrite commit; False (nothing committed) when
         the changes are not plain."""
-        from loader.lake.catalog import open_catalog
-        from loader.merge.bulk import BulkPlan, NotPlainBulk, first_state_rows, write_bulk
+        from loader.merge.bulk import BulkPlan, first_state_rows
 
-        lake_pk = [lake_column(k) for k in pk]
-        if any(spark_type(source_types[k]).sql not in ("SMALLINT", "INT", "BIGINT", "STRING") for k in pk):
-            return False
         plan = MergePlan(cut=cut, boundary=None, parked=None, resynced=False)
-        try:
-            hist = open_catalog(self.settings).load_table((self.names.history_ns, table.iceberg_name))
-            total, source = first_state_rows(hist, hist_snapshot, cut, lake_pk)
-            rows, _, through = write_bulk(
-                self.spark,
-                hist,
-                hist_snapshot,
-                cur,
-                BulkPlan(plan, cut, total, 0, 0),
-                [lake_column(c) for c in source_types],
-                lake_pk[0],
-                {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
-                SUMMARY_MERGED_THROUGH,
-                None,
-                before_commit=lambda: checkpoint("merge-before-bulk"),
-                rows_source=source,
-            )
-        except NotPlainBulk as exc:
-            log.debug("%s: first state not built on the driver (%s)", table.qualified, exc)
+
+        def build(hist: Any) -> tuple[int, tuple[int, ChangePosition, ChangePosition]]:
+            pk_types = [spark_type(source_types[k]).sql for k in pk]
+            total, source = first_state_rows(hist, hist_snapshot, cut, [lake_column(k) for k in pk], pk_types)
+            bulk = BulkPlan(plan, cut, total, 0, 0)
+            return total, self._write_bulk(hist, hist_snapshot, cur, bulk, source_types, pk, None, source)
+
+        built = self._on_driver(table, "first state", build)
+        if built is None:
             return False
-        except OSError as exc:
-            log.warning("%s: the first state could not read the warehouse (%s); using Spark", table.qualified, exc)
-            return False
-        checkpoint("merge-after-bulk")
+        total, (rows, _, through) = built
         log.info("%s: first state of %d rows from %d changes written in bulk (driver)", cur, rows, total)
         out.method = "bulk"
         out.bulk_engine = "driver"
@@ -798,6 +766,53 @@ class CurrentMerge:
         self._after_commit(cur, plan, through.token(), None, "rebuild", out)
         out.merged_through = through.token()
         return True
+
+    def _on_driver(self, table: SourceTable, what: str, build: Callable[[Any], T]) -> T | None:
+        """``build(history table)`` (a bulk write on the driver, loader.merge.bulk), or None
+        (nothing committed) when it is not plain, or when pyiceberg could not read the warehouse:
+        Spark's path reads through S3A, which retries, and reports what persists."""
+        from loader.lake.catalog import open_catalog
+        from loader.merge.bulk import NotPlainBulk
+
+        try:
+            built = build(open_catalog(self.settings).load_table((self.names.history_ns, table.iceberg_name)))
+        except NotPlainBulk as exc:
+            log.debug("%s: %s not built on the driver (%s)", table.qualified, what, exc)
+            return None
+        except OSError as exc:
+            log.warning("%s: the %s could not read the warehouse (%s); using Spark", table.qualified, what, exc)
+            return None
+        checkpoint("merge-after-bulk")
+        return built
+
+    def _write_bulk(
+        self,
+        hist: Any,
+        hist_snapshot: int,
+        cur: str,
+        bulk: BulkPlan,
+        source_types: dict[str, str],
+        pk: list[str],
+        start_snapshot: int | None,
+        rows_source: Any = None,
+    ) -> tuple[int, ChangePosition, ChangePosition]:
+        """loader.merge.bulk.write_bulk of the current table ``cur`` with the merge's watermark."""
+        from loader.merge.bulk import write_bulk
+
+        return write_bulk(
+            self.spark,
+            hist,
+            hist_snapshot,
+            cur,
+            bulk,
+            [lake_column(c) for c in source_types],
+            lake_column(pk[0]),
+            {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
+            SUMMARY_MERGED_THROUGH,
+            start_snapshot,
+            before_commit=lambda: checkpoint("merge-before-bulk"),
+            rows_source=rows_source,
+        )
 
     def _driver_merge(
         self,
