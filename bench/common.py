@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 
@@ -234,3 +236,63 @@ def save_results() -> Path:
     path = OUT / "results.json"
     path.write_text(json.dumps({"figures": [asdict(f) for f in FIGURES], "series": SERIES}, indent=2))
     return path
+
+
+def stop_follower(follower: subprocess.Popen[bytes], log: IO[str]) -> None:
+    """Stop a ``loader run --follow`` process as a service manager would (SIGTERM, SIGKILL after
+    300 s) and close its log."""
+    follower.send_signal(signal.SIGTERM)
+    try:
+        follower.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+    log.close()
+
+
+class Probes:
+    """Rows inserted into ``public.probe`` (P4, P10) and how long after its commit each became
+    visible in the probe's current table, read through pyiceberg as a BI tool would."""
+
+    def __init__(self, settings: LoaderSettings) -> None:
+        from loader.lake.catalog import open_catalog
+        from loader.lake.tables import SourceTable
+
+        self.catalog = open_catalog(settings)
+        self.ident = (settings.catalog.current_namespace, SourceTable("public", "probe").iceberg_name)
+        self.committed: dict[int, float] = {}
+        self.latency: dict[int, float] = {}
+        self._last_scan: dict[str, Any] = {}
+
+    def seen(self, low: int) -> set[int]:
+        """The probe ids from ``low`` on that the current table holds (none before it exists)."""
+        try:
+            t = self.catalog.load_table(self.ident)
+        except Exception:  # not created yet
+            return set()
+        # A row becomes visible only with a new snapshot: scan only when there is one (the
+        # prober's own CPU would otherwise compete with the follower on 2 cores).
+        snap = t.current_snapshot()
+        key = (snap.snapshot_id if snap else None, low)
+        if self._last_scan.get("key") != key:
+            got = t.scan(row_filter=f"id >= {low}", selected_fields=("id",)).to_arrow()
+            self._last_scan.update(key=key, ids=set(got["id"].to_pylist()))
+        return self._last_scan["ids"]  # type: ignore[no-any-return]
+
+    def insert(self, conn: psycopg.Connection, probe: int) -> None:
+        conn.execute("INSERT INTO probe (id) VALUES (%s)", (probe,))
+        self.committed[probe] = time.monotonic()
+
+    def waiting(self) -> list[int]:
+        """The probes committed and not yet seen visible."""
+        return sorted(self.committed.keys() - self.latency.keys())
+
+    def check(self) -> list[int]:
+        """Record when each waiting probe is visible; the probes that were waiting before."""
+        waiting = self.waiting()
+        if waiting:
+            seen = self.seen(waiting[0])
+            at = time.monotonic()
+            for p in waiting:
+                if p in seen:
+                    self.latency[p] = at - self.committed[p]
+        return waiting

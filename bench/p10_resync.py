@@ -18,7 +18,6 @@ resync, against its median before it (ratio: that median over the worst, 1 when 
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,13 +26,22 @@ import time
 
 import psycopg
 
-from bench.common import Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
+from bench.common import (
+    Figure,
+    Probes,
+    env_int,
+    lake_settings,
+    loader_env,
+    record,
+    scratch_database,
+    scratch_dir,
+    stop_follower,
+)
 from bench.p4_freshness import _pgbench
 from bench.p8_snapshot import _descendants, _stage
 
 
 def run() -> None:
-    from loader.lake.catalog import open_catalog
     from loader.lake.tables import SourceTable
 
     scale = env_int("BENCH_RESYNC_SCALE", 100)
@@ -62,19 +70,9 @@ def run() -> None:
         )
         for name, args in (("capture --snapshot", ["capture", "--snapshot"]), ("load", ["load"]), ("merge", ["merge"])):
             _stage(name, args, env, 1.0)
-        catalog = open_catalog(settings)
-        probe_id = (settings.catalog.current_namespace, SourceTable("public", "probe").iceberg_name)
+        probes = Probes(settings)
+        catalog = probes.catalog
         accounts_id = (settings.catalog.current_namespace, SourceTable("public", "pgbench_accounts").iceberg_name)
-        last_scan: dict[str, object] = {}
-
-        def seen_ids(low: int) -> set[int]:
-            t = catalog.load_table(probe_id)
-            snap = t.current_snapshot()
-            key = (snap.snapshot_id if snap else None, low)
-            if last_scan.get("key") != key:
-                got = t.scan(row_filter=f"id >= {low}", selected_fields=("id",)).to_arrow()
-                last_scan.update(key=key, ids=set(got["id"].to_pylist()))
-            return last_scan["ids"]  # type: ignore[return-value]
 
         def accounts_snapshot() -> int | None:  # the current table's snapshot before the resync
             snap = catalog.load_table(accounts_id).current_snapshot()
@@ -94,8 +92,6 @@ def run() -> None:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        committed: dict[int, float] = {}
-        latency: dict[int, float] = {}
         resync: dict[str, float] = {}
         try:
             with psycopg.connect(src, autocommit=True) as conn:
@@ -110,7 +106,7 @@ def run() -> None:
 
                 while True:
                     now = time.monotonic()
-                    if bench is None and 0 in seen_ids(0):
+                    if bench is None and 0 in probes.seen(0):
                         bench = subprocess.Popen(
                             [_pgbench(), "-n", "-c", "2", "-j", "2", "-R", str(rate), "-T", "3600", src],
                             stdout=subprocess.DEVNULL,
@@ -122,8 +118,7 @@ def run() -> None:
                     probing = "merged" not in resync or now - resync["merged"] <= after_s
                     if bench is not None and probing and now >= next_probe:
                         probe += 1
-                        conn.execute("INSERT INTO probe (id) VALUES (%s)", (probe,))
-                        committed[probe] = time.monotonic()
+                        probes.insert(conn, probe)
                         next_probe = max(next_probe + 1.0, now)
                     if bench is not None and resync_proc is None and now - t0 >= baseline_s:
                         accounts_before = accounts_snapshot()
@@ -134,14 +129,7 @@ def run() -> None:
                         resync["end"] = time.monotonic()
                     if "end" in resync and "merged" not in resync and _rebuilt(catalog, accounts_id, accounts_before):
                         resync["merged"] = time.monotonic()
-                    waiting = sorted(committed.keys() - latency.keys())
-                    if waiting:
-                        seen = seen_ids(waiting[0])
-                        at = time.monotonic()
-                        for p in waiting:
-                            if p in seen:
-                                latency[p] = at - committed[p]
-                    if not probing and not waiting:
+                    if not probes.check() and not probing:
                         break
                     if bench is not None and time.monotonic() - t0 > 3000:
                         raise RuntimeError(f"the resync did not finish in 3000 s: see {root / 'follow.log'}")
@@ -151,13 +139,9 @@ def run() -> None:
                     bench.wait(timeout=60)
         finally:
             sampling.set()
-            follower.send_signal(signal.SIGTERM)
-            try:
-                follower.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                follower.kill()
-            log.close()
+            stop_follower(follower, log)
         stage = stage_box[0]
+        latency, committed = probes.latency, probes.committed
         before = [latency[p] for p in latency if committed[p] < resync["start"]]
         during = [latency[p] for p in latency if resync["start"] <= committed[p] <= resync["merged"]]
         after = [latency[p] for p in latency if committed[p] > resync["merged"]]
@@ -210,8 +194,6 @@ def _rebuilt(catalog: object, ident: tuple[str, str], since: int | None) -> bool
         if not after or summary is None or summary.operation.value != "overwrite":
             continue
         props = summary.additional_properties
-        if os.environ.get("BENCH_DEBUG"):
-            print("   ", snap.snapshot_id, summary.operation.value, props, flush=True)
         if props.get("total-data-files") == props.get("added-data-files"):
             return True
     return False

@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,17 @@ import time
 
 import psycopg
 
-from bench.common import Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
+from bench.common import (
+    Figure,
+    Probes,
+    env_int,
+    lake_settings,
+    loader_env,
+    record,
+    scratch_database,
+    scratch_dir,
+    stop_follower,
+)
 
 
 def _pgbench() -> str:
@@ -41,8 +50,6 @@ def _env(settings: object, interval: float) -> dict[str, str]:
 
 
 def run() -> None:
-    from loader.lake.catalog import open_catalog
-    from loader.lake.tables import SourceTable
 
     rate = env_int("BENCH_PGBENCH_RATE", 100)
     seconds = env_int("BENCH_FRESHNESS_SECONDS", 90)
@@ -61,31 +68,13 @@ def run() -> None:
         subprocess.run([*cli, "capture", "--snapshot"], env=env, check=True, capture_output=True)
         log = open(root / "follow.log", "w")  # noqa: SIM115 - closed below
         follower = subprocess.Popen([*cli, "run", "--follow"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        catalog = open_catalog(settings)
-        ident = (settings.catalog.current_namespace, SourceTable("public", "probe").iceberg_name)
-
-        last_scan: dict[str, object] = {}
-
-        def seen_ids(low: int) -> set[int]:
-            try:
-                t = catalog.load_table(ident)
-            except Exception:  # not created yet
-                return set()
-            # A row becomes visible only with a new snapshot: scan only when there is one (the
-            # prober's own CPU would otherwise compete with the follower on 2 cores).
-            snap = t.current_snapshot()
-            key = (snap.snapshot_id if snap else None, low)
-            if last_scan.get("key") == key:
-                return last_scan["ids"]  # type: ignore[return-value]
-            got = t.scan(row_filter=f"id >= {low}", selected_fields=("id",)).to_arrow()
-            last_scan.update(key=key, ids=set(got["id"].to_pylist()))
-            return last_scan["ids"]  # type: ignore[return-value]
+        probes = Probes(settings)
 
         try:
             with psycopg.connect(src, autocommit=True) as conn:
                 conn.execute("INSERT INTO probe (id) VALUES (0)")
                 deadline = time.monotonic() + 600
-                while 0 not in seen_ids(0):
+                while 0 not in probes.seen(0):
                     if follower.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"follow mode did not start: see {root / 'follow.log'}")
                     time.sleep(0.5)
@@ -95,37 +84,23 @@ def run() -> None:
                     stderr=subprocess.STDOUT,
                     text=True,
                 )
-                committed: dict[int, float] = {}
-                latency: dict[int, float] = {}
                 probe, next_probe = 0, time.monotonic()
                 started = time.monotonic()
-                while time.monotonic() - started < seconds or (committed.keys() - latency.keys()):
+                while time.monotonic() - started < seconds or probes.waiting():
                     now = time.monotonic()
                     if now >= next_probe and now - started < seconds:
                         probe += 1
-                        conn.execute("INSERT INTO probe (id) VALUES (%s)", (probe,))
-                        committed[probe] = time.monotonic()
+                        probes.insert(conn, probe)
                         next_probe += 1.0
-                    waiting = sorted(committed.keys() - latency.keys())
-                    if waiting:
-                        seen = seen_ids(waiting[0])
-                        at = time.monotonic()
-                        for p in waiting:
-                            if p in seen:
-                                latency[p] = at - committed[p]
+                    probes.check()
                     if time.monotonic() - started > seconds + 300:
                         raise RuntimeError("probes not visible 300 s after the load ended")
                     time.sleep(0.2)
                 out, _ = bench.communicate(timeout=120)
         finally:
-            follower.send_signal(signal.SIGTERM)
-            try:
-                follower.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                follower.kill()
-            log.close()
+            stop_follower(follower, log)
         tps = next((line for line in out.splitlines() if line.startswith("tps")), "tps ?")
-        values = sorted(latency.values())
+        values = sorted(probes.latency.values())
         p95 = statistics.quantiles(values, n=20, method="inclusive")[-1] if len(values) > 1 else values[0]
         p50 = statistics.median(values)
         print(f"  pgbench -R {rate}: {tps.strip()}; {len(values)} probes; latency median {p50:.1f}s p95 {p95:.1f}s")

@@ -14,7 +14,6 @@ running-transactions record (the background writer logs one every 15 s while WAL
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,17 @@ import time
 
 import psycopg
 
-from bench.common import PG, Figure, env_int, lake_settings, loader_env, record, scratch_database, scratch_dir
+from bench.common import (
+    PG,
+    Figure,
+    env_int,
+    lake_settings,
+    loader_env,
+    record,
+    scratch_database,
+    scratch_dir,
+    stop_follower,
+)
 
 MB = 1024 * 1024
 ROWS_PER_MB = 1000  # ~1 kB of WAL per row of the filler below
@@ -126,12 +135,7 @@ def follow_mode() -> None:
             wal_written = _wal_lsn() - wal_start
         finally:
             stop.set()
-            follower.send_signal(signal.SIGTERM)
-            try:
-                follower.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                follower.kill()
-            log.close()
+            stop_follower(follower, log)
         held_values = [h for _, h, _ in samples]
         peak = max(held_values) / MB
         med = statistics.median(held_values) / MB
