@@ -214,8 +214,10 @@ def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool, as_json: bo
 def load(ctx: Context, as_json: bool) -> None:
     """Append pending landing files to the Iceberg history tables (exactly once)."""
     from loader.load.history import HistoryLoad
+    from loader.spark import LazySpark
 
-    res = HistoryLoad(ctx.spark(), ctx.settings).run()
+    # Spark starts only if the batch needs it: a load the driver does whole needs no JVM.
+    res = HistoryLoad(LazySpark(ctx.settings), ctx.settings).run()  # type: ignore[arg-type]
     emit(res, as_json)
     sys.exit(_load_exit(ctx, res))
 

@@ -9,6 +9,7 @@ settings with ``loader spark-conf`` (it prints the ``--jars``/``--conf`` for spa
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ from urllib.parse import unquote, urlparse
 
 from loader.config import LoaderSettings, redact, secret_text
 from loader.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -197,6 +200,34 @@ def get_spark(settings: LoaderSettings, app_name: str = "lakehouse-loader") -> S
     spark.sparkContext.setLogLevel("ERROR")
     _import_hot_classes(spark)
     return spark
+
+
+class LazySpark:
+    """A Spark session started on first use: a command whose work needs no JVM (a load the driver
+    does whole, with pyiceberg's commits) never starts one. Any attribute of the session starts it
+    and is passed through, so code written for a SparkSession takes this as one."""
+
+    def __init__(self, settings: LoaderSettings, app_name: str = "lakehouse-loader") -> None:
+        self._settings = settings
+        self._app_name = app_name
+        self._session: SparkSession | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._session is None:
+            log.info("starting Spark (%s)", self._app_name)
+            self._session = get_spark(self._settings, self._app_name)
+        return getattr(self._session, name)
+
+
+def spark_started(spark: Any) -> bool:
+    """Whether ``spark`` is a running session (a LazySpark not used yet is not)."""
+    return not isinstance(spark, LazySpark) or spark.started
 
 
 def _launch_with_properties_file(builder: Any, conf: dict[str, str]) -> SparkSession:

@@ -25,6 +25,8 @@ from loader.spark import java_map, jvm_class
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from loader.config import LoaderSettings
+
 REJECTS_DDL = (
     "landing_file STRING, line INT, source_table STRING, pg_lsn BIGINT, pg_seq BIGINT,"
     " reason STRING, raw STRING, rejected_at TIMESTAMP"
@@ -34,16 +36,23 @@ LEDGER_DDL = (
 )
 
 
-def ensure_loader_tables(spark: SparkSession, names: TableNames) -> None:
-    """The namespaces and the loader's own tables (ledger, rejects)."""
+def ensure_loader_tables(spark: SparkSession, settings: LoaderSettings) -> None:
+    """The namespaces and the loader's own tables (ledger, rejects).
+
+    Looked up in the catalog with pyiceberg (a few queries of the catalog database, no JVM): every
+    load, merge and follow cycle asks, and Spark's catalog lookups cost up to a second on a busy
+    driver."""
+    from loader.lake.catalog import open_catalog
+
+    names = TableNames(settings)
+    catalog = open_catalog(settings)
     try:
-        present = all(spark.catalog.databaseExists(ns) for ns in names.namespaces()) and all(
-            table_exists(spark, t) for t in (names.ledger, names.rejects)
-        )
-    except Exception:  # an older catalog API: the DDL below decides
+        present = all(catalog.namespace_exists(ns) for ns in (names.history_ns, names.current_ns, names.loader_ns))
+        present = present and all(catalog.table_exists((names.loader_ns, t)) for t in ("landing_files", "rejects"))
+    except Exception:  # the catalog database did not answer: the DDL below decides (and reports)
         present = False
     if present:
-        return  # catalog lookups instead of five DDL statements through Spark's analyzer
+        return
     for ns in names.namespaces():
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {names.ledger} ({LEDGER_DDL}) USING iceberg")

@@ -23,12 +23,12 @@ them to each other on random batches).
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loader.errors import LandingUnavailableError, WarehouseUnavailableError
+from loader.errors import LandingUnavailableError
+from loader.faults import checkpoint
 from loader.lake.tables import SourceTable
 from loader.lake.types import never_toasted, spark_type
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
@@ -42,7 +42,6 @@ from loader.names import lake_column
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
-    from pyspark.sql import SparkSession
 
 
 class NotPlain(Exception):
@@ -617,123 +616,38 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array
         raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
 
 
-def _write_file(file_io: Any, path: str, data: bytes) -> None:
-    """One data file through the table's FileIO, retried like every other I/O of the loader; an
-    outage that outlasts the retries is the transient WarehouseUnavailableError, never bad data."""
-    from loader.retry import call_with_retry
-
-    def write() -> None:
-        with file_io.new_output(path).create(overwrite=True) as out:
-            out.write(data)
-
-    try:
-        call_with_retry(write, f"writing {path}")
-    except LandingUnavailableError as exc:  # the retry helper's "still failing" error
-        raise WarehouseUnavailableError(
-            f"the warehouse did not answer while writing {path}: {exc}",
-            hint="nothing was marked loaded; re-run 'loader load' once the warehouse answers",
-        ) from exc
-
-
-def _storage_outage(exc: BaseException) -> bool:
-    """A JVM commit that failed on storage or the network rather than on a conflict or a bug."""
-    text = str(exc)
-    return any(
-        marker in text
-        for marker in (
-            "java.net.",
-            "SocketTimeoutException",
-            "ConnectException",
-            "SdkClientException",
-            "AWSClientIOException",
-            "java.io.InterruptedIOException",
-            "UnknownHostException",
-        )
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-
-
-# A history data file is cut once this many bytes of Arrow rows went into it (its Parquet is
-# smaller: zstd), and a row group once this many are buffered: a snapshot of any size is written
-# with a bounded amount of memory (one file's Parquet bytes and one row group's rows).
-APPEND_FILE_ARROW_BYTES = 512 << 20
-APPEND_ROW_GROUP_BYTES = 64 << 20
+# A driver append writes its rows once this many bytes of Arrow rows are held: a streamed batch's
+# parts (one landing file's rows each) gathered into data files of a useful size, in bounded memory.
+APPEND_FILE_ARROW_BYTES = 128 << 20
 
 
 def append_rows(
-    spark: SparkSession, file_io: Any, ident: str, parts: pa.Table | Iterable[pa.Table], summary: dict[str, str]
+    catalog: Any,
+    ident: tuple[str, str],
+    parts: pa.Table | Iterable[pa.Table],
+    summary: dict[str, str],
+    properties: dict[str, str],
+    remove: list[str],
+    spark: Any,
+    spark_ident: str,
 ) -> int:
-    """Write ``parts`` (history rows, in position order) as zstd Parquet files, one per day
-    partition and more when a day's rows exceed ``APPEND_FILE_ARROW_BYTES``, through ``file_io``
-    (pyiceberg's, for the table's location), and commit them in one Iceberg append with
-    ``summary`` in the snapshot summary. Returns the rows appended. Files of a failed commit are
-    removed unless the commit's outcome is unknown (orphan cleanup takes those)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    """The driver load's one commit to a history table: ``parts`` (its rows, in position order),
+    ``summary`` in the snapshot summary and the table's bookkeeping ``properties`` set (``remove``
+    removed) in the same commit, through pyiceberg (loader.lake.commits: no JVM). Returns the
+    rows appended."""
+    from loader.lake.commits import append_arrow
 
-    from loader.lake.files import RollingParquet, parquet_data_file
-    from loader.lake.iceberg import iceberg_table
-    from loader.spark import jvm_class
-
-    table = iceberg_table(spark, ident)
-    spec = table.spec()
-    fields = spec.fields()
-    if table.specs().size() != 1 or fields.size() != 1 or str(fields.get(0).transform()) != "day":
-        raise AssertionError(f"{ident}: a driver append needs the history table's day partitioning")
-    part_name = str(fields.get(0).name())
-    data_files = jvm_class(spark, "org.apache.iceberg.DataFiles")
-    fio, locations = table.io(), table.locationProvider()
-    stem = uuid.uuid4().hex
-    written: list[str] = []
-    append = table.newAppend()
-    total = 0
-
-    def finish(day: Any, data: bytes) -> None:
-        nonlocal append
-        partition = data_files.data(spec, f"{part_name}={day.isoformat()}")
-        path = str(locations.newDataLocation(spec, partition, f"{stem}-{len(written):05d}.parquet"))
-        written.append(path)
-        _write_file(file_io, path, data)
-        append = append.appendFile(
-            parquet_data_file(spark, table, partition, path, len(data), fio.newInputFile(path), sorted_=True)
-        )
-
-    try:
-        files: RollingParquet | None = None
-        for rows in [parts] if isinstance(parts, pa.Table) else parts:
-            if files is None:
-                files = RollingParquet(rows.schema, finish, APPEND_FILE_ARROW_BYTES, APPEND_ROW_GROUP_BYTES)
-            total += rows.num_rows
-            days = rows["pg_txn_timestamp"].cast(pa.date32())
-            unique = pc.unique(days).to_pylist()
-            for day in unique:
-                files.add(day, rows if len(unique) == 1 else rows.filter(pc.equal(days, pa.scalar(day, pa.date32()))))
-        if files is not None:
-            files.close()
-        for k, v in summary.items():
-            append = append.set(k, v)
-        try:
-            append.commit()
-        except Exception as exc:
-            if "CommitStateUnknownException" in str(exc):
-                written.clear()  # it may have landed: the files must stay
-            if _storage_outage(exc):
-                raise WarehouseUnavailableError(
-                    f"{ident}: the warehouse did not answer while committing an append ({_first_line(exc)})",
-                    hint="nothing was marked loaded; re-run 'loader load' once the warehouse answers",
-                ) from exc
-            raise
-        written.clear()
-        return total
-    finally:
-        for path in written:
-            try:
-                fio.deleteFile(path)
-            except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
-                pass
+    return append_arrow(
+        catalog,
+        ident,
+        parts,
+        summary,
+        properties,
+        spark=spark,
+        spark_ident=spark_ident,
+        remove=remove,
+        buffer_bytes=APPEND_FILE_ARROW_BYTES,
+    )
 
 
 class StreamedPlainBatch:
@@ -772,6 +686,7 @@ class StreamedPlainBatch:
             if table not in part.survey.tables() or part.span(table) != spans[table]:
                 raise NotPlain(f"{f.name}: read differently the second time")
             yield part.history_rows(table, columns, target)
+            checkpoint("load-streamed-file")  # a file's rows written, the table's commit still ahead
 
 
 class SnapshotBatch:

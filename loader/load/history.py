@@ -168,8 +168,12 @@ class HistoryLoad:
         self._spark_reason = "not plain"  # why the last batch went to the Spark path
 
     def loaded_files(self) -> set[str]:
-        """Every landing file the ledger says is loaded (one scan of the ledger)."""
-        return {r[0] for r in self.spark.table(self.names.ledger).select("file").collect()}
+        """Every landing file the ledger says is loaded (one scan of the ledger's file names with
+        pyiceberg: no Spark job, and the table as committed now, not as Spark's catalog cached it)."""
+        from loader.lake.catalog import open_catalog
+
+        ledger = open_catalog(self.settings).load_table((self.names.loader_ns, "landing_files"))
+        return set(ledger.scan(selected_fields=("file",)).to_arrow().column("file").to_pylist())
 
     def pending_files(
         self, known_loaded: set[str] | None = None, max_files: int | None = None
@@ -219,11 +223,15 @@ class HistoryLoad:
         return pending[: last + 1], len(pending) - (last + 1)
 
     def run(self, known_loaded: set[str] | None = None, max_files: int | None = None) -> LoadResult:
+        from loader.lake.commits import warehouse_answers
         from loader.locks import stage_lock
 
-        with stage_lock(self.settings, "load"):
+        with (
+            stage_lock(self.settings, "load"),
+            warehouse_answers("loading", "nothing more was marked loaded; re-run 'loader load' once it answers"),
+        ):
             checkpoint("load-locked")
-            ensure_loader_tables(self.spark, self.names)
+            ensure_loader_tables(self.spark, self.settings)
             batch, waiting = self.pending_files(known_loaded, max_files)
             result = LoadResult(waiting_files=waiting, gap=self.gap)
             if not batch:
@@ -271,7 +279,7 @@ class HistoryLoad:
         from loader.locks import stage_lock
 
         with stage_lock(self.settings, "load"):
-            ensure_loader_tables(self.spark, self.names)
+            ensure_loader_tables(self.spark, self.settings)
             result = LoadResult()
             if files:
                 self._load_batch(files, result, row_filter=row_filter, ledger=False, dry_run=dry_run)
@@ -293,8 +301,6 @@ class HistoryLoad:
         from loader.config import executor_settings_json
         from loader.spark import executor_environment
 
-        # Credentials reach executors as their environment, never in the pickled function.
-        self.spark.sparkContext.environment.update(executor_environment(self.settings))
         self._positions_unique = _disjoint(batch)
         if row_filter is None and not dry_run:
             plain = self._driver_load(batch, result, group)
@@ -306,6 +312,8 @@ class HistoryLoad:
                 return
         else:
             self._spark_reason = "a replay or a dry run"
+        # Credentials reach executors as their environment, never in the pickled function.
+        self.spark.sparkContext.environment.update(executor_environment(self.settings))
         result.engines.append(f"spark ({len(batch)} files): {self._spark_reason}")
         log.info("load: %d files through Spark: %s", len(batch), self._spark_reason)
         files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
@@ -370,22 +378,39 @@ class HistoryLoad:
             decoded.unpersist()
 
     def _write_ledger(self, batch: list[LandingFile], ledger_rows: list[tuple[Any, ...]], result: LoadResult) -> None:
-        """Mark the batch loaded: the ledger's rows, with the loaded-through watermark."""
-        loaded_through = self._loaded_through(batch)
-        checkpoint("load-before-ledger")
-        (
-            self.spark.createDataFrame(ledger_rows, _LEDGER_SCHEMA)
-            .writeTo(self.names.ledger)
-            .option(f"snapshot-property.{SUMMARY_LOADED_THROUGH}", loaded_through)
-            .append()
-        )
-        checkpoint("load-after-ledger")
-        # The watermark again, as a property: snapshot expiry or compaction can take the
-        # summary away, never this (see loader.lake.iceberg).
+        """Mark the batch loaded: the ledger's rows, with the loaded-through watermark in the
+        commit's snapshot summary and (the same commit) in the table's properties, where snapshot
+        expiry or compaction cannot take it away (see loader.lake.iceberg). pyiceberg's commit:
+        no Spark job."""
+        import pyarrow as pa
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        from loader.lake.catalog import open_catalog
+        from loader.lake.commits import append_arrow
+
+        ident = (self.names.loader_ns, "landing_files")
+        catalog = open_catalog(self.settings)
+        ledger = catalog.load_table(ident)
+        loaded_through = self._loaded_through(batch, ledger)
+        target = schema_to_pyarrow(ledger.schema(), include_field_ids=True)
+        columns = dict(zip(_LEDGER_COLUMNS, zip(*ledger_rows, strict=True), strict=True))
+        rows = pa.Table.from_arrays([pa.array(list(columns[f.name])).cast(f.type) for f in target], schema=target)
         props = {SUMMARY_LOADED_THROUGH: loaded_through}
         if self._newest_ts is not None:
             props[PROP_LOADED_THROUGH_TS] = self._newest_ts
-        update_properties(self.spark, self.names.ledger, props)
+        checkpoint("load-before-ledger")
+        append_arrow(
+            catalog,
+            ident,
+            rows,
+            {SUMMARY_LOADED_THROUGH: loaded_through},
+            props,
+            spark=self.spark,
+            spark_ident=self.names.ledger,
+            hint="history holds the batch, the ledger not yet: re-run 'loader load' once the warehouse answers"
+            " (changes history holds are not appended again)",
+        )
+        checkpoint("load-after-ledger")
         result.loaded_through = loaded_through
 
     def _driver_load(
@@ -434,18 +459,29 @@ class HistoryLoad:
         last_file = batch[-1]
 
         def append_one(item: tuple[SourceTable, str, Any, ChangePosition, ChangePosition]) -> LoadResult:
+            from loader.lake.catalog import watermark as table_watermark
             from loader.load.driver import append_rows
 
             table, ident, rows, first, last = item
             part = LoadResult()
+            py_ident = (self.names.history_ns, table.iceberg_name)
+            props = catalog.load_table(py_ident).properties
             # What the Spark path's _note_parks does with resync rows alone: the table is not parked.
             resynced = isinstance(plain, SnapshotBatch) and plain.resyncs(table)
-            if resynced and PROP_PARKED in table_properties(self.spark, ident):
-                update_properties(self.spark, ident, remove=[PROP_PARKED])
-            self._before_append(table, ident, first, last)
-            file_io = catalog.load_table((self.names.history_ns, table.iceberg_name)).io
+            remove = [PROP_PARKED] if resynced and PROP_PARKED in props else []
+            cur = (self.names.current_ns, table.iceberg_name)
+
+            def merged_through() -> str | None:
+                if not catalog.table_exists(cur):
+                    return None
+                return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
+
+            # The merge's bookkeeping in the append's own commit (see _before_append).
+            update = _append_bookkeeping(props, first, last, merged_through)
             summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
-            part.rows_per_table[table.qualified] = append_rows(self.spark, file_io, ident, rows, summary)
+            part.rows_per_table[table.qualified] = append_rows(
+                catalog, py_ident, rows, summary, update, remove, self.spark, ident
+            )
             checkpoint("load-after-table")
             return part
 
@@ -471,32 +507,55 @@ class HistoryLoad:
         self, plain: Any, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], result: LoadResult
     ) -> tuple[SourceTable, str, Any, ChangePosition, ChangePosition]:
         """One table of a plain batch: its history table created or evolved, its rows typed.
-        NotPlain (nothing appended yet) for what only the Spark path does."""
+        NotPlain (nothing appended yet) for what only the Spark path does.
+
+        The table is read with pyiceberg: a table that exists and needs no DDL costs no JVM (a
+        table to create or evolve goes through Spark's DDL, which starts one)."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        from loader.lake.catalog import open_catalog
         from loader.load.driver import NotPlain
 
         ident = self.names.history(table)
         erased = self._erased_keys()
         if erased and erased[1].get(table.qualified):
             raise NotPlain(f"{table.qualified}: erased subjects")
-        if table_exists(self.spark, ident):
-            existing = json.loads(table_properties(self.spark, ident).get(PROP_PG_TYPES, "{}"))
-            if plan_evolution(table.qualified, existing, columns).retire:
+        catalog = open_catalog(self.settings)
+        py_ident = (self.names.history_ns, table.iceberg_name)
+        hist = catalog.load_table(py_ident) if catalog.table_exists(py_ident) else None
+        hist_columns: list[HistoryColumn] | None = None
+        if hist is not None:
+            props = hist.properties
+            existing: dict[str, str] = json.loads(props.get(PROP_PG_TYPES, "{}"))
+            plan = plan_evolution(table.qualified, existing, columns)
+            if plan.retire:
                 raise NotPlain(f"{table.qualified}: a column retyped incompatibly")
-        hist_columns, _ = self._ensure_history_table(table, columns, pk, None, result)  # type: ignore[arg-type]
-        if self._dropped_columns(ident, table, plain.survey, hist_columns):
+            present = {f.name for f in hist.schema().fields}
+            # What _ensure_history_table returns without a DDL statement, decided the same way.
+            if (
+                plan.empty
+                and all(name in present for name, _ in HISTORY_METADATA)
+                and (not pk or json.loads(props.get(PROP_PRIMARY_KEY, "[]")) == pk)
+            ):
+                hist_columns = [HistoryColumn(n, t) for n, t in existing.items()]
+        if hist is None or hist_columns is None:
+            hist_columns, _ = self._ensure_history_table(table, columns, pk, None, result)  # type: ignore[arg-type]
+            hist = catalog.load_table(py_ident)
+        if self._dropped_columns(ident, table, plain.survey, hist_columns, hist.properties):
             raise NotPlain(f"{table.qualified}: columns dropped at the source")
         first, last = plain.span(table)
-        if not self._all_new(ident, first):
+        if not _all_new(hist.properties, lambda: hist.current_snapshot() is None, first):
             raise NotPlain(f"{table.qualified}: history may hold some of these changes")
-        from loader.lake.files import iceberg_arrow_schema
-
-        target = iceberg_arrow_schema(self.spark, iceberg_table(self.spark, ident))
+        target = schema_to_pyarrow(hist.schema(), include_field_ids=True)
         return table, ident, plain.history_parts(table, hist_columns, target), first, last
 
-    def _loaded_through(self, batch: list[LandingFile]) -> str:
-        """The watermark never moves back: a late file below it leaves it where it was."""
+    def _loaded_through(self, batch: list[LandingFile], ledger: Any) -> str:
+        """The watermark never moves back: a late file below it leaves it where it was.
+        ``ledger``: the ledger table (pyiceberg's)."""
+        from loader.lake.catalog import watermark as table_watermark
+
         newest = max(f.last for f in batch).token()
-        return newest_position(watermark(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH), newest) or newest
+        return newest_position(table_watermark(ledger, SUMMARY_LOADED_THROUGH), newest) or newest
 
     def _known_tables(self) -> list[SourceTable]:
         rows = self.spark.sql(
@@ -682,7 +741,13 @@ class HistoryLoad:
                 return
             target_cols = self.spark.table(ident).columns
             first, last = ChangePosition(*bounds[1]), ChangePosition(*bounds[2])
-            if self._positions_unique and not bounds[3] and self._all_new(ident, first):
+            if (
+                self._positions_unique
+                and not bounds[3]
+                and _all_new(
+                    table_properties(self.spark, ident), lambda: current_snapshot_id(self.spark, ident) is None, first
+                )
+            ):
                 # The common case, shown without a Spark job: every change lies after everything
                 # history holds, and no position can repeat (no park or resync rows, whose derived
                 # positions could; each file's positions checked unique and inside its name's
@@ -726,26 +791,23 @@ class HistoryLoad:
             if cached:
                 ok.unpersist()
 
-    def _all_new(self, ident: str, first: ChangePosition) -> bool:
-        """Whether history holds nothing at or after ``first`` (its last-position property, which a
-        load raises before it appends, so it is never below what the table holds)."""
-        last = table_properties(self.spark, ident).get(PROP_LAST_POSITION)
-        if last is None:
-            return current_snapshot_id(self.spark, ident) is None  # an empty table
-        return ChangePosition.from_token(last) < first
-
     def _erased_keys(self) -> tuple[str, dict[str, list[tuple[str, str]]]] | None:
         """(salt, table -> [(column, value hash)]) of erased subjects (see loader.erase), once per load."""
         if self._erased is None:
+            from loader.lake.catalog import open_catalog
             from loader.lake.erased import PROP_SALT
 
-            ident = self.names.loader_table("erased_keys")
+            catalog = open_catalog(self.settings)
+            ident = (self.names.loader_ns, "erased_keys")
             found: dict[str, list[tuple[str, str]]] = {}
             salt = ""
-            if table_exists(self.spark, ident):
-                salt = table_properties(self.spark, ident).get(PROP_SALT, "")
-                for r in self.spark.table(ident).select("source_table", "source_column", "value_hash").collect():
-                    found.setdefault(r[0], []).append((r[1], r[2]))
+            if catalog.table_exists(ident):  # read with pyiceberg: no Spark job
+                erased = catalog.load_table(ident)
+                salt = erased.properties.get(PROP_SALT, "")
+                fields = ("source_table", "source_column", "value_hash")
+                rows = erased.scan(selected_fields=fields).to_arrow()
+                for t, c, h in zip(*(rows.column(f).to_pylist() for f in fields), strict=True):
+                    found.setdefault(t, []).append((c, h))
             self._erased = (salt, found)
         return self._erased if self._erased[1] else None
 
@@ -773,20 +835,16 @@ class HistoryLoad:
         return rows.where(F.expr(f"NOT {carries}"))
 
     def _before_append(self, table: SourceTable, ident: str, first: ChangePosition, last: ChangePosition) -> None:
-        """Bookkeeping the merge relies on, committed before the append so a crash never loses it.
-
-        The last position appended (a table whose last position is at or before its merged-through
-        has nothing to merge: idle tables cost no Spark job), and a count of late appends: changes
-        at or below what the current table already merged, which the merge must rebuild to place.
-        """
-        props = table_properties(self.spark, ident)
-        update = {PROP_LAST_POSITION: newest_position(props.get(PROP_LAST_POSITION), last.token()) or last.token()}
+        """Bookkeeping the merge relies on (:func:`_append_bookkeeping`), committed before the
+        Spark path's append so a crash never loses it."""
         cur = self.names.current(table)
-        if table_exists(self.spark, cur):
-            merged = watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
-            if merged is not None and first <= ChangePosition.from_token(merged):
-                update[PROP_LATE_APPENDS] = str(int(props.get(PROP_LATE_APPENDS, "0")) + 1)
-        if any(props.get(k) != v for k, v in update.items()):
+        update = _append_bookkeeping(
+            table_properties(self.spark, ident),
+            first,
+            last,
+            lambda: watermark(self.spark, cur, SUMMARY_MERGED_THROUGH) if table_exists(self.spark, cur) else None,
+        )
+        if update:
             update_properties(self.spark, ident, update)
 
     def _note_parks(self, ident: str, table: SourceTable, ok: DataFrame, result: LoadResult) -> None:
@@ -817,16 +875,20 @@ class HistoryLoad:
             update_properties(self.spark, ident, remove=[PROP_PARKED])
 
     def _dropped_columns(
-        self, ident: str, table: SourceTable, batch_survey: BatchSurvey, columns: list[HistoryColumn]
+        self,
+        ident: str,
+        table: SourceTable,
+        batch_survey: BatchSurvey,
+        columns: list[HistoryColumn],
+        props: dict[str, str] | None = None,
     ) -> dict[str, ChangePosition]:
         """Columns dropped at the source, with the position the drop was first seen (see
         :meth:`loader.load.survey.BatchSurvey.dropped_columns`). Updates after that position carry
         the dropped column as NULL instead of "unchanged", and the merge writes NULL. Known drops
         are kept in the history table's properties."""
-        known = {
-            c: ChangePosition.from_token(t)
-            for c, t in json.loads(table_properties(self.spark, ident).get(PROP_DROPPED_COLUMNS, "{}")).items()
-        }
+        if props is None:
+            props = table_properties(self.spark, ident)
+        known = {c: ChangePosition.from_token(t) for c, t in json.loads(props.get(PROP_DROPPED_COLUMNS, "{}")).items()}
         known, changed = batch_survey.dropped_columns(table, known, [(c.source, c.pg_type) for c in columns])
         if changed:
             value = json.dumps({c: p.token() for c, p in sorted(known.items())})
@@ -897,9 +959,32 @@ class HistoryLoad:
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
 
 
-_LEDGER_SCHEMA = (
-    "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
-)
+_LEDGER_COLUMNS = ("file", "first_position", "last_position", "changes", "rejects", "loaded_at")
+
+
+def _all_new(props: dict[str, str], empty: Callable[[], bool], first: ChangePosition) -> bool:
+    """Whether a history table holds nothing at or after ``first``: its last-position property
+    (raised by every load in or before its append, so never below what the table holds), or,
+    without one, ``empty()``."""
+    last = props.get(PROP_LAST_POSITION)
+    if last is None:
+        return empty()
+    return ChangePosition.from_token(last) < first
+
+
+def _append_bookkeeping(
+    props: dict[str, str], first: ChangePosition, last: ChangePosition, merged_through: Callable[[], str | None]
+) -> dict[str, str]:
+    """The history table's properties an append of ``first``..``last`` changes (empty: none): the
+    last position appended (a table whose last position is at or before its merged-through has
+    nothing to merge: idle tables cost no Spark job), and the count of late appends, changes at or
+    below what the current table already merged (``merged_through()``), which the merge must
+    rebuild to place."""
+    update = {PROP_LAST_POSITION: newest_position(props.get(PROP_LAST_POSITION), last.token()) or last.token()}
+    merged = merged_through()
+    if merged is not None and first <= ChangePosition.from_token(merged):
+        update[PROP_LATE_APPENDS] = str(int(props.get(PROP_LATE_APPENDS, "0")) + 1)
+    return {k: v for k, v in update.items() if props.get(k) != v}
 
 
 def _disjoint(files: list[LandingFile]) -> bool:

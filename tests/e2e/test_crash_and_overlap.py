@@ -12,6 +12,7 @@ import signal
 
 import pytest
 
+from loader.lake.tables import SourceTable
 from loader.workload import BankWorkload
 from tests.harness import Env, finish, wait_for_holder
 from tests.harness import loader_process as loader
@@ -138,3 +139,29 @@ def test_kill_anywhere_then_rerun(env: Env) -> None:
     env.run_all()
     assert_exactly_once(env, wl)
     assert not {t.table: t.parked for t in env.status().tables if t.parked}
+
+
+def test_kill_between_and_inside_driver_load_groups(env: Env) -> None:
+    """A backlog above load.driver_max_bytes loads as several driver groups, each with its own
+    ledger commit, and a transaction longer than the bound is streamed file by file into one
+    commit per table: SIGKILL after the second group's ledger, then in the middle of the streamed
+    transaction; the re-runs load the rest exactly once."""
+    env.configure("source", max_changes_per_file=40)
+    env.configure("load", driver_max_bytes=60_000)
+    wl = workload(env, seed=31)
+    env.sql("CREATE TABLE public.bulk (id integer PRIMARY KEY, note text NOT NULL)")
+    wl.run(60)
+    env.transaction("INSERT INTO public.bulk SELECT g, repeat('x', 200) || g FROM generate_series(1, 1500) g")
+    wl.run(30)
+    env.capture()
+    rc, out = finish(loader(env, "load", LOADER_FAULT="load-after-ledger@2"))
+    assert rc == -signal.SIGKILL, f"no second driver group (exit {rc}):\n{out}"
+    rc, out = finish(loader(env, "load", LOADER_FAULT="load-streamed-file@2"))
+    assert rc == -signal.SIGKILL, f"the long transaction was not streamed (exit {rc}):\n{out}"
+    res = env.load()
+    assert all(e.startswith("driver") for e in res.engines), res.engines
+    wl.run(10)
+    env.run_all()
+    assert_exactly_once(env, wl)
+    hist = env.spark.table(env.names.history(SourceTable("public", "bulk")))
+    assert hist.where("pg_operation = 'insert'").count() == 1500

@@ -9,8 +9,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from loader.errors import LandingUnavailableError
+from loader.errors import LandingUnavailableError, WarehouseUnavailableError
 from loader.landing.store import open_landing
+from loader.spark import configure_running_session
 from loader.workload import BankWorkload
 from tests.harness import Env, s3_bucket
 from tests.oracle import assert_history_matches, assert_no_duplicate_positions
@@ -90,3 +91,51 @@ def test_s3_outage_during_load_marks_nothing_loaded(s3_env: tuple[Env, FlakyProx
     assert_no_duplicate_positions(env)
     for table, key in KEYS.items():
         assert_history_matches(env, wl.log, table, key)
+
+
+def test_warehouse_outage_during_a_driver_load_marks_nothing_loaded(env: Env, s3_server: str) -> None:
+    """The warehouse (history, ledger) on S3 stops answering at several points of loads the driver
+    does with pyiceberg: each fails as the transient WarehouseUnavailableError, never as bad data or
+    a half-marked batch; once it answers, the load completes with nothing lost or doubled."""
+    if not env.settings.spark.extra_jars:
+        pytest.skip("no S3A jars: run 'make s3a-jars' (or set LOADER_SPARK__EXTRA_JARS) before the test session")
+    u = urlparse(s3_server)
+    proxy = FlakyProxy(u.hostname or "127.0.0.1", int(u.port or 80))
+    try:
+        _, bucket = s3_bucket(s3_server, "whout")
+        env.settings = env.settings.model_copy(
+            update={"catalog": env.settings.catalog.model_copy(update={"name": f"whout_{env.uid}"})}
+        )
+        env.configure("catalog", warehouse=f"s3://{bucket}/wh")
+        env.configure("s3", endpoint_url=proxy.endpoint, access_key_id="testing", secret_access_key="testing")
+        env.configure("source", max_changes_per_file=60)
+        configure_running_session(env.spark, env.settings)
+        wl = BankWorkload(env.settings.source.dsn, seed=41)
+        wl.create_schema()
+        env.capture()
+        wl.run(40)
+        env.run_all()  # the tables exist: later loads need no DDL
+        failures = 0
+        for budget in (0, 3, 8, 14, 22):
+            wl.run(25)
+            env.capture()
+            proxy.fail_after(budget)
+            try:
+                res = env.load()
+            except WarehouseUnavailableError as exc:
+                failures += 1
+                assert "re-run 'loader load'" in (exc.hint or ""), exc.hint
+                proxy.up()
+                assert env.spark.table(env.names.rejects).count() == 0, "an outage is not bad data"
+            else:
+                assert all(e.startswith("driver") for e in res.engines), res.engines
+            proxy.up()
+        assert failures >= 2, "the outage never hit a load"
+        env.run_all()
+        env.assert_reconciled()
+        assert_no_duplicate_positions(env)
+        for table, key in KEYS.items():
+            assert_history_matches(env, wl.log, table, key)
+    finally:
+        proxy.up()
+        proxy.close()

@@ -421,7 +421,6 @@ def test_a_snapshot_bigger_than_the_memory_bound_is_streamed(
     the same history as the Spark path's, in more than one file per table."""
     tiny = LoadSettings(driver_max_bytes=3000)
     monkeypatch.setattr(driver, "APPEND_FILE_ARROW_BYTES", 4000)
-    monkeypatch.setattr(driver, "APPEND_ROW_GROUP_BYTES", 1500)
     columns = [t for t, (plain, _) in VALUES.items() if plain]
     streamed = lake_settings(base_settings, tmp_path).model_copy(update={"load": tiny})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})

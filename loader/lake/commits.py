@@ -1,0 +1,142 @@
+"""Iceberg appends without a JVM (pyiceberg): the driver load's history rows and its ledger.
+
+pyiceberg writes the data files (by the table's partition spec, with its Parquet settings) and
+commits through the catalog tables Spark's Iceberg catalog uses, with the same optimistic
+concurrency: a commit that lost a race is retried on the new metadata (the table's
+``commit.retry.*`` properties). Snapshot-summary values and table properties go into the same
+commit as the rows.
+
+A Spark session of the same process keeps tables cached (Iceberg's caching catalog): after a
+commit here, :func:`append_arrow` refreshes the table in that session, if one runs, so what the
+process reads next through Spark (the merge of ``loader run``) sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from loader.errors import WarehouseUnavailableError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def append_arrow(
+    catalog: Any,
+    ident: tuple[str, str],
+    parts: pa.Table | Iterable[pa.Table],
+    summary: dict[str, str],
+    properties: dict[str, str] | None = None,
+    spark: Any = None,
+    spark_ident: str | None = None,
+    hint: str = "nothing was marked loaded; re-run 'loader load' once the warehouse answers",
+    remove: list[str] | None = None,
+    buffer_bytes: int = 128 << 20,
+) -> int:
+    """Append ``parts`` (Arrow tables in the table's schema, with its field ids) to the Iceberg
+    table ``ident`` in one commit that also writes ``summary`` into the snapshot summary and sets
+    ``properties`` (and removes ``remove``). Returns the rows appended. Parts are written once
+    ``buffer_bytes`` of them are held (bounded memory for a streamed batch, files of a useful size
+    for a batch of many small parts). Files of a commit that failed are removed unless
+    its outcome is unknown (then orphan cleanup takes them if it did not land). A warehouse that
+    does not answer: WarehouseUnavailableError (``hint``), never bad data."""
+    import pyarrow as pa
+    from pyiceberg.exceptions import CommitStateUnknownException
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    table = catalog.load_table(ident)
+    written: list[str] = []
+    total = 0
+    name = ".".join(ident)
+    try:
+        with table.transaction() as tx:
+            if properties:
+                tx.set_properties(properties)
+            if remove:
+                tx.remove_properties(*remove)
+            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                counter = itertools.count(0)
+                held: list[pa.Table] = []
+
+                def write() -> None:
+                    rows = pa.concat_tables(held) if len(held) > 1 else held[0]
+                    held.clear()
+                    for data_file in _dataframe_to_data_files(
+                        table_metadata=tx.table_metadata,
+                        write_uuid=append.commit_uuid,
+                        df=rows,
+                        io=table.io,
+                        counter=counter,
+                    ):
+                        written.append(data_file.file_path)
+                        append.append_data_file(data_file)
+
+                for rows in [parts] if isinstance(parts, pa.Table) else parts:
+                    if not rows.num_rows:
+                        continue
+                    total += rows.num_rows
+                    held.append(rows)
+                    if sum(t.nbytes for t in held) >= buffer_bytes:
+                        write()
+                if held:
+                    write()
+    except CommitStateUnknownException:
+        written.clear()  # it may have landed: the files must stay
+        raise
+    except Exception as exc:
+        if not object_store_outage(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise WarehouseUnavailableError(
+            f"{name}: the warehouse did not answer while appending ({first})", hint=hint
+        ) from exc
+    else:
+        written.clear()
+    finally:
+        for path in written:
+            try:
+                table.io.delete(path)
+            except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
+                pass
+    if spark is not None and spark_ident is not None:
+        refresh_spark(spark, spark_ident)
+    return total
+
+
+def object_store_outage(exc: BaseException) -> bool:
+    """An error of pyiceberg's file I/O (pyarrow's S3 file system) that says the object store did
+    not answer, rather than that a file is missing or bad."""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    text = str(exc)
+    return isinstance(exc, OSError) and any(
+        marker in text for marker in ("AWS Error NETWORK_CONNECTION", "curlCode", "Connection refused", "timed out")
+    )
+
+
+@contextlib.contextmanager
+def warehouse_answers(what: str, hint: str) -> Iterator[None]:
+    """Inside: an object store that does not answer (:func:`object_store_outage`) is the transient
+    WarehouseUnavailableError naming ``what`` (and ``hint``), never bad data."""
+    try:
+        yield
+    except WarehouseUnavailableError:
+        raise
+    except Exception as exc:
+        if not object_store_outage(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise WarehouseUnavailableError(f"the warehouse did not answer while {what} ({first})", hint=hint) from exc
+
+
+def refresh_spark(spark: Any, spark_ident: str) -> None:
+    """Make a running Spark session of this process see the table's newest commit."""
+    from loader.spark import spark_started
+
+    if spark_started(spark):
+        from loader.lake.iceberg import iceberg_table
+
+        iceberg_table(spark, spark_ident)  # loads through the session's catalog and refreshes
