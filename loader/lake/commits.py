@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 
 
 def append_arrow(
-    catalog: Any,
-    ident: tuple[str, str],
+    table: Any,
     parts: pa.Table | Iterable[pa.Table],
     summary: dict[str, str],
     properties: dict[str, str] | None = None,
@@ -36,8 +35,8 @@ def append_arrow(
     remove: list[str] | None = None,
     buffer_bytes: int = 128 << 20,
 ) -> int:
-    """Append ``parts`` (Arrow tables in the table's schema, with its field ids) to the Iceberg
-    table ``ident`` in one commit that also writes ``summary`` into the snapshot summary and sets
+    """Append ``parts`` (Arrow tables in the table's schema, with its field ids) to ``table`` (a
+    pyiceberg Table, as loaded: a commit that lost a race is retried on newer metadata) in one commit that also writes ``summary`` into the snapshot summary and sets
     ``properties`` (and removes ``remove``). Returns the rows appended. Parts are written once
     ``buffer_bytes`` of them are held (bounded memory for a streamed batch, files of a useful size
     for a batch of many small parts). Files of a commit that failed are removed unless
@@ -47,10 +46,9 @@ def append_arrow(
     from pyiceberg.exceptions import CommitStateUnknownException
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-    table = catalog.load_table(ident)
     written: list[str] = []
     total = 0
-    name = ".".join(ident)
+    name = ".".join(table.name())
     try:
         with table.transaction() as tx:
             if properties:

@@ -48,7 +48,8 @@ def ensure_loader_tables(spark: SparkSession, settings: LoaderSettings) -> None:
     catalog = open_catalog(settings)
     try:
         present = all(catalog.namespace_exists(ns) for ns in (names.history_ns, names.current_ns, names.loader_ns))
-        present = present and all(catalog.table_exists((names.loader_ns, t)) for t in ("landing_files", "rejects"))
+        # (listed, not loaded: table_exists would read each table's metadata file)
+        present = present and {"landing_files", "rejects"} <= {i[-1] for i in catalog.list_tables(names.loader_ns)}
     except Exception:  # the catalog database did not answer: the DDL below decides (and reports)
         present = False
     if present:

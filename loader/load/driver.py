@@ -622,8 +622,7 @@ APPEND_FILE_ARROW_BYTES = 128 << 20
 
 
 def append_rows(
-    catalog: Any,
-    ident: tuple[str, str],
+    table: Any,
     parts: pa.Table | Iterable[pa.Table],
     summary: dict[str, str],
     properties: dict[str, str],
@@ -631,15 +630,14 @@ def append_rows(
     spark: Any,
     spark_ident: str,
 ) -> int:
-    """The driver load's one commit to a history table: ``parts`` (its rows, in position order),
+    """The driver load's one commit to a history ``table`` (pyiceberg's): ``parts`` (its rows, in position order),
     ``summary`` in the snapshot summary and the table's bookkeeping ``properties`` set (``remove``
     removed) in the same commit, through pyiceberg (loader.lake.commits: no JVM). Returns the
     rows appended."""
     from loader.lake.commits import append_arrow
 
     return append_arrow(
-        catalog,
-        ident,
+        table,
         parts,
         summary,
         properties,

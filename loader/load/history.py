@@ -400,8 +400,7 @@ class HistoryLoad:
             props[PROP_LOADED_THROUGH_TS] = self._newest_ts
         checkpoint("load-before-ledger")
         append_arrow(
-            catalog,
-            ident,
+            ledger,
             rows,
             {SUMMARY_LOADED_THROUGH: loaded_through},
             props,
@@ -459,29 +458,30 @@ class HistoryLoad:
         last_file = batch[-1]
 
         def append_one(item: tuple[SourceTable, str, Any, ChangePosition, ChangePosition]) -> LoadResult:
+            from pyiceberg.exceptions import NoSuchTableError
+
             from loader.lake.catalog import watermark as table_watermark
             from loader.load.driver import append_rows
 
             table, ident, rows, first, last = item
             part = LoadResult()
-            py_ident = (self.names.history_ns, table.iceberg_name)
-            props = catalog.load_table(py_ident).properties
+            hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
+            props = hist.properties
             # What the Spark path's _note_parks does with resync rows alone: the table is not parked.
             resynced = isinstance(plain, SnapshotBatch) and plain.resyncs(table)
             remove = [PROP_PARKED] if resynced and PROP_PARKED in props else []
             cur = (self.names.current_ns, table.iceberg_name)
 
             def merged_through() -> str | None:
-                if not catalog.table_exists(cur):
+                try:
+                    return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
+                except NoSuchTableError:
                     return None
-                return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
 
             # The merge's bookkeeping in the append's own commit (see _before_append).
             update = _append_bookkeeping(props, first, last, merged_through)
             summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
-            part.rows_per_table[table.qualified] = append_rows(
-                catalog, py_ident, rows, summary, update, remove, self.spark, ident
-            )
+            part.rows_per_table[table.qualified] = append_rows(hist, rows, summary, update, remove, self.spark, ident)
             checkpoint("load-after-table")
             return part
 
@@ -511,6 +511,7 @@ class HistoryLoad:
 
         The table is read with pyiceberg: a table that exists and needs no DDL costs no JVM (a
         table to create or evolve goes through Spark's DDL, which starts one)."""
+        from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         from loader.lake.catalog import open_catalog
@@ -522,7 +523,10 @@ class HistoryLoad:
             raise NotPlain(f"{table.qualified}: erased subjects")
         catalog = open_catalog(self.settings)
         py_ident = (self.names.history_ns, table.iceberg_name)
-        hist = catalog.load_table(py_ident) if catalog.table_exists(py_ident) else None
+        try:
+            hist = catalog.load_table(py_ident)
+        except NoSuchTableError:
+            hist = None
         hist_columns: list[HistoryColumn] | None = None
         if hist is not None:
             props = hist.properties
