@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+MANIFEST_MERGE = "commit.manifest-merge.enabled"
+
+
 def append_arrow(
     table: Any,
     parts: pa.Table | Iterable[pa.Table],
@@ -49,13 +52,19 @@ def append_arrow(
     written: list[str] = []
     total = 0
     name = ".".join(table.name())
+    properties = dict(properties or {})
+    if MANIFEST_MERGE not in table.properties:
+        # Iceberg's Java appends merge manifests by default (past commit.manifest.min-count-to-merge);
+        # pyiceberg's only when the property says so: written out, or a table appended every few
+        # seconds would gather one manifest per commit until maintenance rewrote them.
+        properties[MANIFEST_MERGE] = "true"
     try:
         with table.transaction() as tx:
             if properties:
                 tx.set_properties(properties)
             if remove:
                 tx.remove_properties(*remove)
-            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+            with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
                 counter = itertools.count(0)
                 held: list[pa.Table] = []
 

@@ -433,3 +433,42 @@ def test_a_snapshot_bigger_than_the_memory_bound_is_streamed(
     ident = TableNames(streamed).history(ACCT)
     files = spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0]
     assert files > 1, "one file: nothing was cut by its bytes"
+
+
+def test_driver_appends_merge_manifests_as_iceberg_appends_do(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+) -> None:
+    """Loads every few seconds (follow mode) must not leave one manifest per commit: the driver's
+    pyiceberg appends merge manifests past ``commit.manifest.min-count-to-merge``, as Iceberg's
+    Java appends do by default."""
+    from loader.lake.catalog import open_catalog
+
+    s = lake_settings(base_settings, tmp_path)
+    catalog = open_catalog(s)
+    for t in range(12):
+        txn = Txn(commit_lsn=0x1000 * (t + 1))
+        txn.changes.append(
+            ChangeRecord(
+                op="I",
+                commit_lsn=txn.commit_lsn,
+                seq=1,
+                xid=t + 1,
+                ts=TS,
+                schema="public",
+                table="acct",
+                columns=[Column("id", "integer", str(t)), Column("n", "text", f"v{t}")],
+                pk=["id"],
+            )
+        )
+        write_files(s, [txn], 4)
+        HistoryLoad(spark, s).run()
+        hist = catalog.load_table((s.catalog.history_namespace, ACCT.iceberg_name))
+        if t == 0:
+            with hist.transaction() as tx:
+                tx.set_properties({"commit.manifest.min-count-to-merge": "4"})
+    assert len(used) == 12, "not every load was the driver's"
+    hist = catalog.load_table((s.catalog.history_namespace, ACCT.iceberg_name))
+    assert hist.properties.get("commit.manifest-merge.enabled") == "true"
+    manifests = hist.current_snapshot().manifests(hist.io)
+    assert len(manifests) <= 4, f"{len(manifests)} manifests after 12 appends"
+    assert hist.scan().to_arrow().num_rows == 12
