@@ -6,7 +6,8 @@ no SQL quoting of names or values.
 
 Watermarks (how far a table is loaded or merged) are written twice: into the snapshot summary of
 the very commit they describe (atomic with the data, attached with Iceberg's
-``CommitMetadata``), and into a table property right after it. Snapshot expiry and compaction by
+``CommitMetadata``), and into a table property right after it (the driver load's pyiceberg
+commits, loader.lake.commits, write both in the one commit). Snapshot expiry and compaction by
 anyone can remove the summaries, never the properties; a crash between the two leaves the property
 behind, and the summary (while it lives) ahead. :func:`watermark` reads the newer of the two, so
 a watermark never moves back, and losing both only makes a re-run replay an idempotent increment.

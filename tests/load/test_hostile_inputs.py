@@ -187,7 +187,9 @@ def test_thirty_hostile_inputs_are_quarantined_and_isolated(env: Env) -> None:
             assert len(reasons) == case.rejects, f"{case.name}: {reasons}"
         if case.reason:
             assert any(case.reason in why for why in reasons), f"{case.name}: {reasons}"
-    assert load.rejects == len(rejects) >= 30
+    # The damaged files' cases (rejects=-1) may quarantine lines or only park: which depends on
+    # where the damage falls in the compressed bytes, and so on the LSNs in the text.
+    assert load.rejects == len(rejects) >= sum(c.rejects for c in CASES if c.rejects > 0)
     assert set(load.parked) == {"public.victim"}, load.parked
     assert "loader resync --table public.victim" in load.parked["public.victim"]
     assert env.history("public.x'); DROP TABLE good; --").count() == 1
