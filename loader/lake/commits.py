@@ -59,7 +59,7 @@ def append_arrow(
         # seconds would gather one manifest per commit until maintenance rewrote them.
         properties[MANIFEST_MERGE] = "true"
     try:
-        with table.transaction() as tx:
+        with warehouse_answers(f"appending to {name}", hint), table.transaction() as tx:
             if properties:
                 tx.set_properties(properties)
             if remove:
@@ -93,13 +93,6 @@ def append_arrow(
     except CommitStateUnknownException:
         written.clear()  # it may have landed: the files must stay
         raise
-    except Exception as exc:
-        if not object_store_outage(exc):
-            raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise WarehouseUnavailableError(
-            f"{name}: the warehouse did not answer while appending ({first})", hint=hint
-        ) from exc
     else:
         written.clear()
     finally:

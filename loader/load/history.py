@@ -798,6 +798,8 @@ class HistoryLoad:
     def _erased_keys(self) -> tuple[str, dict[str, list[tuple[str, str]]]] | None:
         """(salt, table -> [(column, value hash)]) of erased subjects (see loader.erase), once per load."""
         if self._erased is None:
+            from pyiceberg.exceptions import NoSuchTableError
+
             from loader.lake.catalog import open_catalog
             from loader.lake.erased import PROP_SALT
 
@@ -805,8 +807,11 @@ class HistoryLoad:
             ident = (self.names.loader_ns, "erased_keys")
             found: dict[str, list[tuple[str, str]]] = {}
             salt = ""
-            if catalog.table_exists(ident):  # read with pyiceberg: no Spark job
+            try:  # read with pyiceberg: no Spark job
                 erased = catalog.load_table(ident)
+            except NoSuchTableError:
+                erased = None
+            if erased is not None:
                 salt = erased.properties.get(PROP_SALT, "")
                 fields = ("source_table", "source_column", "value_hash")
                 rows = erased.scan(selected_fields=fields).to_arrow()

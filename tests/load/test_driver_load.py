@@ -210,6 +210,21 @@ def _first_parks(snapshot: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _acct_insert(commit_lsn: int, seq: int, xid: int, key: int) -> ChangeRecord:
+    """An insert of row ``key`` into public.acct (id, n)."""
+    return ChangeRecord(
+        op="I",
+        commit_lsn=commit_lsn,
+        seq=seq,
+        xid=xid,
+        ts=TS,
+        schema="public",
+        table="acct",
+        columns=[Column("id", "integer", str(key)), Column("n", "text", f"v{key}")],
+        pk=["id"],
+    )
+
+
 @pytest.fixture
 def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many tables the driver path appended (the oracle must not pass by never using it)."""
@@ -301,19 +316,7 @@ def test_a_backlog_above_the_memory_bound_loads_in_driver_batches(
         txn = Txn(commit_lsn=0x1000 * (t + 1))
         for k in range(4 if t < 8 else 16):  # the last one longer than the bound: read file by file
             key = t * 4 + k
-            txn.changes.append(
-                ChangeRecord(
-                    op="I",
-                    commit_lsn=txn.commit_lsn,
-                    seq=k + 1,
-                    xid=t + 1,
-                    ts=TS,
-                    schema="public",
-                    table="acct",
-                    columns=[Column("id", "integer", str(key)), Column("n", "text", f"v{key}")],
-                    pk=["id"],
-                )
-            )
+            txn.changes.append(_acct_insert(txn.commit_lsn, k + 1, t + 1, key))
         txns.append(txn)
     # 4 changes a file: each transaction is one file that takes its commit marker (complete).
     bounded = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=2000)})
@@ -447,19 +450,7 @@ def test_driver_appends_merge_manifests_as_iceberg_appends_do(
     catalog = open_catalog(s)
     for t in range(12):
         txn = Txn(commit_lsn=0x1000 * (t + 1))
-        txn.changes.append(
-            ChangeRecord(
-                op="I",
-                commit_lsn=txn.commit_lsn,
-                seq=1,
-                xid=t + 1,
-                ts=TS,
-                schema="public",
-                table="acct",
-                columns=[Column("id", "integer", str(t)), Column("n", "text", f"v{t}")],
-                pk=["id"],
-            )
-        )
+        txn.changes.append(_acct_insert(txn.commit_lsn, 1, t + 1, t))
         write_files(s, [txn], 4)
         HistoryLoad(spark, s).run()
         hist = catalog.load_table((s.catalog.history_namespace, ACCT.iceberg_name))
