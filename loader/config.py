@@ -124,6 +124,10 @@ class SourceSettings(_Redacted):
     # through ADBC's COPY BINARY and loaded column by column: schemas/landing-snapshot.v2.md) or
     # "jsonl" (landing v1, gzip JSON lines, as before).
     snapshot_format: Literal["jsonl", "arrow"] = "arrow"
+    # Landing format of the change stream's files: "arrow" (landing v2, one Arrow IPC stream of
+    # records per file, loaded without parsing a line: schemas/landing-change.v2.md) or "jsonl"
+    # (landing v1, gzip JSON lines, as before). Every consumer reads both.
+    stream_format: Literal["jsonl", "arrow"] = "arrow"
     # While a snapshot or resync copies, the stream is captured (and the slot confirmed) between
     # chunks at most this many seconds apart, so a long copy does not hold the WAL of everything
     # written meanwhile; the load waits for the snapshot's commit before loading what came after it.

@@ -52,7 +52,7 @@ from loader.lake.iceberg import (
 from loader.lake.tables import SUMMARY_LOADED_THROUGH, SourceTable, TableNames
 from loader.lake.types import quote_ident, sql_string
 from loader.landing.records import FileHeader, parse_header
-from loader.landing.store import ARROW, GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
+from loader.landing.store import ARROW, CHANGES, GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
 from loader.locks import stage_lock
 from loader.names import lake_column
 
@@ -266,8 +266,9 @@ class Erasure:
         removed = files = 0
         for f in self.store.files():
             data = self.store.open_bytes(f.name)
-            if f.format == ARROW:
-                n = self._scrub_arrow(f.name, data, by_table, dry_run, unreadable)
+            if f.format in (ARROW, CHANGES):
+                scrub = self._scrub_arrow if f.format == ARROW else self._scrub_changes
+                n = scrub(f.name, data, by_table, spelled, dry_run, unreadable)
                 removed += n
                 files += 1 if n else 0
                 continue
@@ -307,8 +308,45 @@ class Erasure:
                 spool.unlink(missing_ok=True)
         return removed, files
 
+    def _scrub_changes(
+        self,
+        name: str,
+        data: bytes,
+        by_table: dict[str, list[Target]],
+        spelled: set[bytes],
+        dry_run: bool,
+        unreadable: list[str],
+    ) -> int:
+        """A landing v2 change file rewritten without the records carrying a target value (new or
+        old key), as a v1 file is (each record judged by its v1 line); returns the records removed."""
+        from loader.landing import changefile
+
+        try:
+            records = list(changefile.records(data))
+        except ValueError as exc:
+            log.error("landing file %s cannot be read (%s): the erasure cannot scrub it", name, exc)
+            unreadable.append(name)
+            return 0
+        kept = [r for r in records if not _carries(r.to_json_bytes(), by_table, spelled)[0]]
+        dropped = len(records) - len(kept)
+        if not dropped or dry_run:
+            return dropped
+        spool = self._spool(b"")
+        try:
+            changefile.write_file(spool, kept)
+            self.store.publish(spool, name)
+        finally:
+            spool.unlink(missing_ok=True)
+        return dropped
+
     def _scrub_arrow(
-        self, name: str, data: bytes, by_table: dict[str, list[Target]], dry_run: bool, unreadable: list[str]
+        self,
+        name: str,
+        data: bytes,
+        by_table: dict[str, list[Target]],
+        spelled: set[bytes],
+        dry_run: bool,
+        unreadable: list[str],
     ) -> int:
         """A landing v2 file (one table's snapshot rows) rewritten without the rows carrying a target
         value of its table, header counts adjusted; returns the rows removed."""

@@ -54,7 +54,7 @@ from loader.landing.state import (
     record_confirmed,
     unfinished_snapshot,
 )
-from loader.landing.store import LandingStore, LandingWriter, open_landing
+from loader.landing.store import LandingStore, LandingWriter, open_landing, stream_landing_format
 from loader.lsn import ChangePosition, format_lsn, parse_lsn
 from loader.progress import bar
 
@@ -751,7 +751,7 @@ class Capture:
 
         src = self.settings.source
         decoder = self._decoder(conn)
-        writer = LandingWriter(self.store, src.max_changes_per_file)
+        writer = self._writer()
         lander = _Lander(self, conn, writer, landed, result)
         rows = 0
         strict_outside = src.plugin == "pgoutput"
@@ -815,14 +815,13 @@ class Capture:
         the last transaction fed to the decoder: every record written before it is in a published
         file, and a transaction still open has not moved the decoder's confirm position.
         """
-        src = self.settings.source
         try:
             fetcher.wait_ready()
         except PipelineUnavailable as exc:
             log.warning("%s; capture peeks instead", exc)
             return False
         decoder = Wal2JsonDecoder()
-        writer = LandingWriter(self.store, src.max_changes_per_file)
+        writer = self._writer()
         lander = _Lander(self, conn, writer, landed, result)
         try:
             try:
@@ -921,11 +920,16 @@ class Capture:
             self.roots[key] = row[0]
         return self.roots[key]
 
+    def _writer(self) -> LandingWriter:
+        """A writer of the change stream's landing files, in ``source.stream_format``."""
+        src = self.settings.source
+        return LandingWriter(self.store, src.max_changes_per_file, format=stream_landing_format(src.stream_format))
+
     def _flush_controls(self, result: CaptureResult) -> None:
         """Park records of an idle run (no transaction to follow) land in a file of their own."""
         if not self.controls.pending:
             return
-        writer = LandingWriter(self.store, self.settings.source.max_changes_per_file)
+        writer = self._writer()
         try:
             self.controls.flush(writer, _now_text())
             writer.close_file()

@@ -179,33 +179,44 @@ class Salvage:
     damage: str | None
 
 
-def salvage(data: bytes) -> Salvage:
-    """Read a v2 file batch by batch, keeping every batch before any damage."""
+def read_batches(data: bytes, header_from_doc: Any, names: Any) -> tuple[Any, list[Any], str | None]:
+    """A landing v2 file (either kind) read batch by batch: (header, the batches read before any
+    damage, the damage). ``header_from_doc`` parses the header (ValueError when it is not one) and
+    ``names(header)`` are the columns the stream must have. Every batch is validated in full (offsets,
+    UTF-8): a flipped bit in a file must not reach Arrow's kernels as an out-of-range offset."""
     import pyarrow as pa
 
     try:
         reader = pa.ipc.open_stream(pa.BufferReader(data))
         meta = reader.schema.metadata or {}
-        header = SnapshotHeader.from_doc(json.loads(meta[METADATA_KEY].decode("utf-8")))
+        header = header_from_doc(json.loads(meta[METADATA_KEY].decode("utf-8")))
     except (pa.ArrowException, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        return Salvage(None, [], f"no readable Arrow stream header: {exc}")
-    if reader.schema.names != ["pg_seq"] + [f"c{j}" for j in range(len(header.columns))]:
-        return Salvage(None, [], "Arrow stream columns do not match its header")
+        return None, [], f"no readable Arrow stream header: {exc}"
+    if reader.schema.names != names(header):
+        return None, [], "Arrow stream columns do not match its header"
     batches: list[Any] = []
     while True:
         try:
             batch = reader.read_next_batch()
+            batch.validate(full=True)
         except StopIteration:
             break
         except (pa.ArrowException, ValueError, OSError) as exc:
-            return Salvage(
-                header, batches, f"Arrow stream damaged after {sum(b.num_rows for b in batches)} rows: {exc}"
-            )
+            return header, batches, f"Arrow stream damaged after {sum(b.num_rows for b in batches)} rows: {exc}"
         batches.append(batch)
-    got = sum(b.num_rows for b in batches)
-    if got != header.rows:
-        return Salvage(header, batches, f"Arrow stream holds {got} of the {header.rows} rows its header announces")
-    return Salvage(header, batches, None)
+    return header, batches, None
+
+
+def salvage(data: bytes) -> Salvage:
+    """Read a v2 snapshot file batch by batch, keeping every batch before any damage."""
+    header, batches, damage = read_batches(
+        data, SnapshotHeader.from_doc, lambda h: ["pg_seq"] + [f"c{j}" for j in range(len(h.columns))]
+    )
+    if header is not None and damage is None:
+        got = sum(b.num_rows for b in batches)
+        if got != header.rows:
+            damage = f"Arrow stream holds {got} of the {header.rows} rows its header announces"
+    return Salvage(header, batches, damage)
 
 
 def row_records(header: SnapshotHeader, batches: list[Any]) -> Iterator[ChangeRecord]:

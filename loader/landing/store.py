@@ -57,12 +57,14 @@ MAX_DECOMPRESSED = 4096 << 20  # landing.max_decompressed_mb's default
 # What reading damaged gzip raises (the gzip module's, zlib's and ISA-L's errors).
 GZIP_DAMAGE: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, cast(type, igzip_lib.IsalError))
 _UNREADABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, UnicodeDecodeError)
-_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])(\.jsonl\.gz|\.arrows)\Z")
-# Landing formats by file name: v1 gzip JSON lines (every kind of record), v2 an Arrow IPC stream of
-# one snapshot chunk (loader.landing.arrowfile, schemas/landing-snapshot.v2.md).
+_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])(\.jsonl\.gz|\.arrows|\.changes\.arrow)\Z")
+# Landing formats by file name: v1 gzip JSON lines (every kind of record); v2 Arrow IPC streams,
+# either one snapshot chunk (loader.landing.arrowfile, schemas/landing-snapshot.v2.md) or records of
+# the change stream (loader.landing.changefile, schemas/landing-change.v2.md).
 JSONL = "jsonl"
 ARROW = "arrow"
-_SUFFIX = {JSONL: ".jsonl.gz", ARROW: ".arrows"}
+CHANGES = "changes"
+_SUFFIX = {JSONL: ".jsonl.gz", ARROW: ".arrows", CHANGES: ".changes.arrow"}
 
 
 def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
@@ -101,8 +103,9 @@ class LandingFile:
 
     @property
     def format(self) -> str:
-        """``jsonl`` (landing v1) or ``arrow`` (landing v2, a snapshot chunk)."""
-        return ARROW if self.name.endswith(_SUFFIX[ARROW]) else JSONL
+        """``jsonl`` (landing v1), ``arrow`` (landing v2, a snapshot chunk) or ``changes`` (landing
+        v2, records of the change stream)."""
+        return format_of(self.name)
 
     @classmethod
     def parse(cls, name: str) -> LandingFile | None:
@@ -119,6 +122,19 @@ class LandingFile:
     @staticmethod
     def name_for(first: ChangePosition, last: ChangePosition, complete: bool, format: str = JSONL) -> str:
         return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}{_SUFFIX[format]}"
+
+
+def stream_landing_format(setting: str) -> str:
+    """The landing format of the change stream's files for ``source.stream_format``."""
+    return CHANGES if setting == "arrow" else JSONL
+
+
+def format_of(name: str) -> str:
+    """A landing file's format, by its name."""
+    for fmt in (CHANGES, ARROW):
+        if name.endswith(_SUFFIX[fmt]):
+            return fmt
+    return JSONL
 
 
 class LandingStore(ABC):
@@ -189,14 +205,15 @@ class LandingStore(ABC):
         The load does not use this: it salvages what a damaged file still holds (loader.load.decode).
         A landing v2 file gives the lines a v1 file with the same records holds.
         """
-        if name.endswith(_SUFFIX[ARROW]):
-            from loader.landing import arrowfile
+        fmt = format_of(name)
+        if fmt != JSONL:
+            from loader.landing import arrowfile, changefile
 
             data = self.open_bytes(name)
-            header = arrowfile.salvage(data).header
+            header = (changefile if fmt == CHANGES else arrowfile).salvage(data).header
             if header is not None:
                 yield FileHeader(header.tables).to_json()
-            for rec in self.read_records(name):
+            for rec in self._arrow_records(name, data):
                 yield rec.to_json()
             return
         data = self.open_bytes(name)
@@ -215,19 +232,22 @@ class LandingStore(ABC):
             ) from exc
         yield from text.splitlines()
 
+    def _arrow_records(self, name: str, data: bytes) -> Iterator[ChangeRecord]:
+        from loader.landing import arrowfile, changefile
+
+        try:
+            yield from (changefile if format_of(name) == CHANGES else arrowfile).records(data)
+        except ValueError as exc:
+            raise LandingError(
+                f"landing file {self.url}/{name} is damaged ({exc})",
+                hint="'loader load' keeps its readable changes and parks the tables it touched; "
+                "'loader resync --table ...' repairs them",
+            ) from exc
+
     def read_records(self, name: str) -> Iterator[ChangeRecord]:
         """The change and control records of an intact file, without its header (either format)."""
-        if name.endswith(_SUFFIX[ARROW]):
-            from loader.landing import arrowfile
-
-            try:
-                yield from arrowfile.records(self.open_bytes(name))
-            except ValueError as exc:
-                raise LandingError(
-                    f"landing file {self.url}/{name} is damaged ({exc})",
-                    hint="'loader load' keeps its readable changes and parks the tables it touched; "
-                    "'loader resync --table ...' repairs them",
-                ) from exc
+        if format_of(name) != JSONL:
+            yield from self._arrow_records(name, self.open_bytes(name))
             return
         for line in self.read_lines(name):
             if line.strip() and '"op":"H"' not in line[:40]:
@@ -413,26 +433,40 @@ GZIP_LEVEL = 1
 
 
 class LandingWriter:
-    """Buffers records into gzip files on local spool disk and publishes them by LSN range.
+    """Buffers records into landing files on local spool disk and publishes them by LSN range.
 
-    Memory stays bounded: records stream into a compressed temp file; a file is closed after
-    ``max_changes`` changes even inside a transaction (after the commit marker when it comes next).
+    ``format``: ``jsonl`` (v1, gzip JSON lines) or ``changes`` (v2, an Arrow IPC stream,
+    :mod:`loader.landing.changefile`). Memory stays bounded: records stream into a compressed temp
+    file (v1: every thousand lines; v2: every ``changefile.BATCH_RECORDS`` records, one Arrow
+    batch); a file is closed after ``max_changes`` changes even inside a transaction (after the
+    commit marker when it comes next).
     """
 
-    def __init__(self, store: LandingStore, max_changes: int, spool_dir: Path | None = None) -> None:
+    def __init__(
+        self, store: LandingStore, max_changes: int, spool_dir: Path | None = None, format: str = JSONL
+    ) -> None:
+        if format not in (JSONL, CHANGES):
+            raise ValueError(f"landing writer format {format!r}: 'jsonl' or 'changes'")
         self.store = store
         self.max_changes = max_changes
         self.spool_dir = spool_dir
+        self.format = format
         self._tmp: Path | None = None
         self._gz: gzip.GzipFile | None = None
+        self._arrow: Any = None  # changefile.Spool of the open v2 file
         self._spool: IO[bytes] | None = None
         self._first: ChangePosition | None = None
         self._last_record: ChangeRecord | None = None  # the open file's last record
         self._count = 0
+        self._records = 0
         self._tables: dict[str, int] = {}
-        self._pending: list[bytes] = []  # encoded lines not yet handed to the compressor
+        self._pending: list[Any] = []  # encoded lines (v1) or records (v2) not yet handed to the spool
         self._cut_due = False  # the open file is full: closed at the next record
         self.published: list[str] = []
+
+    @property
+    def _open(self) -> bool:
+        return self._spool is not None
 
     def write(self, record: ChangeRecord, qualified: str | None = None) -> None:
         """Append a record (``qualified``: its ``schema.table``, when the caller has it)."""
@@ -440,25 +474,29 @@ class LandingWriter:
             # A file full at a transaction's last change takes the commit marker that follows, so
             # it ends the transaction (name ``_c``) and the load can cut a batch after it.
             self._cut_due = False
-            if record.op == COMMIT and self._gz is not None:
-                self._pending.append(record.to_json_bytes())
+            if record.op == COMMIT and self._open:
+                self._pending.append(record.to_json_bytes() if self._arrow is None else record)
+                self._records += 1
                 self._last_record = record
                 self.close_file()
                 return
             self.close_file()
-        if self._gz is None:
-            fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz", dir=self.spool_dir)  # mode 0600
-            self._tmp = Path(tmp)
-            # No name and no time in the gzip header: a re-capture writes byte-identical files.
-            self._spool = os.fdopen(fd, "wb")  # closed in _close_spool, after the GzipFile
-            self._gz = igzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self._spool, mtime=0)
+        if not self._open:
+            self._open_spool()
             self._first = record.position
             self._count = 0
+            self._records = 0
             self._tables = {}
         pending = self._pending
-        pending.append(record.to_json_bytes())
-        if len(pending) >= 1024:
-            self._flush_pending()
+        if self._arrow is None:
+            pending.append(record.to_json_bytes())
+            if len(pending) >= 1024:
+                self._flush_pending()
+        else:
+            pending.append(record)
+            if len(pending) >= self._batch_records:
+                self._flush_pending()
+        self._records += 1
         self._last_record = record
         op = record.op
         if op != COMMIT:
@@ -469,6 +507,20 @@ class LandingWriter:
             tables[t] = tables.get(t, 0) + 1
         if self._count >= self.max_changes:
             self._cut_due = True  # at the next record: after it if it is the commit marker
+
+    def _open_spool(self) -> None:
+        suffix = _SUFFIX[self.format]
+        fd, tmp = tempfile.mkstemp(suffix=suffix, dir=self.spool_dir)  # mode 0600
+        self._tmp = Path(tmp)
+        self._spool = os.fdopen(fd, "wb")  # closed in _close_spool, after the writer on it
+        if self.format == CHANGES:
+            from loader.landing import changefile
+
+            self._arrow = changefile.Spool(self._spool)
+            self._batch_records = changefile.BATCH_RECORDS
+        else:
+            # No name and no time in the gzip header: a re-capture writes byte-identical files.
+            self._gz = igzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self._spool, mtime=0)
 
     def drain(self, into: list[str], point: str, on_published: Callable[[str], None] | None) -> None:
         """Hand the files published so far to ``into`` (and ``on_published``), each after the
@@ -483,42 +535,57 @@ class LandingWriter:
     def close_file(self) -> str | None:
         """Publish the open file, if any; returns its name."""
         self._cut_due = False
-        if self._gz is None:
+        if not self._open:
             return None
+        arrow = self._arrow is not None
         self._close_spool()
         last = self._last_record
         assert self._tmp is not None and self._first is not None and last is not None
-        name = LandingFile.name_for(self._first, last.position, last.op == COMMIT)
+        name = LandingFile.name_for(self._first, last.position, last.op == COMMIT, self.format)
         final = self._tmp.with_suffix(".final")
+        tables = dict(sorted(self._tables.items()))
         try:
-            # The header is its own gzip member in front of the records (gzip readers concatenate
-            # members), so a file cut short anywhere after it still says which tables it held.
-            header = FileHeader(dict(sorted(self._tables.items()))).to_json().encode("utf-8") + b"\n"
-            with open_private(final) as out, open(self._tmp, "rb") as body:
-                out.write(igzip.compress(header, compresslevel=GZIP_LEVEL, mtime=0))
-                while chunk := body.read(1 << 20):
-                    out.write(chunk)
+            with open_private(final) as out:
+                if arrow:
+                    from loader.landing import changefile
+
+                    changefile.Spool.finish(self._tmp, changefile.ChangeHeader(tables, self._records), out)
+                else:
+                    # The header is its own gzip member in front of the records (gzip readers
+                    # concatenate members), so a file cut short anywhere after it still says
+                    # which tables it held.
+                    header = FileHeader(tables).to_json().encode("utf-8") + b"\n"
+                    out.write(igzip.compress(header, compresslevel=GZIP_LEVEL, mtime=0))
+                    with open(self._tmp, "rb") as body:
+                        while chunk := body.read(1 << 20):
+                            out.write(chunk)
             self.store.publish(final, name)
         finally:
             final.unlink(missing_ok=True)
             self._tmp.unlink(missing_ok=True)
-            self._gz = None
             self._tmp = None
         self.published.append(name)
         return name
 
     def _flush_pending(self) -> None:
-        # One compressor call per thousand lines: GzipFile.write has a fixed cost per call.
-        assert self._gz is not None
-        if self._pending:
+        if not self._pending:
+            return
+        if self._arrow is not None:
+            self._arrow.write(self._pending)
+        else:
+            # One compressor call per thousand lines: GzipFile.write has a fixed cost per call.
+            assert self._gz is not None
             self._pending.append(b"")
             self._gz.write(b"\n".join(self._pending))
-            self._pending.clear()
+        self._pending.clear()
 
     def _close_spool(self) -> None:
-        assert self._gz is not None
         self._flush_pending()
-        self._gz.close()  # GzipFile does not close a file object it was given
+        if self._arrow is not None:
+            self._arrow.close()
+        elif self._gz is not None:
+            self._gz.close()  # GzipFile does not close a file object it was given
+        self._arrow = self._gz = None
         if self._spool is not None:
             self._spool.close()
             self._spool = None
@@ -526,11 +593,10 @@ class LandingWriter:
     def abort(self) -> None:
         self._cut_due = False
         self._pending.clear()
-        if self._gz is not None:
+        if self._open:
             self._close_spool()
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
-        self._gz = None
         self._tmp = None
 
 

@@ -27,9 +27,8 @@ from operator import itemgetter
 from typing import Any
 
 from loader.errors import DecompressedSizeError
-from loader.landing.arrowfile import EXTENSION as ARROW_EXTENSION
 from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
-from loader.landing.store import MAX_DECOMPRESSED, gunzip_bounded, too_large
+from loader.landing.store import CHANGES, JSONL, MAX_DECOMPRESSED, format_of, gunzip_bounded, too_large
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 
@@ -250,7 +249,7 @@ def decode_file(
     exactly-once dedupe would then drop. A file decompressing past ``max_bytes`` raises
     ``DecompressedSizeError`` (the load fails naming it).
     """
-    if file.endswith(ARROW_EXTENSION):
+    if format_of(file) != JSONL:
         yield from _decode_arrow_file(file, data, first_lsn, span)
         return
     if file.endswith(".gz"):
@@ -343,36 +342,47 @@ def _account(
 def _decode_arrow_file(
     file: str, data: bytes, first_lsn: int, span: tuple[ChangePosition, ChangePosition] | None
 ) -> Iterator[dict[str, Any]]:
-    """``decode_file`` for a landing v2 file (loader.landing.arrowfile): the rows a v1 file with the
-    same records gives (line numbers as there: the header is line 1), every readable batch kept,
-    the header's counts checked like v1's. A record's raw text (in a reject) is its v1 line."""
-    from loader.landing import arrowfile
+    """``decode_file`` for a landing v2 file (a snapshot chunk, loader.landing.arrowfile, or
+    records of the change stream, loader.landing.changefile): the rows a v1 file with the same
+    records gives (line numbers as there: the header is line 1), every readable batch kept, the
+    header's counts checked like v1's. A record's raw text (in a reject) is its v1 line."""
+    from loader.landing import arrowfile, changefile
 
-    got = arrowfile.salvage(data)
-    header, damage = got.header, got.damage
+    records: Iterator[ChangeRecord] = iter(())
+    header: changefile.ChangeHeader | arrowfile.SnapshotHeader | None
+    if format_of(file) == CHANGES:
+        got_changes = changefile.salvage(data)
+        header, damage = got_changes.header, got_changes.damage
+        if header is not None:
+            records = itertools.chain.from_iterable(changefile.batch_records(b) for b in got_changes.batches)
+    else:
+        got = arrowfile.salvage(data)
+        header, damage = got.header, got.damage
+        if got.header is not None:
+            marker = got.header.resync_record()
+            records = itertools.chain(
+                [marker] if marker is not None else [], arrowfile.row_records(got.header, got.batches)
+            )
     seen: dict[str, int] = {}
     unplaced = 0
     first_ts: str | None = None
     positions: set[tuple[int, int]] = set()
     line_no = 1
-    if header is not None:
-        marker = header.resync_record()
-        records = arrowfile.row_records(header, got.batches)
-        for rec in itertools.chain([marker] if marker is not None else [], records):
-            line_no += 1
-            raw = rec.to_json()
-            row = _record_to_row(file, line_no, rec, raw)
-            if row is None:
-                continue
-            if row["reject_reason"] is None:
-                row = _check_place(file, line_no, raw.encode("utf-8"), row, span, positions)
-            if row["src_table"] is not None:
-                t = f"{row['src_schema']}.{row['src_table']}"
-                seen[t] = seen.get(t, 0) + 1
-            elif row["reject_reason"] is not None:
-                unplaced += 1
-            first_ts = first_ts or row["ts"]
-            yield row
+    for rec in records:
+        line_no += 1
+        raw = rec.to_json()
+        row = _record_to_row(file, line_no, rec, raw)
+        if row is None:
+            continue
+        if row["reject_reason"] is None:
+            row = _check_place(file, line_no, raw.encode("utf-8"), row, span, positions)
+        if row["src_table"] is not None:
+            t = f"{row['src_schema']}.{row['src_table']}"
+            seen[t] = seen.get(t, 0) + 1
+        elif row["reject_reason"] is not None:
+            unplaced += 1
+        first_ts = first_ts or row["ts"]
+        yield row
     yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
 
 

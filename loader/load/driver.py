@@ -123,14 +123,46 @@ def _read_text(name: str, data: bytes, limit: int) -> tuple[bytes, FileHeader | 
     return text, header
 
 
+def _read_changes(name: str, data: bytes) -> tuple[pa.Table, FileHeader]:
+    """One intact landing v2 change file (loader.landing.changefile) as an Arrow table and its
+    header's counts; a damaged file is not plain (the Spark path salvages what is readable)."""
+    import pyarrow as pa
+
+    from loader.landing import changefile
+
+    got = changefile.salvage(data)
+    if got.header is None or got.damage is not None:
+        raise NotPlain(f"{name}: damaged ({got.damage})")
+    table = pa.Table.from_batches(got.batches, schema=changefile.arrow_schema())
+    return table, FileHeader(got.header.tables)
+
+
+def _read_file(store: LandingStore, f: LandingFile) -> tuple[bytes | pa.Table, FileHeader | None]:
+    """A landing file's records as the driver reads them: v1 record lines, or a v2 change file's
+    Arrow table."""
+    from loader.landing.store import CHANGES
+
+    data = store.open_bytes(f.name)
+    if f.format == CHANGES:
+        return _read_changes(f.name, data)
+    return _read_text(f.name, data, store.max_decompressed)
+
+
+def _size(body: bytes | pa.Table | None) -> int:
+    if body is None:
+        return 0
+    return len(body) if isinstance(body, bytes) else int(body.nbytes)
+
+
 @dataclass
 class TextGroup:
-    """Consecutive landing v1 files the driver load takes as one batch (:func:`plain_groups`):
-    their record lines, or why the group goes to the Spark path (``not_plain``), or neither: a
-    transaction longer than the bound, read again file by file (``streamed``)."""
+    """Consecutive landing files of the change stream (v1, or v2 change files) the driver load
+    takes as one batch (:func:`plain_groups`): their records as read (v1 record lines, v2 Arrow
+    tables), or why the group goes to the Spark path (``not_plain``), or neither: a transaction
+    longer than the bound, read again file by file (``streamed``)."""
 
     files: list[LandingFile]
-    texts: list[tuple[bytes, FileHeader | None]] | None
+    texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None
     not_plain: str | None = None
 
     @property
@@ -139,8 +171,8 @@ class TextGroup:
 
 
 def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) -> Iterator[TextGroup]:
-    """``files`` (landing v1, in order) read one at a time and cut into groups of at most
-    ``max_bytes`` of record text, each ending with a file that ends a transaction (a cut never
+    """``files`` (landing v1 or v2 change files, one format, in order) read one at a time and cut
+    into groups of at most ``max_bytes`` of record text (Arrow bytes for v2), each ending with a file that ends a transaction (a cut never
     splits one; a group is cut at the first such file past half the bound), so a backlog of any
     size loads on the driver in bounded memory, group after group.
 
@@ -149,18 +181,18 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
     own that the driver reads again file by file (``streamed``, :class:`StreamedPlainBatch`). The
     text of such groups is dropped as soon as that is known. The groups after it are read as before."""
     group: list[LandingFile] = []
-    texts: list[tuple[bytes, FileHeader | None]] | None = []
+    texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None = []
     size, reason = 0, None
     problem: str | None
     for f in files:
-        body: bytes | None
+        body: bytes | pa.Table | None
         try:
-            body, header = _read_text(f.name, store.open_bytes(f.name), store.max_decompressed)
+            body, header = _read_file(store, f)
         except NotPlain as exc:
             body, header, problem = None, None, str(exc)
         else:
             problem = None
-        n = len(body) if body is not None else 0
+        n = _size(body)
         # Cut at a file ending a transaction once half the bound is reached (or the next file would
         # pass it): a transaction running on past that point then has the other half to end in.
         full = size >= max_bytes // 2 or size + n > max_bytes
@@ -182,8 +214,8 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
 
 
 def _entries(chunked: Any, what: str) -> tuple[np.ndarray, pa.Array, pa.Array, pa.Array]:
-    """A ``list<[name, type, value]>`` column as (row offsets, names, types, values), flat; an
-    absent list reads as empty (msgspec's default)."""
+    """A ``list<[name, type, value]>`` column (v1) or ``list<struct<name, type, value>>`` (v2) as
+    (row offsets, names, types, values), flat; an absent list reads as empty (msgspec's default)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -194,6 +226,12 @@ def _entries(chunked: Any, what: str) -> tuple[np.ndarray, pa.Array, pa.Array, p
         flat = chunk.flatten()
         if flat.null_count:
             raise NotPlain(f"a {what} entry that is null")
+        if pa.types.is_struct(flat.type):  # landing v2: {name, type, value}
+            name, typ, value = flat.flatten()
+            names.append(name)
+            types.append(typ)
+            values.append(value)
+            continue
         if len(flat):
             entry_len = pc.list_value_length(flat)
             if pc.min(entry_len).as_py() != 3 or pc.max(entry_len).as_py() != 3:
@@ -246,33 +284,44 @@ class PlainBatch:
         store: LandingStore,
         batch: list[LandingFile],
         max_bytes: int,
-        texts: list[tuple[bytes, FileHeader | None]] | None = None,
+        texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None = None,
     ) -> None:
-        """``texts``: the files' record lines and headers as :func:`plain_groups` read them (else
-        read here)."""
+        """``texts``: the files' records (v1 lines or a v2 change file's Arrow table) and headers
+        as :func:`plain_groups` read them (else read here)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.json as pj
 
-        bodies, lines, headers, size = [], [], [], 0
+        bodies: list[bytes | pa.Table] = []
+        lines, headers, size = [], [], 0
         for i, f in enumerate(batch):
             if texts is None:
-                body, header = _read_text(f.name, store.open_bytes(f.name), store.max_decompressed)
+                body, header = _read_file(store, f)
             else:
                 body, header = texts[i]
-            size += len(body)
+            size += _size(body)
             if size > max_bytes:
                 raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of landing text")
             bodies.append(body)
-            lines.append(body.count(b"\n"))
+            lines.append(body.count(b"\n") if isinstance(body, bytes) else body.num_rows)
             headers.append(header)
         if texts is not None:
             texts.clear()  # handed over: each file's text is freed once it is parsed
         schema = _landing_schema()
         parsed = []
+        arrow = any(not isinstance(b, bytes) for b in bodies)
+        if arrow:
+            if not all(isinstance(b, pa.Table) for b in bodies):
+                raise NotPlain("landing formats mixed in one batch")
+            from loader.landing import changefile
+
+            schema = changefile.arrow_schema()
         for i, body in enumerate(bodies):
             bodies[i] = b""
+            if not isinstance(body, bytes):
+                parsed.append(body)
+                continue
             if not body:
                 continue
             try:  # Arrow parses blocks of a file on every core, no copy of its text
@@ -290,10 +339,10 @@ class PlainBatch:
         del parsed
         if rows.num_rows != sum(lines):
             raise NotPlain("blank lines in a landing file")
-        for required in ("v", "op", "lsn", "seq", "xid", "ts"):
+        for required in ("op", "lsn", "seq", "xid", "ts") if arrow else ("v", "op", "lsn", "seq", "xid", "ts"):
             if rows.column(required).null_count:
                 raise NotPlain(f"a record without {required}")
-        if rows.num_rows and pc.any(pc.not_equal(rows.column("v"), 1)).as_py():
+        if not arrow and rows.num_rows and pc.any(pc.not_equal(rows.column("v"), 1)).as_py():
             raise NotPlain("a record of another landing format version")
         ops = set(pc.unique(rows.column("op")).to_pylist())
         if not ops <= set(_KINDS) | {"C"}:
@@ -342,6 +391,10 @@ class PlainBatch:
         self.id_offsets, id_names, _, self.id_values = _entries(rows.column("identity"), "old-key")
         pk_offsets, pk_items = _text_lists(rows.column("pk"))
         del rows
+        if arrow:  # v1 text holding the shape key's separators was refused above, unparsed
+            for part in (schema_col, table_col, names, types, id_names, pk_items):
+                if len(part) and pc.any(pc.match_substring_regex(part, f"[{_SEP_FIELD}{_SEP_ITEM}]")).as_py():
+                    raise NotPlain("a name holding control characters")
 
         def joined(offsets: Any, items: Any) -> Any:
             return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items), _SEP_ITEM)

@@ -252,16 +252,17 @@ class HistoryLoad:
 
     def _sub_batches(self, batch: list[LandingFile]) -> Iterator[tuple[list[LandingFile], TextGroup | None]]:
         """``batch`` as the batches the load takes one after another, each with its ledger rows:
-        snapshot chunks (landing v2) apart from v1 files, and v1 files in groups the driver holds
+        snapshot chunks (landing v2) apart from the change stream's files (v1, or v2 change files:
+        one format per segment), and those in groups the driver holds
         (loader.load.driver.plain_groups: read once, here, lazily, so one group is in memory at a
         time), with what was read of them (None: the driver reads them when it loads them)."""
-        from loader.landing.store import JSONL
+        from loader.landing.store import CHANGES, JSONL
         from loader.load.driver import plain_groups
 
         max_bytes = self.settings.load.driver_max_bytes
         for segment in _by_format(batch):
             # Overlapping files need the Spark path's dedupe: not read here only to be read again.
-            if segment[0].format != JSONL or not max_bytes or not _disjoint(segment):
+            if segment[0].format not in (JSONL, CHANGES) or not max_bytes or not _disjoint(segment):
                 yield segment, None
                 continue
             read_next = functools.partial(next, plain_groups(self.store, segment, max_bytes), None)
@@ -1003,7 +1004,7 @@ def _disjoint(files: list[LandingFile]) -> bool:
 
 
 def _by_format(batch: list[LandingFile]) -> list[list[LandingFile]]:
-    """``batch`` cut where the landing format changes (v1 / v2 snapshot chunks), only after a file
+    """``batch`` cut where the landing format changes (v1 / v2 snapshot chunks / v2 change files), only after a file
     that ends a transaction (a cut never splits one); one segment when nothing is cut."""
     segments: list[list[LandingFile]] = []
     for f in batch:

@@ -79,10 +79,16 @@ class Crash(Exception):
 
 
 def landing_snapshot(path: Path) -> dict[str, bytes]:
-    """Every landing file under ``path``, decompressed, by name."""
+    """Every landing file under ``path`` by name: v1 files decompressed, v2 files (Arrow) as they are."""
     import gzip
 
-    return {p.name: gzip.decompress(p.read_bytes()) for p in sorted(path.iterdir()) if p.name.endswith(".gz")}
+    from loader.landing.store import LandingFile
+
+    return {
+        p.name: gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+        for p in sorted(path.iterdir())
+        if LandingFile.parse(p.name) is not None
+    }
 
 
 def crash_after_each_file(settings: LoaderSettings, files: int, after_crash: Callable[[], None] | None = None) -> int:

@@ -21,14 +21,14 @@ MARK = "zz-secret-marker-7f3a"
 
 
 def landing_bytes(src: Src) -> bytes:
-    """Every landing file's content as text: v1 files decompressed, v2 snapshot files (Arrow, zstd)
-    as the v1 lines of their records, so a value in either is found."""
+    """Every landing file's content as text: v1 files decompressed, v2 files (Arrow, zstd: snapshot
+    chunks and change files) as the v1 lines of their records, so a value in any is found."""
     from loader.landing.store import LocalLandingStore
 
     root = Path(src.settings.landing.url.removeprefix("file://")) / src.settings.source.slot
     v1 = b"".join(gzip.decompress(p.read_bytes()) for p in sorted(root.glob("*.gz")))
     store = LocalLandingStore(root)
-    v2 = "\n".join(line for p in sorted(root.glob("*.arrows")) for line in store.read_lines(p.name))
+    v2 = "\n".join(line for p in sorted(root.glob("*.arrow*")) for line in store.read_lines(p.name))
     return v1 + v2.encode("utf-8")
 
 

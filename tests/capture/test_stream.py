@@ -36,10 +36,14 @@ def peeking(s: LoaderSettings) -> LoaderSettings:
 
 
 def landed_lines(landing: Path) -> list[bytes]:
-    """Every record line of a landing directory in file order, without the file headers."""
+    """Every record of a landing directory in file order as its v1 line (either format), without
+    the file headers."""
+    from loader.landing.store import LocalLandingStore
+
+    store = LocalLandingStore(landing)
     out = []
-    for body in landing_snapshot(landing).values():
-        out += [line for line in body.splitlines() if f'"op":"{HEADER}"'.encode() not in line]
+    for name in landing_snapshot(landing):
+        out += [line.encode() for line in store.read_lines(name) if f'"op":"{HEADER}"' not in line]
     return out
 
 

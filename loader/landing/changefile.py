@@ -1,0 +1,255 @@
+"""Landing format v2 for the change stream: records as one Arrow IPC stream (``schemas/landing-change.v2.md``).
+
+A file holds what a v1 file holds (changes, control records, commit markers, in position order),
+one record per row, in columns: the fields every record has, and its columns, old key and key
+names as lists of ``{name, type, value}`` structs, so one file holds records of many tables and
+shapes. Values keep PostgreSQL's text form (a null value is SQL NULL; a column absent from the
+list, an unchanged TOAST value, stays absent). The header (tables and counts, records) is the
+stream schema's metadata, in front of every batch; capture only knows it when the file closes, so
+the batches are spooled as they come (``Spool``) and the final file is the header's schema message
+followed by the spooled batch messages, copied as they are (no second compression).
+
+Batches hold at most ``BATCH_RECORDS`` records, so a file cut short keeps every batch before the
+damage, and the load reads a file in Arrow without parsing a line (``loader.load.driver``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from loader.landing.arrowfile import COMPRESSION, METADATA_KEY, read_batches
+from loader.landing.records import COMMIT, ChangeRecord, Column
+
+FORMAT_VERSION = 2
+FORMAT = "changes"
+EXTENSION = ".changes.arrow"
+# Records per Arrow batch: capture's unit of work and of damage (a cut file keeps the batches before it).
+BATCH_RECORDS = 4096
+
+
+def _column_list() -> Any:
+    import pyarrow as pa
+
+    entry = pa.struct(
+        [
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("type", pa.string(), nullable=False),
+            pa.field("value", pa.string()),
+        ]
+    )
+    return pa.list_(pa.field("item", entry, nullable=False))
+
+
+def arrow_schema() -> Any:
+    """The columns of a v2 change file (no header)."""
+    import pyarrow as pa
+
+    s = pa.string()
+    return pa.schema(
+        [
+            pa.field("op", s, nullable=False),
+            pa.field("lsn", pa.uint64(), nullable=False),
+            pa.field("seq", pa.int64(), nullable=False),
+            pa.field("xid", pa.int64(), nullable=False),
+            pa.field("ts", s, nullable=False),
+            pa.field("change_lsn", pa.int64(), nullable=False),
+            pa.field("schema", s, nullable=False),
+            pa.field("table", s, nullable=False),
+            pa.field("columns", _column_list(), nullable=False),
+            pa.field("identity", _column_list(), nullable=False),
+            pa.field("pk", pa.list_(pa.field("item", s, nullable=False)), nullable=False),
+            pa.field("reason", s),
+            pa.field("raw", s),
+        ]
+    )
+
+
+@dataclass
+class ChangeHeader:
+    """The header of a v2 change file: v1's FileHeader counts (records of each table, commit
+    markers not counted) and the number of records (rows) in the stream."""
+
+    tables: dict[str, int]
+    records: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"v": FORMAT_VERSION, "op": "H", "format": FORMAT, "tables": self.tables, "records": self.records}
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> ChangeHeader:
+        if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION or doc.get("format") != FORMAT:
+            raise ValueError("not a landing v2 change-file header")
+        tables, records = doc.get("tables"), doc.get("records")
+        if not isinstance(tables, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in tables.items()
+        ):
+            raise ValueError("header 'tables' must map table names to counts")
+        if not isinstance(records, int) or isinstance(records, bool) or records < 0:
+            raise ValueError("header 'records' must be a count")
+        return cls(dict(tables), records)
+
+
+def header_schema(header: ChangeHeader) -> Any:
+    meta = json.dumps(header.to_doc(), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return arrow_schema().with_metadata({METADATA_KEY: meta.encode("utf-8")})
+
+
+def _entries(lists: list[list[Column]]) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    counts = np.fromiter((len(x) for x in lists), np.int32, len(lists))
+    offsets = np.zeros(len(lists) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    flat = [c for x in lists for c in x]
+    entries = pa.StructArray.from_arrays(
+        [
+            pa.array([c.name for c in flat], pa.string()),
+            pa.array([c.type for c in flat], pa.string()),
+            pa.array([c.value for c in flat], pa.string()),
+        ],
+        fields=list(_column_list().value_type),
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=_column_list())
+
+
+def record_batch(records: list[ChangeRecord]) -> Any:
+    """``records`` as one Arrow batch of the v2 change-file schema."""
+    import numpy as np
+    import pyarrow as pa
+
+    s, i64 = pa.string(), pa.int64()
+    pk_counts = np.fromiter((len(r.pk) for r in records), np.int32, len(records))
+    pk_offsets = np.zeros(len(records) + 1, np.int32)
+    np.cumsum(pk_counts, out=pk_offsets[1:])
+    arrays = [
+        pa.array([r.op for r in records], s),
+        pa.array([r.commit_lsn for r in records], pa.uint64()),
+        pa.array([r.seq for r in records], i64),
+        pa.array([r.xid for r in records], i64),
+        pa.array([r.ts for r in records], s),
+        pa.array([r.change_lsn for r in records], i64),
+        pa.array([r.schema for r in records], s),
+        pa.array([r.table for r in records], s),
+        _entries([r.columns for r in records]),
+        _entries([r.identity for r in records]),
+        pa.ListArray.from_arrays(
+            pa.array(pk_offsets), pa.array([p for r in records for p in r.pk], s), type=arrow_schema().field("pk").type
+        ),
+        pa.array([r.reason or None for r in records], s),
+        pa.array([r.raw for r in records], s),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
+
+
+class Spool:
+    """The batches of a file being written, as an IPC stream in ``out`` (a private spool file);
+    :meth:`finish` writes the published file: the header, then these batches as they are."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        import pyarrow as pa
+
+        self._out = out
+        self._writer = pa.ipc.new_stream(out, arrow_schema(), options=pa.ipc.IpcWriteOptions(compression=COMPRESSION))
+
+    def write(self, records: list[ChangeRecord]) -> None:
+        if records:
+            self._writer.write_batch(record_batch(records))
+
+    def close(self) -> None:
+        self._writer.close()  # the end-of-stream marker
+
+    @staticmethod
+    def finish(spooled: Path, header: ChangeHeader, out: IO[bytes]) -> None:
+        """Write to ``out`` the file whose batches ``spooled`` (a closed Spool's file) holds."""
+        start = _schema_message_end(spooled)
+        out.write(header_schema(header).serialize().to_pybytes())
+        with open(spooled, "rb") as body:
+            body.seek(start)
+            while chunk := body.read(1 << 20):
+                out.write(chunk)
+
+
+def _schema_message_end(spooled: Path) -> int:
+    import pyarrow as pa
+
+    with pa.OSFile(str(spooled), "rb") as f:
+        pa.ipc.MessageReader.open_stream(f).read_next_message()
+        return int(f.tell())
+
+
+def write_file(path: Path, records: Iterable[ChangeRecord]) -> None:
+    """One v2 change file at ``path`` (created 0600) holding ``records`` (in position order)."""
+    import pyarrow as pa
+
+    from loader.landing.private import open_private
+
+    recs = list(records)
+    tables: dict[str, int] = {}
+    for r in recs:
+        if r.op != COMMIT:
+            tables[r.qualified_table] = tables.get(r.qualified_table, 0) + 1
+    header = ChangeHeader(dict(sorted(tables.items())), len(recs))
+    options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
+    with open_private(path) as out, pa.ipc.new_stream(out, header_schema(header), options=options) as writer:
+        for i in range(0, len(recs), BATCH_RECORDS):
+            writer.write_batch(record_batch(recs[i : i + BATCH_RECORDS]))
+
+
+@dataclass
+class Salvage:
+    """What a v2 change file still holds: its header (None if unreadable), the batches read, damage."""
+
+    header: ChangeHeader | None
+    batches: list[Any]
+    damage: str | None
+
+
+def salvage(data: bytes) -> Salvage:
+    """Read a v2 change file batch by batch, keeping every batch before any damage."""
+    header, batches, damage = read_batches(data, ChangeHeader.from_doc, lambda _: arrow_schema().names)
+    if header is not None and damage is None:
+        got = sum(b.num_rows for b in batches)
+        if got != header.records:
+            damage = f"Arrow stream holds {got} of the {header.records} records its header announces"
+    return Salvage(header, batches, damage)
+
+
+def _columns(entries: list[dict[str, Any]] | None) -> list[Column]:
+    return [Column(e["name"], e["type"], e["value"]) for e in entries or ()]
+
+
+def batch_records(batch: Any) -> Iterator[ChangeRecord]:
+    """The records of one batch, as a v1 file gives them."""
+    for row in batch.to_pylist():
+        if row["op"] == COMMIT:
+            yield ChangeRecord(COMMIT, row["lsn"], row["seq"], row["xid"], row["ts"])
+            continue
+        yield ChangeRecord(
+            op=row["op"],
+            commit_lsn=row["lsn"],
+            seq=row["seq"],
+            xid=row["xid"],
+            ts=row["ts"],
+            schema=row["schema"],
+            table=row["table"],
+            change_lsn=row["change_lsn"],
+            columns=_columns(row["columns"]),
+            identity=_columns(row["identity"]),
+            pk=list(row["pk"] or ()),
+            reason=row["reason"] or "",
+            raw=row["raw"],
+        )
+
+
+def records(data: bytes) -> Iterator[ChangeRecord]:
+    """Every record of an intact v2 change file; ValueError naming the damage when it is not intact."""
+    got = salvage(data)
+    if got.damage is not None or got.header is None:
+        raise ValueError(got.damage or "unreadable")
+    for batch in got.batches:
+        yield from batch_records(batch)
