@@ -428,8 +428,9 @@ def generate(
     return txns, model
 
 
-def write_files(settings: LoaderSettings, txns: list[Txn], max_changes: int) -> list[str]:
-    writer = LandingWriter(open_landing(settings), max_changes=max_changes)
+def write_files(settings: LoaderSettings, txns: list[Txn], max_changes: int, format: str = "jsonl") -> list[str]:
+    """``txns`` landed as capture lands them, in landing ``format`` (``jsonl``: v1, ``changes``: v2)."""
+    writer = LandingWriter(open_landing(settings), max_changes=max_changes, format=format)
     for txn in txns:
         for rec in txn.records():
             writer.write(rec)

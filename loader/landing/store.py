@@ -230,7 +230,12 @@ class LandingStore(ABC):
                 hint="'loader load' keeps its readable changes and parks the tables it touched; "
                 "'loader resync --table ...' repairs them",
             ) from exc
-        yield from text.splitlines()
+        # Lines end at "\n" only: str.splitlines would also cut at U+0085, U+2028 and the like,
+        # which JSON leaves unescaped inside a value.
+        lines = text.split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        yield from lines
 
     def _arrow_records(self, name: str, data: bytes) -> Iterator[ChangeRecord]:
         from loader.landing import arrowfile, changefile

@@ -247,6 +247,7 @@ def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     text_keys=st.booleans(),
     max_changes=st.integers(2, 12),
     bound=st.sampled_from([ON.driver_max_bytes, ON.driver_max_bytes, 600, 2500]),
+    landing_format=st.sampled_from(["jsonl", "changes"]),
 )
 def test_driver_and_spark_paths_write_the_same_history(
     spark: Any,
@@ -259,9 +260,11 @@ def test_driver_and_spark_paths_write_the_same_history(
     text_keys: bool,
     max_changes: int,
     bound: int,
+    landing_format: str,
 ) -> None:
     """``bound`` (load.driver_max_bytes): small ones cut the batch into several driver batches, and
-    send a transaction longer than the bound to the Spark path."""
+    send a transaction longer than the bound to the Spark path. ``landing_format``: the files are
+    landing v1 (gzip JSON lines) or v2 change files (Arrow), for both paths."""
     txns = _batch(seed, sorted(columns), odd, text_keys)
     with_driver = lake_settings(base_settings, tmp_path).model_copy(
         update={"load": LoadSettings(driver_max_bytes=bound)}
@@ -269,9 +272,9 @@ def test_driver_and_spark_paths_write_the_same_history(
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     results = []
     for s in (with_driver, spark_only):
-        write_files(s, txns[: len(txns) // 2], max_changes)
+        write_files(s, txns[: len(txns) // 2], max_changes, landing_format)
         first = HistoryLoad(spark, s).run()
-        write_files(s, txns[len(txns) // 2 :], max_changes)  # a second batch onto existing tables
+        write_files(s, txns[len(txns) // 2 :], max_changes, landing_format)  # a second batch onto existing tables
         second = HistoryLoad(spark, s).run()
         results.append(
             [
