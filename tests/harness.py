@@ -428,6 +428,13 @@ def generate(
     return txns, model
 
 
+def landing_names(root: Path) -> list[str]:
+    """The names of every landing file under ``root`` (any format), sorted."""
+    from loader.landing.store import LandingFile
+
+    return sorted(p.name for p in root.rglob("*") if LandingFile.parse(p.name) is not None)
+
+
 def write_files(settings: LoaderSettings, txns: list[Txn], max_changes: int, format: str = "jsonl") -> list[str]:
     """``txns`` landed as capture lands them, in landing ``format`` (``jsonl``: v1, ``changes``: v2)."""
     writer = LandingWriter(open_landing(settings), max_changes=max_changes, format=format)

@@ -117,7 +117,7 @@ def test_erase_a_subject_from_every_file_and_keep_it_erased(env: Env) -> None:
     assert res.success, "the compliance audit passes"
 
     # A replay of the old range, with the unscrubbed old landing files back, does not resurrect it.
-    for f in (keep / env.settings.source.slot).glob("*.jsonl.gz"):
+    for f in (keep / env.settings.source.slot).glob("*_?.*"):
         shutil.copy(f, env.tmp / "landing" / env.settings.source.slot / f.name)
     replay = Backfill(env.spark, env.settings).replay(first - 1, last)
     assert not replay.appended, replay.summary()

@@ -470,6 +470,7 @@ def test_truncated_landing_file_keeps_readable_changes_and_parks_what_it_lost(en
     env.capture()
     for i in range(40):
         env.transaction(f"INSERT INTO public.a VALUES ({i}, md5({i}::text))", f"INSERT INTO public.b VALUES ({i}, 'b')")
+    env.configure("source", stream_format="jsonl")  # v1 keeps every line before the damage (v2: every batch)
     env.capture()
     files = sorted((env.tmp / "landing").rglob("*.jsonl.gz"))
     damaged = files[-1]

@@ -6,7 +6,7 @@ import pytest
 
 from loader.capture.capture import Capture
 from loader.workload import BankWorkload
-from tests.harness import Env
+from tests.harness import Env, landing_names
 from tests.oracle import assert_history_matches
 
 KEYS = {
@@ -51,13 +51,13 @@ def test_every_command_is_idempotent(env: Env) -> None:
     wl.run(40)
     env.run_all()
     before = _snapshot_ids(env)
-    files_before = sorted(p.name for p in (env.tmp / "landing").rglob("*.gz"))
+    files_before = landing_names(env.tmp / "landing")
     cap, load, merge = env.run_all()
     assert cap.changes == 0 and cap.files == []
     assert load.files == [] and load.rejects == 0
     assert all(t.increment_rows == 0 for t in merge.tables)
     assert _snapshot_ids(env) == before, "a re-run committed new snapshots"
-    assert sorted(p.name for p in (env.tmp / "landing").rglob("*.gz")) == files_before
+    assert landing_names(env.tmp / "landing") == files_before
     env.assert_reconciled()
     for table, key in KEYS.items():
         assert_history_matches(env, wl.log, table, key)
@@ -79,7 +79,7 @@ def test_crash_between_landing_write_and_slot_advance(env: Env) -> None:
 
     with pytest.raises(Crash):
         Capture(env.settings, on_published=crash).run()
-    landed = sorted(p.name for p in (env.tmp / "landing").rglob("*.gz"))
+    landed = landing_names(env.tmp / "landing")
     assert len(landed) == 1, "the file was published before the crash"
     from loader.capture import slot as slots
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from loader.landing.store import S3LandingStore, open_landing
+from loader.landing.store import LandingFile, S3LandingStore, open_landing
 from loader.workload import BankWorkload
 from tests.harness import Env, s3_bucket
 from tests.oracle import assert_history_matches
@@ -33,7 +33,10 @@ def test_s3_landing_end_to_end(env: Env, s3_server: str) -> None:
     cap, load, _ = env.run_all()
     # Capture keeps small state objects under _state/; everything else is a landing file.
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"] if "/_state/" not in o["Key"]]
-    assert keys and all(k.startswith(f"cdc/{env.settings.source.slot}/") and k.endswith(".jsonl.gz") for k in keys)
+    assert keys and all(
+        k.startswith(f"cdc/{env.settings.source.slot}/") and LandingFile.parse(k.rsplit("/", 1)[-1]) is not None
+        for k in keys
+    )
     assert sorted(k.rsplit("/", 1)[1] for k in keys) == sorted(cap.files) == sorted(load.files)
     env.assert_reconciled()
     for table, key in {"public.accounts": ["account_id"], "public.transactions": ["transaction_id"]}.items():
