@@ -27,7 +27,7 @@ import psycopg
 
 from loader.config import LoaderSettings
 from loader.landing.records import COMMIT, ChangeRecord, Column
-from loader.landing.store import LandingWriter, open_landing
+from loader.landing.store import LandingWriter, open_landing, stream_landing_format
 
 PG = os.environ.get("LOADER_BENCH_PG", os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:55433"))
 OUT = Path(__file__).resolve().parent / "out"
@@ -189,8 +189,13 @@ def account_change(op: str, key: int, lsn: int, seq: int, table: str = "accounts
 def write_landing(
     settings: LoaderSettings, changes: Iterator[tuple[str, str, int]], txn_rows: int, first_lsn: int
 ) -> tuple[int, int]:
-    """Land synthetic changes ``(op, table, key)`` in transactions of ``txn_rows``: (changes, next LSN)."""
-    writer = LandingWriter(open_landing(settings), settings.source.max_changes_per_file)
+    """Land synthetic changes ``(op, table, key)`` in transactions of ``txn_rows``, in capture's
+    landing format (``source.stream_format``): (changes, next LSN)."""
+    writer = LandingWriter(
+        open_landing(settings),
+        settings.source.max_changes_per_file,
+        format=stream_landing_format(settings.source.stream_format),
+    )
     lsn, seq, n = first_lsn, 0, 0
     for op, table, key in changes:
         seq += 1

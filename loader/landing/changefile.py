@@ -31,41 +31,50 @@ EXTENSION = ".changes.arrow"
 BATCH_RECORDS = 4096
 
 
-def _column_list() -> Any:
+def _column_list(stored: bool = False) -> Any:
     import pyarrow as pa
 
+    text = pa.dictionary(pa.int32(), pa.string()) if stored else pa.string()
     entry = pa.struct(
         [
-            pa.field("name", pa.string(), nullable=False),
-            pa.field("type", pa.string(), nullable=False),
+            pa.field("name", text, nullable=False),
+            pa.field("type", text, nullable=False),
             pa.field("value", pa.string()),
         ]
     )
     return pa.list_(pa.field("item", entry, nullable=False))
 
 
-def arrow_schema() -> Any:
-    """The columns of a v2 change file (no header)."""
+def arrow_schema(stored: bool = False) -> Any:
+    """The columns of a v2 change file (no header). ``stored``: as the file holds them, the
+    repetitive texts (operation, commit time, table, column names and types, key names)
+    dictionary-encoded per batch; readers see them decoded (:func:`decoded`)."""
     import pyarrow as pa
 
     s = pa.string()
+    text = pa.dictionary(pa.int32(), s) if stored else s
     return pa.schema(
         [
-            pa.field("op", s, nullable=False),
+            pa.field("op", text, nullable=False),
             pa.field("lsn", pa.uint64(), nullable=False),
             pa.field("seq", pa.int64(), nullable=False),
             pa.field("xid", pa.int64(), nullable=False),
-            pa.field("ts", s, nullable=False),
+            pa.field("ts", text, nullable=False),
             pa.field("change_lsn", pa.int64(), nullable=False),
-            pa.field("schema", s, nullable=False),
-            pa.field("table", s, nullable=False),
-            pa.field("columns", _column_list(), nullable=False),
-            pa.field("identity", _column_list(), nullable=False),
-            pa.field("pk", pa.list_(pa.field("item", s, nullable=False)), nullable=False),
+            pa.field("schema", text, nullable=False),
+            pa.field("table", text, nullable=False),
+            pa.field("columns", _column_list(stored), nullable=False),
+            pa.field("identity", _column_list(stored), nullable=False),
+            pa.field("pk", pa.list_(pa.field("item", text, nullable=False)), nullable=False),
             pa.field("reason", s),
             pa.field("raw", s),
         ]
     )
+
+
+def decoded(batch: Any) -> Any:
+    """A batch as read from a file, with its dictionary-encoded texts decoded."""
+    return batch.cast(arrow_schema())
 
 
 @dataclass
@@ -95,55 +104,63 @@ class ChangeHeader:
 
 def header_schema(header: ChangeHeader) -> Any:
     meta = json.dumps(header.to_doc(), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-    return arrow_schema().with_metadata({METADATA_KEY: meta.encode("utf-8")})
+    return arrow_schema(stored=True).with_metadata({METADATA_KEY: meta.encode("utf-8")})
+
+
+def _offsets(counts: Any, n: int) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.fromiter(counts, np.int32, n), out=offsets[1:])
+    return pa.array(offsets)
 
 
 def _entries(lists: list[list[Column]]) -> Any:
-    import numpy as np
     import pyarrow as pa
 
-    counts = np.fromiter((len(x) for x in lists), np.int32, len(lists))
-    offsets = np.zeros(len(lists) + 1, np.int32)
-    np.cumsum(counts, out=offsets[1:])
     flat = [c for x in lists for c in x]
     entries = pa.StructArray.from_arrays(
         [
-            pa.array([c.name for c in flat], pa.string()),
-            pa.array([c.type for c in flat], pa.string()),
+            pa.array([c.name for c in flat], pa.string()).dictionary_encode(),
+            pa.array([c.type for c in flat], pa.string()).dictionary_encode(),
             pa.array([c.value for c in flat], pa.string()),
         ],
-        fields=list(_column_list().value_type),
+        fields=list(_column_list(stored=True).value_type),
     )
-    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=_column_list())
+    return pa.ListArray.from_arrays(_offsets((len(x) for x in lists), len(lists)), entries, type=_column_list(True))
 
 
 def record_batch(records: list[ChangeRecord]) -> Any:
-    """``records`` as one Arrow batch of the v2 change-file schema."""
-    import numpy as np
+    """``records`` as one Arrow batch of the v2 change-file schema, as files store it."""
     import pyarrow as pa
 
     s, i64 = pa.string(), pa.int64()
-    pk_counts = np.fromiter((len(r.pk) for r in records), np.int32, len(records))
-    pk_offsets = np.zeros(len(records) + 1, np.int32)
-    np.cumsum(pk_counts, out=pk_offsets[1:])
+    schema = arrow_schema(stored=True)
+
+    def texts(values: list[str]) -> Any:
+        return pa.array(values, s).dictionary_encode()
+
     arrays = [
-        pa.array([r.op for r in records], s),
+        texts([r.op for r in records]),
         pa.array([r.commit_lsn for r in records], pa.uint64()),
         pa.array([r.seq for r in records], i64),
         pa.array([r.xid for r in records], i64),
-        pa.array([r.ts for r in records], s),
+        texts([r.ts for r in records]),
         pa.array([r.change_lsn for r in records], i64),
-        pa.array([r.schema for r in records], s),
-        pa.array([r.table for r in records], s),
+        texts([r.schema for r in records]),
+        texts([r.table for r in records]),
         _entries([r.columns for r in records]),
         _entries([r.identity for r in records]),
         pa.ListArray.from_arrays(
-            pa.array(pk_offsets), pa.array([p for r in records for p in r.pk], s), type=arrow_schema().field("pk").type
+            _offsets((len(r.pk) for r in records), len(records)),
+            texts([p for r in records for p in r.pk]),
+            type=schema.field("pk").type,
         ),
         pa.array([r.reason or None for r in records], s),
         pa.array([r.raw for r in records], s),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class Spool:
@@ -154,7 +171,8 @@ class Spool:
         import pyarrow as pa
 
         self._out = out
-        self._writer = pa.ipc.new_stream(out, arrow_schema(), options=pa.ipc.IpcWriteOptions(compression=COMPRESSION))
+        options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
+        self._writer = pa.ipc.new_stream(out, arrow_schema(stored=True), options=options)
 
     def write(self, records: list[ChangeRecord]) -> None:
         if records:
@@ -212,6 +230,10 @@ class Salvage:
 def salvage(data: bytes) -> Salvage:
     """Read a v2 change file batch by batch, keeping every batch before any damage."""
     header, batches, damage = read_batches(data, ChangeHeader.from_doc, lambda _: arrow_schema().names)
+    try:
+        batches = [decoded(b) for b in batches]
+    except (ValueError, TypeError, OSError) as exc:  # ArrowException is a ValueError/TypeError/OSError
+        return Salvage(header, [], f"Arrow stream columns of other types than the format's: {exc}")
     if header is not None and damage is None:
         got = sum(b.num_rows for b in batches)
         if got != header.records:
