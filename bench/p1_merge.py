@@ -81,7 +81,7 @@ def run() -> None:
         for idx, n in enumerate(sizes):
             settings = lake_settings(root, catalog_dsn)
             names = TableNames(settings)
-            ensure_loader_tables(spark, settings)
+            ensure_loader_tables(settings)
             table = SourceTable("public", "bench")
             # A new table: creation reads neither the rows nor the result.
             HistoryLoad(spark, settings)._ensure_history_table(table, COLUMNS, ["id"], None, LoadResult())  # type: ignore[arg-type]

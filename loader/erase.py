@@ -151,7 +151,7 @@ class Erasure:
 
     def ensure_tables(self) -> str:
         """Create the erasure tables if needed; the salt (created once, per catalog)."""
-        ensure_loader_tables(self.spark, self.settings)
+        ensure_loader_tables(self.settings)
         self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.erased_keys} ({ERASED_KEYS_DDL}) USING iceberg")
         self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self.erasures} ({ERASURES_DDL}) USING iceberg")
         salt = table_properties(self.spark, self.erased_keys).get(PROP_SALT)

@@ -246,7 +246,7 @@ class Follower:
         if self._loaded is None:
             from loader.lake.iceberg import ensure_loader_tables
 
-            ensure_loader_tables(self.spark, load.settings)
+            ensure_loader_tables(load.settings)
             self._loaded = load.loaded_files()
         batch, _ = load.pending_files(self._loaded, self.settings.follow.max_batch_files)
         if not batch and self._dirty is not None and not self._dirty:

@@ -14,7 +14,9 @@ process reads next through Spark (the merge of ``loader run``) sees it.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import itertools
+import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -140,3 +142,72 @@ def refresh_spark(spark: Any, spark_ident: str) -> None:
         from loader.lake.iceberg import iceberg_table
 
         iceberg_table(spark, spark_ident)  # loads through the session's catalog and refreshes
+
+
+def create_table(
+    catalog: Any,
+    ident: tuple[str, str],
+    columns: list[tuple[str, str]],
+    properties: dict[str, str],
+    day_of: str | None,
+    order: list[str],
+    location: str,
+) -> Any:
+    """Create the Iceberg table Spark's ``CREATE TABLE ... USING iceberg PARTITIONED BY
+    (days(day_of)) TBLPROPERTIES (...)`` followed by ``ALTER TABLE ... WRITE LOCALLY ORDERED BY
+    order`` creates, in one commit and without a JVM (``tests/load/test_table_creation.py`` holds
+    them equal: schema and ids, spec, sort order, properties, location). ``columns``: (name, Spark
+    SQL type), every column optional as Spark's are. Returns the table (pyiceberg's); a table
+    created meanwhile by another process is loaded instead (CREATE TABLE IF NOT EXISTS)."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
+    from pyiceberg.transforms import DayTransform, IdentityTransform
+    from pyiceberg.types import NestedField
+
+    from loader.lake.types import iceberg_type
+
+    # Spark's CREATE TABLE records who created the table (its user: SPARK_USER, else the OS user).
+    # Iceberg's Java (1.4 on) writes its Parquet codec default into every new table's properties.
+    properties = {
+        "owner": os.environ.get("SPARK_USER") or getpass.getuser(),
+        "write.parquet.compression-codec": "zstd",
+        **properties,
+    }
+    # Field ids as Spark assigns them: top-level columns 1..n, nested ids after them
+    # (create_table assigns ids afresh the same way; these only have to be distinct).
+    fields = [
+        NestedField(field_id=i, name=name, field_type=iceberg_type(sql), required=False)
+        for i, (name, sql) in enumerate(columns, start=1)
+    ]
+    schema = Schema(*fields)
+    by_name = {f.name: f.field_id for f in fields}
+    spec = PartitionSpec()
+    if day_of is not None:
+        spec = PartitionSpec(
+            PartitionField(source_id=by_name[day_of], field_id=1000, transform=DayTransform(), name=f"{day_of}_day")
+        )
+    sort = SortOrder(
+        *[
+            SortField(
+                source_id=by_name[c],
+                transform=IdentityTransform(),
+                direction=SortDirection.ASC,
+                null_order=NullOrder.NULLS_FIRST,
+            )
+            for c in order
+        ]
+    )
+    try:
+        return catalog.create_table(
+            ident, schema, location=location, partition_spec=spec, sort_order=sort, properties=properties
+        )
+    except TableAlreadyExistsError:
+        return catalog.load_table(ident)
+
+
+def default_location(warehouse: str, namespace: str, name: str) -> str:
+    """Where Iceberg's JDBC catalog (Java) puts a new table: ``<warehouse>/<namespace>/<name>``
+    (pyiceberg's own default adds ``.db`` to the namespace)."""
+    return f"{warehouse.rstrip('/')}/{namespace}/{name}"

@@ -37,30 +37,34 @@ LEDGER_DDL = (
 )
 
 
-def ensure_loader_tables(spark: SparkSession, settings: LoaderSettings) -> None:
-    """The namespaces and the loader's own tables (ledger, rejects).
+def ddl_columns(ddl: str) -> list[tuple[str, str]]:
+    """``"a STRING, b BIGINT"`` as [(name, Spark SQL type)] (the loader's own simple DDLs)."""
+    return [(c.strip().split(" ", 1)[0], c.strip().split(" ", 1)[1]) for c in ddl.split(",")]
 
-    Looked up in the catalog with pyiceberg (a few queries of the catalog database, no JVM): every
-    load, merge and follow cycle asks, and Spark's catalog lookups cost up to a second on a busy
-    driver."""
+
+def ensure_loader_tables(settings: LoaderSettings) -> None:
+    """The namespaces and the loader's own tables (ledger, rejects), created if missing.
+
+    With pyiceberg (queries of the catalog database, no JVM): every load, merge and follow cycle
+    asks, Spark's catalog lookups cost up to a second on a busy driver, and a first load on the
+    driver then starts no Spark at all. The tables are the ones Spark's DDL creates
+    (``tests/load/test_table_creation.py``); creating them twice at once is harmless (IF NOT EXISTS)."""
     from loader.lake.catalog import open_catalog
+    from loader.lake.commits import create_table, default_location, warehouse_answers
 
     names = TableNames(settings)
     catalog = open_catalog(settings)
-    try:
-        present = all(catalog.namespace_exists(ns) for ns in (names.history_ns, names.current_ns, names.loader_ns))
+    with warehouse_answers("creating the loader's tables", "re-run once the warehouse answers"):
+        for ns in (names.history_ns, names.current_ns, names.loader_ns):
+            if not catalog.namespace_exists(ns):
+                catalog.create_namespace_if_not_exists(ns)
         # (listed, not loaded: table_exists would read each table's metadata file)
-        present = present and {"landing_files", "rejects"} <= {i[-1] for i in catalog.list_tables(names.loader_ns)}
-    except Exception:  # the catalog database did not answer: the DDL below decides (and reports)
-        present = False
-    if present:
-        return
-    for ns in names.namespaces():
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ns}")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {names.ledger} ({LEDGER_DDL}) USING iceberg")
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {names.rejects} ({REJECTS_DDL}) USING iceberg PARTITIONED BY (days(rejected_at))"
-    )
+        present = {i[-1] for i in catalog.list_tables(names.loader_ns)}
+        warehouse = settings.catalog.warehouse
+        for name, ddl, day_of in (("landing_files", LEDGER_DDL, None), ("rejects", REJECTS_DDL, "rejected_at")):
+            if name not in present:
+                where = default_location(warehouse, names.loader_ns, name)
+                create_table(catalog, (names.loader_ns, name), ddl_columns(ddl), {}, day_of, [], where)
 
 
 def iceberg_table(spark: SparkSession, ident: str) -> Any:

@@ -171,9 +171,3 @@ class TableNames:
     @property
     def rejects(self) -> str:
         return self._q(self.loader_ns, "rejects")
-
-    def namespaces(self) -> list[str]:
-        return [
-            f"{quote_ident(self.catalog)}.{quote_ident(ns)}"
-            for ns in (self.history_ns, self.current_ns, self.loader_ns)
-        ]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _NUMERIC_RE = re.compile(r"^numeric\((\d+),(\d+)\)\Z")
 _NUMERIC_P_RE = re.compile(r"^numeric\((\d+)\)\Z")
@@ -267,3 +268,36 @@ _FIXED_LENGTH_RE = re.compile(
 def never_toasted(pg_type: str) -> bool:
     """True for fixed-length PostgreSQL types, which wal2json always sends on an update."""
     return bool(_FIXED_LENGTH_RE.match(pg_type.strip().lower()))
+
+
+_DECIMAL_SQL_RE = re.compile(r"^DECIMAL\((\d+),\s*(\d+)\)$")
+
+
+def iceberg_type(sql: str) -> Any:
+    """The Iceberg type Spark's Iceberg catalog gives a column of Spark SQL type ``sql`` (the
+    storage types of :func:`spark_type` and the metadata columns), as pyiceberg writes it: what a
+    table created without Spark must hold to be the table Spark would have created. Element ids of
+    lists are placeholders (a new table's ids are assigned afresh)."""
+    from pyiceberg import types as it
+
+    t = sql.strip().upper()
+    simple = {
+        "INT": it.IntegerType(),
+        "BIGINT": it.LongType(),
+        "FLOAT": it.FloatType(),
+        "DOUBLE": it.DoubleType(),
+        "BOOLEAN": it.BooleanType(),
+        "DATE": it.DateType(),
+        "TIMESTAMP": it.TimestamptzType(),
+        "TIMESTAMP_NTZ": it.TimestampType(),
+        "STRING": it.StringType(),
+        "BINARY": it.BinaryType(),
+    }
+    if t in simple:
+        return simple[t]
+    m = _DECIMAL_SQL_RE.match(t)
+    if m:
+        return it.DecimalType(int(m.group(1)), int(m.group(2)))
+    if t.startswith("ARRAY<") and t.endswith(">"):
+        return it.ListType(element_id=0, element_type=iceberg_type(sql.strip()[6:-1]), element_required=False)
+    raise ValueError(f"no Iceberg type for Spark SQL type {sql!r}")

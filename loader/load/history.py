@@ -231,7 +231,7 @@ class HistoryLoad:
             warehouse_answers("loading", "nothing more was marked loaded; re-run 'loader load' once it answers"),
         ):
             checkpoint("load-locked")
-            ensure_loader_tables(self.spark, self.settings)
+            ensure_loader_tables(self.settings)
             batch, waiting = self.pending_files(known_loaded, max_files)
             result = LoadResult(waiting_files=waiting, gap=self.gap)
             if not batch:
@@ -280,7 +280,7 @@ class HistoryLoad:
         from loader.locks import stage_lock
 
         with stage_lock(self.settings, "load"):
-            ensure_loader_tables(self.spark, self.settings)
+            ensure_loader_tables(self.settings)
             result = LoadResult()
             if files:
                 self._load_batch(files, result, row_filter=row_filter, ledger=False, dry_run=dry_run)
@@ -510,12 +510,13 @@ class HistoryLoad:
         """One table of a plain batch: its history table created or evolved, its rows typed.
         NotPlain (nothing appended yet) for what only the Spark path does.
 
-        The table is read with pyiceberg: a table that exists and needs no DDL costs no JVM (a
-        table to create or evolve goes through Spark's DDL, which starts one)."""
+        The table is read, and created when missing, with pyiceberg: only a table to evolve goes
+        through Spark's DDL, which starts a JVM."""
         from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         from loader.lake.catalog import open_catalog
+        from loader.lake.commits import create_table, default_location, warehouse_answers
         from loader.load.driver import NotPlain
 
         ident = self.names.history(table)
@@ -543,7 +544,16 @@ class HistoryLoad:
                 and (not pk or json.loads(props.get(PROP_PRIMARY_KEY, "[]")) == pk)
             ):
                 hist_columns = [HistoryColumn(n, t) for n, t in existing.items()]
-        if hist is None or hist_columns is None:
+        if hist is None:  # created here, as Spark's DDL would (no JVM: lake.commits.create_table)
+            pg_types, props = _history_table_spec(table, columns, pk)
+            lake_columns = [(lake_column(n), spark_type(t).sql) for n, t in pg_types.items()] + list(HISTORY_METADATA)
+            where = default_location(self.settings.catalog.warehouse, *py_ident)
+            with warehouse_answers(f"creating {ident}", "re-run 'loader load' once the warehouse answers"):
+                hist = create_table(
+                    catalog, py_ident, lake_columns, props, "pg_txn_timestamp", ["pg_lsn", "pg_seq"], where
+                )
+            hist_columns = [HistoryColumn(n, t) for n, t in pg_types.items()]
+        elif hist_columns is None:
             hist_columns, _ = self._ensure_history_table(table, columns, pk, None, result)  # type: ignore[arg-type]
             hist = catalog.load_table(py_ident)
         if self._dropped_columns(ident, table, plain.survey, hist_columns, hist.properties):
@@ -575,8 +585,7 @@ class HistoryLoad:
         """Create or evolve the history table: its columns after evolution, and park rows for retypes."""
         ident = self.names.history(table)
         if not table_exists(self.spark, ident):
-            pg_types = dict(columns)
-            props = {**HISTORY_TABLE_PROPERTIES, PROP_SOURCE_TABLE: table.qualified, PROP_PRIMARY_KEY: json.dumps(pk)}
+            pg_types, props = _history_table_spec(table, columns, pk)
             create_source_table(
                 self.spark, ident, pg_types, HISTORY_METADATA, props, "days(pg_txn_timestamp)", "pg_lsn, pg_seq"
             )
@@ -995,6 +1004,20 @@ def _append_bookkeeping(
     if merged is not None and first <= ChangePosition.from_token(merged):
         update[PROP_LATE_APPENDS] = str(int(props.get(PROP_LATE_APPENDS, "0")) + 1)
     return {k: v for k, v in update.items() if props.get(k) != v}
+
+
+def _history_table_spec(
+    table: SourceTable, columns: list[tuple[str, str]], pk: list[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """A new history table's source columns (name -> PostgreSQL type) and properties."""
+    pg_types = dict(columns)
+    props = {
+        **HISTORY_TABLE_PROPERTIES,
+        PROP_SOURCE_TABLE: table.qualified,
+        PROP_PRIMARY_KEY: json.dumps(pk),
+        PROP_PG_TYPES: json.dumps(pg_types),
+    }
+    return pg_types, props
 
 
 def _disjoint(files: list[LandingFile]) -> bool:

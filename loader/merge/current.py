@@ -270,7 +270,7 @@ class CurrentMerge:
 
         with stage_lock(self.settings, "merge"):
             checkpoint("merge-locked")
-            ensure_loader_tables(self.spark, self.settings)
+            ensure_loader_tables(self.settings)
             loaded = self._loaded_through()
             result = MergeResult()
             selected = [t for t in history_tables(self.spark, self.names) if not tables or t.qualified in tables]
@@ -284,7 +284,7 @@ class CurrentMerge:
         from loader.locks import stage_lock
 
         with stage_lock(self.settings, "merge"):
-            ensure_loader_tables(self.spark, self.settings)
+            ensure_loader_tables(self.settings)
             table = SourceTable.parse(qualified)
             if table not in history_tables(self.spark, self.names):
                 raise ConfigError(
