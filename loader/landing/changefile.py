@@ -107,60 +107,113 @@ def header_schema(header: ChangeHeader) -> Any:
     return arrow_schema(stored=True).with_metadata({METADATA_KEY: meta.encode("utf-8")})
 
 
-def _offsets(counts: Any, n: int) -> Any:
+class Batcher:
+    """Records taken apart into column buffers as they come (plain strings and ints: the record
+    itself is freed at once, as v1's encoded line frees it, instead of living on as a tree of
+    objects the garbage collector walks again and again), then built into one Arrow batch."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.count = 0
+        self._fields: list[list[Any]] = [[] for _ in range(8)]  # op lsn seq xid ts change_lsn schema table
+        self._entries = [_EntryBuffers(), _EntryBuffers()]  # columns, identity
+        self._pk_counts: list[int] = []
+        self._pk: list[str] = []
+        self._reason: list[str | None] = []
+        self._raw: list[str | None] = []
+
+    def add(self, r: ChangeRecord) -> None:
+        f = self._fields
+        f[0].append(r.op)
+        f[1].append(r.commit_lsn)
+        f[2].append(r.seq)
+        f[3].append(r.xid)
+        f[4].append(r.ts)
+        f[5].append(r.change_lsn)
+        f[6].append(r.schema)
+        f[7].append(r.table)
+        self._entries[0].add(r.columns)
+        self._entries[1].add(r.identity)
+        self._pk_counts.append(len(r.pk))
+        self._pk.extend(r.pk)
+        self._reason.append(r.reason or None)
+        self._raw.append(r.raw)
+        self.count += 1
+
+    def take(self) -> Any:
+        """The records added so far as one Arrow batch of the stored schema; the buffers start over."""
+        import pyarrow as pa
+
+        s, i64 = pa.string(), pa.int64()
+        schema = arrow_schema(stored=True)
+        f = self._fields
+
+        def texts(values: list[str]) -> Any:
+            return pa.array(values, s).dictionary_encode()
+
+        arrays = [
+            texts(f[0]),
+            pa.array(f[1], pa.uint64()),
+            pa.array(f[2], i64),
+            pa.array(f[3], i64),
+            texts(f[4]),
+            pa.array(f[5], i64),
+            texts(f[6]),
+            texts(f[7]),
+            self._entries[0].take(),
+            self._entries[1].take(),
+            pa.ListArray.from_arrays(_offsets(self._pk_counts), texts(self._pk), type=schema.field("pk").type),
+            pa.array(self._reason, s),
+            pa.array(self._raw, s),
+        ]
+        self._reset()
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class _EntryBuffers:
+    """A batch's column lists: their lengths and the Column objects, flat (msgspec leaves these
+    untracked by the garbage collector, so holding them costs nothing), taken apart at the end."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self.flat: list[Column] = []
+
+    def add(self, columns: list[Column]) -> None:
+        self.counts.append(len(columns))
+        self.flat.extend(columns)
+
+    def take(self) -> Any:
+        import pyarrow as pa
+
+        flat = self.flat
+        entries = pa.StructArray.from_arrays(
+            [
+                pa.array([c.name for c in flat], pa.string()).dictionary_encode(),
+                pa.array([c.type for c in flat], pa.string()).dictionary_encode(),
+                pa.array([c.value for c in flat], pa.string()),
+            ],
+            fields=list(_column_list(stored=True).value_type),
+        )
+        return pa.ListArray.from_arrays(_offsets(self.counts), entries, type=_column_list(True))
+
+
+def _offsets(counts: list[int]) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(np.fromiter(counts, np.int32, n), out=offsets[1:])
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(np.array(counts, np.int32), out=offsets[1:])
     return pa.array(offsets)
 
 
-def _entries(lists: list[list[Column]]) -> Any:
-    import pyarrow as pa
-
-    flat = [c for x in lists for c in x]
-    entries = pa.StructArray.from_arrays(
-        [
-            pa.array([c.name for c in flat], pa.string()).dictionary_encode(),
-            pa.array([c.type for c in flat], pa.string()).dictionary_encode(),
-            pa.array([c.value for c in flat], pa.string()),
-        ],
-        fields=list(_column_list(stored=True).value_type),
-    )
-    return pa.ListArray.from_arrays(_offsets((len(x) for x in lists), len(lists)), entries, type=_column_list(True))
-
-
-def record_batch(records: list[ChangeRecord]) -> Any:
+def record_batch(records: Iterable[ChangeRecord]) -> Any:
     """``records`` as one Arrow batch of the v2 change-file schema, as files store it."""
-    import pyarrow as pa
-
-    s, i64 = pa.string(), pa.int64()
-    schema = arrow_schema(stored=True)
-
-    def texts(values: list[str]) -> Any:
-        return pa.array(values, s).dictionary_encode()
-
-    arrays = [
-        texts([r.op for r in records]),
-        pa.array([r.commit_lsn for r in records], pa.uint64()),
-        pa.array([r.seq for r in records], i64),
-        pa.array([r.xid for r in records], i64),
-        texts([r.ts for r in records]),
-        pa.array([r.change_lsn for r in records], i64),
-        texts([r.schema for r in records]),
-        texts([r.table for r in records]),
-        _entries([r.columns for r in records]),
-        _entries([r.identity for r in records]),
-        pa.ListArray.from_arrays(
-            _offsets((len(r.pk) for r in records), len(records)),
-            texts([p for r in records for p in r.pk]),
-            type=schema.field("pk").type,
-        ),
-        pa.array([r.reason or None for r in records], s),
-        pa.array([r.raw for r in records], s),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    batcher = Batcher()
+    for r in records:
+        batcher.add(r)
+    return batcher.take()
 
 
 class Spool:
@@ -173,12 +226,26 @@ class Spool:
         self._out = out
         options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
         self._writer = pa.ipc.new_stream(out, arrow_schema(stored=True), options=options)
+        self._batcher = Batcher()
+
+    def add(self, record: ChangeRecord) -> None:
+        """One more record: a batch is written every ``BATCH_RECORDS`` records."""
+        self._batcher.add(record)
+        if self._batcher.count >= BATCH_RECORDS:
+            self.flush()
 
     def write(self, records: list[ChangeRecord]) -> None:
+        """``records`` as one batch (after the records added before)."""
+        self.flush()
         if records:
             self._writer.write_batch(record_batch(records))
 
+    def flush(self) -> None:
+        if self._batcher.count:
+            self._writer.write_batch(self._batcher.take())
+
     def close(self) -> None:
+        self.flush()
         self._writer.close()  # the end-of-stream marker
 
     @staticmethod

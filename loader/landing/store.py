@@ -465,7 +465,7 @@ class LandingWriter:
         self._count = 0
         self._records = 0
         self._tables: dict[str, int] = {}
-        self._pending: list[Any] = []  # encoded lines (v1) or records (v2) not yet handed to the spool
+        self._pending: list[bytes] = []  # encoded lines (v1) not yet handed to the compressor
         self._cut_due = False  # the open file is full: closed at the next record
         self.published: list[str] = []
 
@@ -480,7 +480,10 @@ class LandingWriter:
             # it ends the transaction (name ``_c``) and the load can cut a batch after it.
             self._cut_due = False
             if record.op == COMMIT and self._open:
-                self._pending.append(record.to_json_bytes() if self._arrow is None else record)
+                if self._arrow is None:
+                    self._pending.append(record.to_json_bytes())
+                else:
+                    self._arrow.add(record)
                 self._records += 1
                 self._last_record = record
                 self.close_file()
@@ -492,15 +495,13 @@ class LandingWriter:
             self._count = 0
             self._records = 0
             self._tables = {}
-        pending = self._pending
         if self._arrow is None:
+            pending = self._pending
             pending.append(record.to_json_bytes())
             if len(pending) >= 1024:
                 self._flush_pending()
         else:
-            pending.append(record)
-            if len(pending) >= self._batch_records:
-                self._flush_pending()
+            self._arrow.add(record)
         self._records += 1
         self._last_record = record
         op = record.op
@@ -522,7 +523,6 @@ class LandingWriter:
             from loader.landing import changefile
 
             self._arrow = changefile.Spool(self._spool)
-            self._batch_records = changefile.BATCH_RECORDS
         else:
             # No name and no time in the gzip header: a re-capture writes byte-identical files.
             self._gz = igzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self._spool, mtime=0)
@@ -575,17 +575,15 @@ class LandingWriter:
     def _flush_pending(self) -> None:
         if not self._pending:
             return
-        if self._arrow is not None:
-            self._arrow.write(self._pending)
-        else:
-            # One compressor call per thousand lines: GzipFile.write has a fixed cost per call.
-            assert self._gz is not None
-            self._pending.append(b"")
-            self._gz.write(b"\n".join(self._pending))
+        # One compressor call per thousand lines: GzipFile.write has a fixed cost per call.
+        assert self._gz is not None
+        self._pending.append(b"")
+        self._gz.write(b"\n".join(self._pending))
         self._pending.clear()
 
     def _close_spool(self) -> None:
-        self._flush_pending()
+        if self._arrow is None:
+            self._flush_pending()
         if self._arrow is not None:
             self._arrow.close()
         elif self._gz is not None:
