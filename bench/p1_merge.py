@@ -64,7 +64,7 @@ def _append(spark: Any, ident: str, sql: str) -> None:
 
 
 def run() -> None:
-    from loader.lake.iceberg import ensure_loader_tables
+    from loader.lake.commits import ensure_loader_tables
     from loader.load.history import HistoryLoad, LoadResult
     from loader.merge.current import CurrentMerge
     from loader.merge.sql import full_recompute_sql

@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
+from loader.lake.commits import ensure_loader_tables
 from loader.lake.erased import ERASED_KEYS_DDL, PROP_SALT, value_hash
 from loader.lake.iceberg import (
     delete_orphan_files,
-    ensure_loader_tables,
     table_exists,
     table_properties,
     update_properties,

@@ -244,7 +244,7 @@ class Follower:
 
         load = HistoryLoad(self.spark, self.settings)
         if self._loaded is None:
-            from loader.lake.iceberg import ensure_loader_tables
+            from loader.lake.commits import ensure_loader_tables
 
             ensure_loader_tables(load.settings)
             self._loaded = load.loaded_files()

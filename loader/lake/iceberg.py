@@ -26,46 +26,6 @@ from loader.spark import java_map, jvm_class
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from loader.config import LoaderSettings
-
-REJECTS_DDL = (
-    "landing_file STRING, line INT, source_table STRING, pg_lsn BIGINT, pg_seq BIGINT,"
-    " reason STRING, raw STRING, rejected_at TIMESTAMP"
-)
-LEDGER_DDL = (
-    "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
-)
-
-
-def ddl_columns(ddl: str) -> list[tuple[str, str]]:
-    """``"a STRING, b BIGINT"`` as [(name, Spark SQL type)] (the loader's own simple DDLs)."""
-    return [(c.strip().split(" ", 1)[0], c.strip().split(" ", 1)[1]) for c in ddl.split(",")]
-
-
-def ensure_loader_tables(settings: LoaderSettings) -> None:
-    """The namespaces and the loader's own tables (ledger, rejects), created if missing.
-
-    With pyiceberg (queries of the catalog database, no JVM): every load, merge and follow cycle
-    asks, Spark's catalog lookups cost up to a second on a busy driver, and a first load on the
-    driver then starts no Spark at all. The tables are the ones Spark's DDL creates
-    (``tests/load/test_table_creation.py``); creating them twice at once is harmless (IF NOT EXISTS)."""
-    from loader.lake.catalog import open_catalog
-    from loader.lake.commits import create_table, default_location, warehouse_answers
-
-    names = TableNames(settings)
-    catalog = open_catalog(settings)
-    with warehouse_answers("creating the loader's tables", "re-run once the warehouse answers"):
-        for ns in (names.history_ns, names.current_ns, names.loader_ns):
-            if not catalog.namespace_exists(ns):
-                catalog.create_namespace_if_not_exists(ns)
-        # (listed, not loaded: table_exists would read each table's metadata file)
-        present = {i[-1] for i in catalog.list_tables(names.loader_ns)}
-        warehouse = settings.catalog.warehouse
-        for name, ddl, day_of in (("landing_files", LEDGER_DDL, None), ("rejects", REJECTS_DDL, "rejected_at")):
-            if name not in present:
-                where = default_location(warehouse, names.loader_ns, name)
-                create_table(catalog, (names.loader_ns, name), ddl_columns(ddl), {}, day_of, [], where)
-
 
 def iceberg_table(spark: SparkSession, ident: str) -> Any:
     """The JVM Iceberg Table behind a Spark identifier, refreshed."""

@@ -28,6 +28,15 @@ HISTORY_METADATA: tuple[tuple[str, str], ...] = (
 )
 METADATA_NAMES = frozenset(n for n, _ in HISTORY_METADATA)
 
+# The loader's own tables, as Spark DDL column lists.
+REJECTS_DDL = (
+    "landing_file STRING, line INT, source_table STRING, pg_lsn BIGINT, pg_seq BIGINT,"
+    " reason STRING, raw STRING, rejected_at TIMESTAMP"
+)
+LEDGER_DDL = (
+    "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
+)
+
 # Metadata columns kept on current tables.
 CURRENT_METADATA: tuple[tuple[str, str], ...] = (
     ("pg_lsn", "BIGINT"),

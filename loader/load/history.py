@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from loader.config import LoaderSettings
 from loader.faults import checkpoint
+from loader.lake.commits import ensure_loader_tables
 from loader.lake.iceberg import (
     create_source_table,
     current_snapshot_id,
-    ensure_loader_tables,
     iceberg_table,
     table_exists,
     table_properties,

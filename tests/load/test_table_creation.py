@@ -68,8 +68,7 @@ def _describe(table: Any, warehouse: str) -> dict[str, Any]:
 def test_a_history_table_created_without_spark_is_the_one_spark_creates(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path
 ) -> None:
-    from loader.lake.commits import create_table, default_location
-    from loader.lake.iceberg import ensure_loader_tables
+    from loader.lake.commits import create_table, default_location, ensure_loader_tables
 
     settings = lake_settings(base_settings, tmp_path)
     ensure_loader_tables(settings)
@@ -124,7 +123,8 @@ def test_a_history_table_created_without_spark_is_the_one_spark_creates(
 def test_the_loaders_own_tables_created_without_spark_are_the_ones_spark_creates(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path
 ) -> None:
-    from loader.lake.iceberg import LEDGER_DDL, REJECTS_DDL, ensure_loader_tables
+    from loader.lake.commits import ensure_loader_tables
+    from loader.lake.tables import LEDGER_DDL, REJECTS_DDL
 
     by_py, by_spark = lake_settings(base_settings, tmp_path), lake_settings(base_settings, tmp_path)
     ensure_loader_tables(by_py)
