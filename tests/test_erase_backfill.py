@@ -44,6 +44,8 @@ def files_holding(root: Path, needle: str) -> list[str]:
         try:
             if p.name.endswith(".gz"):
                 texts.append(gunzip_salvage(data)[0])
+            elif p.name.endswith((".arrows", ".changes.arrow")):  # landing v2: zstd, as v1 lines
+                texts.append(_arrow_landing_text(p.name, data))
             elif p.suffix == ".parquet":
                 # Dates and timestamps as their integers: the session's other tables hold values
                 # Python's datetime cannot (infinity, BC), and the needle is text anyway.
@@ -60,6 +62,19 @@ def files_holding(root: Path, needle: str) -> list[str]:
         if any(raw in t for t in texts):
             found.append(str(p.relative_to(root)))
     return found
+
+
+def _arrow_landing_text(name: str, data: bytes) -> bytes:
+    """A landing v2 file's readable records as the v1 lines they stand for."""
+    from loader.landing import arrowfile, changefile
+
+    if name.endswith(".changes.arrow"):
+        got = changefile.salvage(data)
+        records = [r for b in got.batches for r in changefile.batch_records(b)]
+    else:
+        snap = arrowfile.salvage(data)
+        records = list(arrowfile.row_records(snap.header, snap.batches)) if snap.header is not None else []
+    return "\n".join(r.to_json() for r in records).encode()
 
 
 def lake_roots(env: Env) -> list[Path]:

@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 
 
 def iceberg_table(spark: SparkSession, ident: str) -> Any:
-    """The JVM Iceberg Table behind a Spark identifier, refreshed."""
+    """The JVM Iceberg Table behind a Spark identifier (``catalog.namespace.table``), refreshed."""
+    # The JVM resolves the catalog with the calling thread's active session conf (SQLConf.get): a
+    # thread of the per-table pool has none, and a catalog the session has not loaded yet (the
+    # driver load creates tables with pyiceberg) would read as a namespace of spark_catalog.
+    jvm_class(spark, "org.apache.spark.sql.SparkSession").setActiveSession(spark._jsparkSession)
     spark3util = jvm_class(spark, "org.apache.iceberg.spark.Spark3Util")
     table = spark3util.loadIcebergTable(spark._jsparkSession, ident)
     table.refresh()
