@@ -28,6 +28,7 @@ from tests.harness import (
     cluster_settings,
     finish,
     hold_back_landing_files,
+    landing_names,
     loader_process,
     return_landing_files,
 )
@@ -289,10 +290,10 @@ def test_follow_rides_through_a_database_restart(tmp_path: Path) -> None:
             conn.execute("INSERT INTO public.t SELECT g, 'a' FROM generate_series(1, 20) g")
         wait_until(lambda: visible_in(settings, 20), 180, proc)
         landing = tmp_path / "landing" / settings.source.slot
-        before = len(list(landing.glob("*.json*")))
+        before = len(landing_names(landing))
         with psycopg.connect(src, autocommit=True) as conn:
             conn.execute("INSERT INTO public.t SELECT g, 'b' FROM generate_series(21, 40) g")
-        wait_until(lambda: len(list(landing.glob("*.json*"))) > before, 60, proc)
+        wait_until(lambda: len(landing_names(landing)) > before, 60, proc)
         cluster.stop()  # the next cycle's load is paused at load-locked: it resumes against a stopped catalog
         time.sleep(8)
         cluster.start()
