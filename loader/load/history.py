@@ -66,6 +66,7 @@ from loader.load.evolution import plan_evolution, retired_name
 from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
 from loader.load.survey import BatchSurvey, survey
 from loader.lsn import ChangePosition
+from loader.merge.plan import Marker, holding_park, lifts
 from loader.names import lake_column
 from loader.progress import each_table
 
@@ -467,9 +468,17 @@ class HistoryLoad:
             part = LoadResult()
             hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
             props = hist.properties
-            # What the Spark path's _note_parks does with resync rows alone: the table is not parked.
-            resynced = isinstance(plain, SnapshotBatch) and plain.resyncs(table)
-            remove = [PROP_PARKED] if resynced and PROP_PARKED in props else []
+            # What the Spark path's _note_parks does with resync rows alone: a park of an earlier
+            # transaction is lifted (loader.merge.plan.lifts).
+            resynced = plain.resync_lsn(table) if isinstance(plain, SnapshotBatch) else None
+            lifted = (
+                PROP_PARKED in props
+                and resynced is not None
+                and lifts(
+                    ChangePosition(resynced, 0), ChangePosition.from_token(json.loads(props[PROP_PARKED])["since"])
+                )
+            )
+            remove = [PROP_PARKED] if lifted else []
             cur = (self.names.current_ns, table.iceberg_name)
 
             def merged_through() -> str | None:
@@ -871,11 +880,13 @@ class HistoryLoad:
             return
         props = table_properties(self.spark, ident)
         state = json.loads(props[PROP_PARKED]) if PROP_PARKED in props else None
-        for m in markers:
-            if m.pg_operation == "resync":
-                state = None
-            elif state is None:
-                state = {"since": ChangePosition(m.pg_lsn, m.pg_seq).token(), "reason": m.pg_note or "parked"}
+        # The park that holds the table, by the merge's rule (a resync lifts only the parks of
+        # earlier transactions: loader.merge.plan.holding_park).
+        known = [Marker(ChangePosition.from_token(state["since"]), "park", state["reason"])] if state else []
+        park = holding_park(
+            known + [Marker(ChangePosition(m.pg_lsn, m.pg_seq), m.pg_operation, m.pg_note or "parked") for m in markers]
+        )
+        state = {"since": park.position.token(), "reason": park.note} if park is not None else None
         if state is not None:
             result.parked[table.qualified] = state["reason"]
             if props.get(PROP_PARKED) != json.dumps(state):
