@@ -48,6 +48,24 @@ def flagged_tables(output: str) -> set[str]:
     return set(_FLAG_NOTE.findall(output))
 
 
+# A reject of a NaN that a numeric(p,s) column (a lake decimal) cannot hold: the load's reason for it
+# (loader.load.sql.typed_select), one part per column that does not fit.
+_NAN_MISFIT = re.compile(r"^column .+ \(numeric\(\d+,\s*\d+\)\): value NaN does not fit$")
+_QUARANTINE_PARK = "changes quarantined in the rejects table"
+
+
+def parked_for_nan(park_reason: str, reject_reasons: Sequence[str]) -> bool:
+    """Whether a park is the loader's answer to NaN in a ``numeric(p,s)`` column and nothing else:
+    a decimal cannot hold NaN, so a snapshot or resync that reads one quarantines the row and parks
+    the table (the stream, under wal2json 2.5, brings NULL instead). The park must be for quarantined
+    changes, and every reject of the table (``reject_reasons``, at least one) such a NaN alone."""
+    return (
+        _QUARANTINE_PARK in park_reason
+        and bool(reject_reasons)
+        and all(_NAN_MISFIT.match(part) for reason in reject_reasons for part in reason.split("; "))
+    )
+
+
 def special_texts(pg_type: str) -> frozenset[str]:
     """The canonical texts of NaN and +-Infinity in a column of ``pg_type`` (empty: not part of the gap)."""
     m = _SPECIAL_TYPE.match(pg_type)

@@ -45,6 +45,10 @@ def test_fuzz_seed(env: Env, seed: int) -> None:
     run.run()
     spent = ", ".join(f"{k} {v:.0f}s" for k, v in sorted(run.timings.items()))
     print(f"fuzz seed {seed}: {len(workload.steps)} steps in {time.monotonic() - started:.0f}s ({spent})")
+    if run.nan_parked:
+        print(
+            f"fuzz seed {seed}: parked for NaN in a numeric(p,s) column (accepted): {', '.join(sorted(run.nan_parked))}"
+        )
     if run.nan_accepted:
         accepted = ", ".join(f"{t} {n}" for t, n in sorted(run.nan_accepted.items()))
         print(

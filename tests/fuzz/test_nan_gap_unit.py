@@ -17,6 +17,7 @@ from tests.fuzz.nan_gap import (
     judge_keyed,
     judge_keyless,
     lost,
+    parked_for_nan,
     special_texts,
     split_pieces,
 )
@@ -192,3 +193,19 @@ def test_the_flag_is_capture_s_note() -> None:
 def test_the_workload_says_which_gaps_it_drew() -> None:
     assert generate(3).gaps == frozenset()
     assert generate(3, gaps=parse_gaps("all")).gaps == {"nan_infinity"}
+
+
+def test_a_park_is_accepted_only_for_nan_in_numeric_p_s_columns() -> None:
+    """A decimal cannot hold NaN: a resync that reads one quarantines the row and parks the table."""
+    park = "1 changes quarantined in the rejects table (first at LSN 0/1A: column c_num (numeric(14,4)): value NaN does not fit); resync"
+    nan = "column c_num (numeric(14,4)): value NaN does not fit"
+    assert parked_for_nan(park, [nan, f"{nan}; column d (numeric(10, 2)): value NaN does not fit"])
+    assert not parked_for_nan(park, [])  # no reject behind it
+    assert not parked_for_nan("renamed to public.x: waits for a resync", [nan])  # another park
+    for other in (
+        "column c_num (numeric(14,4)): value 1e30 does not fit",  # a finite value
+        "column c_f (real): value NaN does not fit",
+        "column c_a (integer[]): value {{1}} does not fit",
+        f"{nan}; column c_a (integer[]): value {{{{1}}}} does not fit",
+    ):
+        assert not parked_for_nan(park, [nan, other]), other
