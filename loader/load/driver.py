@@ -794,12 +794,9 @@ class SnapshotBatch:
         """The positions of the table's first and last change in the batch."""
         return self._spans[table.qualified]
 
-    def resync_lsn(self, table: SourceTable) -> int | None:
-        """The commit LSN of the table's last resync in the batch (None: no resync)."""
-        return max(
-            (h.commit_lsn for _, h, _ in self.files if h.qualified == table.qualified and h.resync is not None),
-            default=None,
-        )
+    def resyncs(self, table: SourceTable) -> int:
+        """The table's resync markers in the batch."""
+        return sum(1 for _, h, _ in self.files if h.qualified == table.qualified and h.resync is not None)
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterable[pa.Table]:
         """The table's history rows in ``target``'s columns and types, as the Spark path writes

@@ -4,13 +4,9 @@ Control rows in history decide how far a current table may go:
 - ``truncate`` and ``resync`` are *boundaries*: current rows older than the last one that the
   increment does not rewrite are deleted (a resync is a consistent re-snapshot that replaces the
   table's state; keys missing from it are gone).
-- ``park`` stops the table: its current table is merged up to just before the first park no
-  resync of a later transaction follows, and no further, until one arrives (:func:`holding_park`).
-  A park can never be skipped over: the merged-through watermark stays strictly before it, so
-  every later merge sees it again. A park the load derives stands at the start of the transaction
-  whose changes it could not take (``seq`` 0); a snapshot is one transaction, its resync markers
-  included, so the snapshot whose row could not be typed does not lift its own park (it did before:
-  the rejected rows were gone from the current table, the table not parked).
+- ``park`` stops the table: its current table is merged up to just before the first park after
+  the last resync, and no further, until a later resync arrives. A park can never be skipped
+  over: the merged-through watermark stays strictly before it, so every later merge sees it again.
 """
 
 from __future__ import annotations
@@ -50,23 +46,11 @@ class MergePlan:
         return "; ".join(parts)
 
 
-def lifts(resync: ChangePosition, park: ChangePosition) -> bool:
-    """Whether a resync at ``resync`` lifts a park at ``park``: only a resync of a later transaction
-    does (a resync in the park's own transaction is among the changes the park holds back)."""
-    return resync.commit_lsn > park.commit_lsn
-
-
-def holding_park(markers: Sequence[Marker]) -> Marker | None:
-    """The park that holds the table (any order in): the first one no resync :func:`lifts`."""
-    resyncs = [m.position for m in markers if m.op == "resync"]
-    parks = sorted(m for m in markers if m.op == "park")
-    return next((p for p in parks if not any(lifts(r, p.position) for r in resyncs)), None)
-
-
 def plan_markers(markers: Sequence[Marker], cut: ChangePosition) -> MergePlan:
     """Apply the control rows of an increment (any order) to the requested ``cut``."""
     ordered = sorted(m for m in markers if m.position <= cut)
-    park = holding_park(ordered)
+    last_resync = max((i for i, m in enumerate(ordered) if m.op == "resync"), default=-1)
+    park = next((m for m in ordered[last_resync + 1 :] if m.op == "park"), None)
     if park is not None:
         cut = park.position.just_before()
     applied = [m for m in ordered if m.position <= cut]

@@ -29,7 +29,8 @@ KNOWN_GAPS: dict[str, str] = {
     "nan_infinity": "issue 22, decided (flagged, not fixable): numeric/float NaN and +-Infinity are printed as null by "
     "wal2json 2.5, indistinguishable from NULL; capture flags each table with such columns, pgoutput or wal2json "
     "2.6+ keep them (tests/capture/test_pgoutput.py); drawn, the oracle accepts NULL in the lake exactly where the source "
-    "holds them, in a table capture flagged (tests/fuzz/nan_gap.py)",
+    "holds them, in a table capture flagged, and a table parked because a resync read a numeric(p,s) NaN, which a "
+    "decimal cannot hold (tests/fuzz/nan_gap.py)",
 }
 
 SCHEMAS = ("public", "fz_other")

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loader.lsn import ChangePosition
-from loader.merge.plan import Marker, lifts, plan_markers, replay_key_changes
+from loader.merge.plan import Marker, plan_markers, replay_key_changes
 from loader.merge.sql import full_recompute_sql, key_events_sql, merge_sql, reduce_sql
 
 P = ChangePosition
@@ -50,21 +50,6 @@ def test_a_park_after_the_resync_stops_again() -> None:
     assert plan.cut == P(45, 1) and plan.parked is not None and plan.parked.note == "b" and plan.boundary == P(40, 1)
 
 
-def test_a_resync_does_not_lift_a_park_of_its_own_transaction() -> None:
-    """A snapshot is one transaction: a park the load derived at its start (a row it could not
-    type) holds the table before the snapshot's resync marker, and that resync does not lift it
-    (it did: the rejected rows were deleted from the current table, which was not parked)."""
-    park = Marker(P(40, 0), "park", "1 changes quarantined")
-    plan = plan_markers([park, Marker(P(40, 1), "resync")], P(50, 3))
-    assert plan.parked == park and plan.cut == P(39, 9_999_999_999) and plan.boundary is None and not plan.resynced
-    # An earlier park is lifted by it, this one is not; a resync of a later transaction lifts both.
-    earlier = Marker(P(30, 0), "park", "identity lost")
-    assert plan_markers([earlier, park, Marker(P(40, 1), "resync")], P(50, 3)).parked == park
-    plan = plan_markers([earlier, park, Marker(P(40, 1), "resync"), Marker(P(45, 1), "resync")], P(50, 3))
-    assert plan.parked is None and plan.boundary == P(45, 1) and plan.cut == P(50, 3)
-    assert lifts(P(41, 0), P(40, 7)) and not lifts(P(40, 9), P(40, 0))
-
-
 def test_markers_beyond_the_cut_do_not_count() -> None:
     plan = plan_markers([Marker(P(60, 0), "park"), Marker(P(20, 1), "truncate")], P(50, 3))
     assert plan.cut == P(50, 3) and plan.parked is None and plan.boundary == P(20, 1) and not plan.resynced
@@ -83,10 +68,9 @@ def test_plan_never_skips_a_park_and_is_stable(ms: list[Marker], cut: ChangePosi
     plan = plan_markers(ms, cut)
     assert plan.cut <= cut
     applied = sorted(m for m in ms if m.position <= plan.cut)
-    # No park is applied unless an applied resync of a later transaction lifts it.
-    assert all(
-        any(r.op == "resync" and lifts(r.position, m.position) for r in applied) for m in applied if m.op == "park"
-    )
+    last_resync = max((m.position for m in applied if m.op == "resync"), default=None)
+    # No park is applied after the last applied resync.
+    assert not any(m.op == "park" and (last_resync is None or m.position > last_resync) for m in applied)
     # Re-planning from the merged position sees the same park again (it was not consumed).
     if plan.parked is not None:
         again = plan_markers([m for m in ms if m.position > plan.cut], cut)
