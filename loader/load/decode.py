@@ -164,15 +164,18 @@ def _routable(schema: Any, table: Any) -> bool:
     return all(isinstance(n, str) and 0 < len(n.encode("utf-8")) <= _MAX_NAME_BYTES for n in (schema, table))
 
 
-def park_row(file: str, schema: str | None, table: str | None, lsn: int, ts: str | None, note: str) -> dict[str, Any]:
-    """A park marker the load derived (not read from the file): a damaged file lost this table's changes."""
+def park_row(
+    file: str, schema: str | None, table: str | None, lsn: int, ts: str | None, note: str, seq: int = 0
+) -> dict[str, Any]:
+    """A park marker the load derived (not read from the file): a damaged file lost this table's changes.
+    At ``(lsn, seq)``: the start of the transaction (seq 0) unless ``park_seq`` says otherwise."""
     row: dict[str, Any] = {f: None for f in _FIELDS}
     row.update(
         landing_file=file,
         line=0,
         op="park",
         commit_lsn=lsn,
-        seq=0,
+        seq=seq,
         change_lsn=0,
         xid=0,
         ts=ts,

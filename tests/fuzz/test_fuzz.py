@@ -3,7 +3,8 @@ pipeline, with the oracles after every loader run (see tests/fuzz/runner.py).
 
 ``make test`` runs ``FIXED_SEEDS``; ``make fuzz SEEDS=N FUZZ_START=S`` runs seeds S..S+N-1 (env
 ``FUZZ_SEEDS``, ``FUZZ_START``; ``FUZZ_ROUNDS`` rounds over ``FUZZ_TABLES`` tables each; ``FUZZ_GAPS=all`` or a comma list of
-``KNOWN_GAPS`` also draws the hazards left out by default, each with why).
+``KNOWN_GAPS`` also draws the hazards left out by default, each with why, and the oracle allows for
+each: see tests/fuzz/nan_gap.py). ``pytest -rP`` shows each seed's timings and what the oracle allowed.
 """
 
 from __future__ import annotations
@@ -44,3 +45,12 @@ def test_fuzz_seed(env: Env, seed: int) -> None:
     run.run()
     spent = ", ".join(f"{k} {v:.0f}s" for k, v in sorted(run.timings.items()))
     print(f"fuzz seed {seed}: {len(workload.steps)} steps in {time.monotonic() - started:.0f}s ({spent})")
+    if run.nan_parked:
+        print(
+            f"fuzz seed {seed}: parked for NaN in a numeric(p,s) column (accepted): {', '.join(sorted(run.nan_parked))}"
+        )
+    if run.nan_accepted:
+        accepted = ", ".join(f"{t} {n}" for t, n in sorted(run.nan_accepted.items()))
+        print(
+            f"fuzz seed {seed}: lake NULLs accepted for NaN/±Infinity (gap nan_infinity), per table and oracle: {accepted}"
+        )
