@@ -1,17 +1,21 @@
-"""Landing area: gzip JSON-lines files named by the LSN range they hold, on local disk or S3.
+"""Landing area: files named by the LSN range they hold, on local disk or S3.
 
-File name: ``<first>_<last>_<c|p>.jsonl.gz`` where ``first``/``last`` are ChangePosition tokens
+File name: ``<first>_<last>_<c|p>.<suffix>`` where ``first``/``last`` are ChangePosition tokens
 (fixed-width, so names sort in commit order) and ``c`` means the file ends on a transaction's
 commit marker, ``p`` that it stops inside a transaction (a huge transaction continues in the next
 file). A file is published only when complete and durable: local files are fsynced and renamed
 into place, S3 objects appear atomically when the PUT (or multipart upload) completes.
 
-Each file is two gzip members: a header line (the tables it holds, with counts) and the records.
-A truncated or damaged file therefore still names every table it touched.
+A v1 file is two gzip members: a header line (the tables it holds, with counts) and the records
+as JSON lines; a v2 file's header is its Arrow schema's metadata. A truncated or damaged file
+therefore still names every table it touched.
 
-Snapshot files may instead be landing format v2, ``<first>_<last>_<c|p>.arrows``: one Arrow IPC
-stream per chunk of one table (``loader.landing.arrowfile``, ``schemas/landing-snapshot.v2.md``);
-``LandingFile.format`` tells them apart and ``read_records`` reads both.
+Landing format v2 holds the same records as Arrow IPC streams: capture's change-stream files
+``<first>_<last>_<c|p>.changes.arrow`` (``loader.landing.changefile``,
+``schemas/landing-change.v2.md``; ``source.stream_format``, the default) and snapshot chunks
+``<first>_<last>_<c|p>.arrows``, one table per file (``loader.landing.arrowfile``,
+``schemas/landing-snapshot.v2.md``). ``LandingFile.format`` tells the three apart and
+``read_records`` reads them all.
 
 Landing files hold personal data as it was in the source. Locally, every file the loader writes here
 (landing files, ``_state/`` objects, spool and temporary files) is created 0600 and every directory
