@@ -171,12 +171,10 @@ def create_source_table(
     partitioning and write order."""
     import json
 
-    from loader.lake.tables import PROP_PG_TYPES
-    from loader.lake.types import quote_ident, spark_type, sql_string
-    from loader.names import lake_column
+    from loader.lake.tables import PROP_PG_TYPES, source_columns
+    from loader.lake.types import quote_ident, sql_string
 
-    columns = [f"{quote_ident(lake_column(n))} {spark_type(t).sql}" for n, t in pg_types.items()]
-    columns += [f"{n} {t}" for n, t in metadata]
+    columns = [f"{quote_ident(n)} {t}" for n, t in source_columns(pg_types, metadata)]
     props = {**properties, PROP_PG_TYPES: json.dumps(pg_types)}
     prop_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
     spark.sql(

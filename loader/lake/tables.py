@@ -7,11 +7,12 @@ state (landing-file ledger, rejects) lives in the ``loader`` namespace.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loader.config import LoaderSettings
-from loader.lake.types import quote_ident
-from loader.names import parse_table_name, table_name
+from loader.lake.types import quote_ident, spark_type
+from loader.names import lake_column, parse_table_name, table_name
 
 # Metadata columns of history tables, in order, with their Spark types.
 HISTORY_METADATA: tuple[tuple[str, str], ...] = (
@@ -36,6 +37,13 @@ REJECTS_DDL = (
 LEDGER_DDL = (
     "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
 )
+
+
+def source_columns(pg_types: dict[str, str], metadata: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A history or current table's columns as (lake name, Spark SQL type): the source columns
+    (lossless storage types, ``lake.types.spark_type``), then the loader's ``metadata`` columns."""
+    return [(lake_column(n), spark_type(t).sql) for n, t in pg_types.items()] + list(metadata)
+
 
 # Metadata columns kept on current tables.
 CURRENT_METADATA: tuple[tuple[str, str], ...] = (

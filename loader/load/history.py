@@ -58,6 +58,7 @@ from loader.lake.tables import (
     SourceTable,
     TableNames,
     newest_position,
+    source_columns,
 )
 from loader.lake.types import quote_ident, spark_type, sql_string
 from loader.landing.store import LandingFile, LandingStore, open_landing
@@ -546,7 +547,7 @@ class HistoryLoad:
                 hist_columns = [HistoryColumn(n, t) for n, t in existing.items()]
         if hist is None:  # created here, as Spark's DDL would (no JVM: lake.commits.create_table)
             pg_types, props = _history_table_spec(table, columns, pk)
-            lake_columns = [(lake_column(n), spark_type(t).sql) for n, t in pg_types.items()] + list(HISTORY_METADATA)
+            lake_columns = source_columns(pg_types, HISTORY_METADATA)
             where = default_location(self.settings.catalog.warehouse, *py_ident)
             with warehouse_answers(f"creating {ident}", "re-run 'loader load' once the warehouse answers"):
                 hist = create_table(

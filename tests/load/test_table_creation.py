@@ -12,10 +12,8 @@ from typing import Any
 from loader.config import LoaderSettings
 from loader.lake.catalog import open_catalog
 from loader.lake.iceberg import create_source_table
-from loader.lake.tables import HISTORY_METADATA, PROP_PG_TYPES, SourceTable, TableNames
-from loader.lake.types import spark_type
+from loader.lake.tables import HISTORY_METADATA, PROP_PG_TYPES, SourceTable, TableNames, source_columns
 from loader.load.history import HISTORY_TABLE_PROPERTIES
-from loader.names import lake_column
 from tests.harness import lake_settings
 
 # Every storage type spark_type gives (and a few spellings of each family).
@@ -91,7 +89,7 @@ def test_a_history_table_created_without_spark_is_the_one_spark_creates(
         "days(pg_txn_timestamp)",
         "pg_lsn, pg_seq",
     )
-    columns = [(lake_column(n), spark_type(t).sql) for n, t in pg_types.items()] + list(HISTORY_METADATA)
+    columns = source_columns(pg_types, HISTORY_METADATA)
     ident = (names.history_ns, by_py.iceberg_name)
     create_table(
         catalog,
