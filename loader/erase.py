@@ -30,13 +30,16 @@ stop a follower first (it holds them). Concurrent writers to the warehouse other
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
@@ -301,11 +304,7 @@ class Erasure:
             out = gzip.compress(FileHeader(tables).to_json().encode() + b"\n", mtime=0) + gzip.compress(
                 b"\n".join(body), mtime=0
             )
-            spool = self._spool(out)
-            try:
-                self.store.publish(spool, f.name)
-            finally:
-                spool.unlink(missing_ok=True)
+            self._republish(f.name, functools.partial(Path.write_bytes, data=out))
         return removed, files
 
     def _scrub_changes(
@@ -331,12 +330,7 @@ class Erasure:
         dropped = len(records) - len(kept)
         if not dropped or dry_run:
             return dropped
-        spool = self._spool(b"")
-        try:
-            changefile.write_file(spool, kept)
-            self.store.publish(spool, name)
-        finally:
-            spool.unlink(missing_ok=True)
+        self._republish(name, lambda path: changefile.write_file(path, kept))
         return dropped
 
     def _scrub_arrow(
@@ -376,24 +370,28 @@ class Erasure:
             return dropped
         kept = table.filter(pc.invert(hit))
         header.rows = kept.num_rows
-        spool = self._spool(b"")
+        self._republish(
+            name,
+            lambda path: arrowfile.write_file(
+                path, header, kept.column(0), [kept.column(j + 1) for j in range(len(header.columns))]
+            ),
+        )
+        return dropped
+
+    def _republish(self, name: str, write: Callable[[Path], object]) -> None:
+        """Publish the rewritten landing file ``name``: ``write(path)`` fills a private spool file
+        (created 0600), which replaces the file atomically, as capture publishes."""
+        import os
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(suffix=".landing")
+        os.close(fd)
+        spool = Path(tmp)
         try:
-            arrowfile.write_file(
-                spool, header, kept.column(0), [kept.column(j + 1) for j in range(len(header.columns))]
-            )
+            write(spool)
             self.store.publish(spool, name)
         finally:
             spool.unlink(missing_ok=True)
-        return dropped
-
-    def _spool(self, data: bytes) -> Any:
-        import tempfile
-        from pathlib import Path
-
-        fd, tmp = tempfile.mkstemp(suffix=".jsonl.gz")
-        with open(fd, "wb") as out:
-            out.write(data)
-        return Path(tmp)
 
     def _remember(self, kind: str, salt: str, targets: list[Target], report: ErasureReport) -> None:
         now = datetime.now(UTC)

@@ -241,7 +241,11 @@ def row_records(header: SnapshotHeader, batches: list[Any]) -> Iterator[ChangeRe
 def records(data: bytes) -> Iterator[ChangeRecord]:
     """Every record of an intact v2 file (S marker, R rows, commit marker), as a v1 file would give
     them; ValueError naming the damage when the file is not intact."""
-    got = salvage(data)
+    return intact_records(salvage(data))
+
+
+def intact_records(got: Salvage) -> Iterator[ChangeRecord]:
+    """:func:`records` of a file already salvaged."""
     if got.damage is not None or got.header is None:
         raise ValueError(got.damage or "unreadable")
     header = got.header

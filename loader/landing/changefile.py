@@ -337,7 +337,11 @@ def batch_records(batch: Any) -> Iterator[ChangeRecord]:
 
 def records(data: bytes) -> Iterator[ChangeRecord]:
     """Every record of an intact v2 change file; ValueError naming the damage when it is not intact."""
-    got = salvage(data)
+    return intact_records(salvage(data))
+
+
+def intact_records(got: Salvage) -> Iterator[ChangeRecord]:
+    """:func:`records` of a file already salvaged."""
     if got.damage is not None or got.header is None:
         raise ValueError(got.damage or "unreadable")
     for batch in got.batches:

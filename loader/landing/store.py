@@ -209,15 +209,11 @@ class LandingStore(ABC):
         The load does not use this: it salvages what a damaged file still holds (loader.load.decode).
         A landing v2 file gives the lines a v1 file with the same records holds.
         """
-        fmt = format_of(name)
-        if fmt != JSONL:
-            from loader.landing import arrowfile, changefile
-
-            data = self.open_bytes(name)
-            header = (changefile if fmt == CHANGES else arrowfile).salvage(data).header
-            if header is not None:
-                yield FileHeader(header.tables).to_json()
-            for rec in self._arrow_records(name, data):
+        if format_of(name) != JSONL:
+            got = self._salvage(name)
+            if got.header is not None:
+                yield FileHeader(got.header.tables).to_json()
+            for rec in self._arrow_records(name, got):
                 yield rec.to_json()
             return
         data = self.open_bytes(name)
@@ -241,11 +237,18 @@ class LandingStore(ABC):
             lines.pop()
         yield from lines
 
-    def _arrow_records(self, name: str, data: bytes) -> Iterator[ChangeRecord]:
+    def _salvage(self, name: str) -> Any:
+        """A v2 file (either kind) read batch by batch (its module's ``Salvage``)."""
+        from loader.landing import arrowfile, changefile
+
+        return (changefile if format_of(name) == CHANGES else arrowfile).salvage(self.open_bytes(name))
+
+    def _arrow_records(self, name: str, got: Any) -> Iterator[ChangeRecord]:
+        """The records of a salvaged v2 file (``got``), or LandingError when it is not intact."""
         from loader.landing import arrowfile, changefile
 
         try:
-            yield from (changefile if format_of(name) == CHANGES else arrowfile).records(data)
+            yield from (changefile if format_of(name) == CHANGES else arrowfile).intact_records(got)
         except ValueError as exc:
             raise LandingError(
                 f"landing file {self.url}/{name} is damaged ({exc})",
@@ -256,7 +259,7 @@ class LandingStore(ABC):
     def read_records(self, name: str) -> Iterator[ChangeRecord]:
         """The change and control records of an intact file, without its header (either format)."""
         if format_of(name) != JSONL:
-            yield from self._arrow_records(name, self.open_bytes(name))
+            yield from self._arrow_records(name, self._salvage(name))
             return
         for line in self.read_lines(name):
             if line.strip() and '"op":"H"' not in line[:40]:

@@ -281,11 +281,7 @@ def decode_file(
             continue
         if row["reject_reason"] is None:
             row = _check_place(file, line_no, raw, row, span, positions)
-        if row["src_table"] is not None:
-            t = f"{row['src_schema']}.{row['src_table']}"
-            seen[t] = seen.get(t, 0) + 1
-        elif row["reject_reason"] is not None:
-            unplaced += 1
+        unplaced += _tally(row, seen)
         first_ts = first_ts or row["ts"]
         yield row
     if tail.strip() and damage is not None:
@@ -379,14 +375,20 @@ def _decode_arrow_file(
             continue
         if row["reject_reason"] is None:
             row = _check_place(file, line_no, raw.encode("utf-8"), row, span, positions)
-        if row["src_table"] is not None:
-            t = f"{row['src_schema']}.{row['src_table']}"
-            seen[t] = seen.get(t, 0) + 1
-        elif row["reject_reason"] is not None:
-            unplaced += 1
+        unplaced += _tally(row, seen)
         first_ts = first_ts or row["ts"]
         yield row
     yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
+
+
+def _tally(row: dict[str, Any], seen: dict[str, int]) -> int:
+    """Count a decoded row for the file's header check: under its table in ``seen``; returns 1 for
+    a reject that names no table (it may have cost any table a change), else 0."""
+    if row["src_table"] is not None:
+        t = f"{row['src_schema']}.{row['src_table']}"
+        seen[t] = seen.get(t, 0) + 1
+        return 0
+    return 1 if row["reject_reason"] is not None else 0
 
 
 def _check_place(
