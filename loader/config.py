@@ -128,6 +128,10 @@ class SourceSettings(_Redacted):
     # records per file, loaded without parsing a line: schemas/landing-change.v2.md) or "jsonl"
     # (landing v1, gzip JSON lines, as before). Every consumer reads both.
     stream_format: Literal["jsonl", "arrow"] = "arrow"
+    # With stream_format "arrow", a pipelined read decodes blocks of plain wal2json rows in columns
+    # (Arrow's JSON reader, loader/capture/wal2json_arrow.py) instead of one row at a time; the same
+    # records and the same bytes either way. False: every row through the row decoder.
+    columnar_decode: bool = True
     # While a snapshot or resync copies, the stream is captured (and the slot confirmed) between
     # chunks at most this many seconds apart, so a long copy does not hold the WAL of everything
     # written meanwhile; the load waits for the snapshot's commit before loading what came after it.

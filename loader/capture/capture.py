@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from loader.capture import ddl
+from loader.capture import ddl, wal2json_arrow
 from loader.capture import heartbeat as heartbeats
 from loader.capture import slot as slots
 from loader.capture.snapshot import Snapshot
@@ -54,7 +54,7 @@ from loader.landing.state import (
     record_confirmed,
     unfinished_snapshot,
 )
-from loader.landing.store import LandingStore, LandingWriter, open_landing, stream_landing_format
+from loader.landing.store import CHANGES, LandingStore, LandingWriter, open_landing, stream_landing_format
 from loader.lsn import ChangePosition, format_lsn, parse_lsn
 from loader.progress import bar
 
@@ -90,6 +90,10 @@ class CaptureResult:
     notes: list[str] = field(default_factory=list)
     messages_skipped: int = 0
     quarantined: int = 0
+    # Plugin rows read from a pipelined copy of the slot, and those decoded in columns
+    # (loader.capture.wal2json_arrow) rather than one by one.
+    pipelined_rows: int = 0
+    columnar_rows: int = 0
     # Tables the configuration includes but capture never reads (no SELECT right, ...), with why.
     skipped: dict[str, str] = field(default_factory=dict)
 
@@ -104,6 +108,11 @@ class CaptureResult:
             + (f"; skipped {self.skipped_already_landed} already landed" if self.skipped_already_landed else "")
             + (f"; {self.messages_skipped} logical messages skipped" if self.messages_skipped else "")
             + (f"; {self.quarantined} undecodable rows quarantined" if self.quarantined else "")
+            + (
+                f"; {self.columnar_rows} of {self.pipelined_rows} pipelined rows decoded in columns"
+                if self.pipelined_rows
+                else ""
+            )
         )
         for table, what in sorted(self.limited_tables.items()):
             text += f"\n  note: {table}: {what}"
@@ -826,14 +835,40 @@ class Capture:
         try:
             try:
                 published = len(result.files)
-                for data in fetcher.rows():
-                    for rec in decoder.records(data):
-                        lander.land(rec)
-                    if decoder.ddl:
-                        self._on_ddl(decoder, result)
-                    if len(result.files) != published:
-                        published = len(result.files)
-                        self._confirm(conn, decoder.confirm_lsn)
+                columnar = writer.format == CHANGES and self.settings.source.columnar_decode
+
+                def one_by_one(lines: list[bytes]) -> None:
+                    nonlocal published
+                    result.pipelined_rows += len(lines)
+                    for data in lines:
+                        for rec in decoder.records(data):
+                            lander.land(rec)
+                        if decoder.ddl:
+                            self._on_ddl(decoder, result)
+                        if len(result.files) != published:
+                            published = len(result.files)
+                            self._confirm(conn, decoder.confirm_lsn)
+
+                for block in fetcher.blocks():
+                    if isinstance(block, list):
+                        one_by_one(block)
+                        continue
+                    for piece, plain in wal2json_arrow.runs(block) if columnar else [(block, False)]:
+                        if plain and decoder.holds_messages:
+                            # The open transaction carries a message its commit acts on: row by
+                            # row through that commit.
+                            end = wal2json_arrow.commit_end(piece)
+                            one_by_one(piece[:end].split(b"\n")[:-1])
+                            piece = piece[end:]
+                        if plain and piece and lander.land_block(piece, decoder):
+                            rows = piece.count(b"\n")
+                            result.pipelined_rows += rows
+                            result.columnar_rows += rows
+                            if len(result.files) != published:
+                                published = len(result.files)
+                                self._confirm(conn, lander.confirmable)
+                            continue
+                        one_by_one(piece.split(b"\n")[:-1])
                 self._end_read(decoder, writer, result)
             except BaseException:
                 writer.abort()
@@ -1055,6 +1090,7 @@ class _Lander:
         self.txn_has_output = False
         self.routes: dict[tuple[str, str], _Route | None] = {}
         self.checked: set[tuple[str, str]] = set()  # tables whose names were checked (already landed)
+        self.confirmable: int | None = None  # see land_block
 
     def land(self, rec: ChangeRecord) -> None:
         capture, writer, result = self.capture, self.writer, self.result
@@ -1107,6 +1143,90 @@ class _Lander:
         result.changes += 1
         if writer.published:
             capture._drain(writer, result)
+
+    def land_block(self, data: bytes, decoder: Wal2JsonDecoder) -> bool:
+        """Land a block of wal2json rows (whole lines) in columns, as :meth:`land` would each of
+        their records, and move ``decoder`` past them; ``confirmable`` is then the slot position
+        that the files published meanwhile make safe to confirm. False when the block is not for
+        this path (records already landed, park records waiting, rows not plain: see
+        :mod:`loader.capture.wal2json_arrow`): then nothing was done."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from loader.landing import changefile
+
+        capture, result = self.capture, self.result
+        self.confirmable = None
+        if self.landed is not None or capture.controls.pending:
+            return False
+        block = wal2json_arrow.decode_block(data, decoder)
+        if block is None:
+            return False
+        batch = block.batch
+        is_commit = pc.equal(batch.column(0), COMMIT)
+        commit = is_commit.to_numpy(zero_copy_only=False)
+        keys = pc.binary_join_element_wise(batch.column(6), batch.column(7), "\x00")
+        tables = pc.unique(pc.filter(keys, pc.invert(is_commit))).to_pylist()
+        for key in tables:
+            where = tuple(key.split("\x00", 1))
+            if where not in self.routes:
+                first = pc.index(keys, key).as_py()
+                self._route(where, next(changefile.batch_records(batch.slice(first, 1))))  # type: ignore[arg-type]
+        if capture.controls.pending:
+            return False  # the first change of a table asked for a park: the row path places it
+        routes = [self.routes[tuple(key.split("\x00", 1))] for key in tables]  # type: ignore[index]
+        # Each record's table by its number in ``tables``; commit markers get the number after them.
+        which = pc.index_in(keys, value_set=pa.array(tables, pa.string()))
+        which = which.fill_null(len(tables)).to_numpy(zero_copy_only=False)
+        wanted = np.array([r is not None for r in routes] + [False], bool)
+        keep = wanted[which]
+        # A transaction's commit marker is landed when the transaction landed something.
+        txn = block.txn
+        had = np.zeros(block.txns, bool)
+        had[txn[keep]] = True
+        if block.carried:
+            had[0] |= self.txn_has_output
+        keep |= commit & had[txn]
+        # Partitions land as their root, and a key completed from the catalog replaces the stream's.
+        qualified = [r[2] if r is not None else None for r in routes] + [None]
+        kept = np.flatnonzero(keep)
+        at = pa.array(which[kept])
+        names = pa.array(qualified, pa.string()).take(at)
+        out = batch.take(pa.array(kept))
+        if any(r is not None and (r[0], r[1]) != tuple(key.split("\x00", 1)) for r, key in zip(routes, tables)):
+            schemas = pa.array([r[0] if r else "" for r in routes] + [""], pa.string()).take(at)
+            names_only = pa.array([r[1] if r else "" for r in routes] + [""], pa.string()).take(at)
+            fields = changefile.arrow_schema()
+            out = out.set_column(6, fields.field(6), schemas).set_column(7, fields.field(7), names_only)
+        if any(r is not None and r[3] is not None for r in routes):
+            pk = changefile.arrow_schema().field("pk")
+            override = pa.array([r[3] if r is not None else None for r in routes] + [None], pk.type).take(at)
+            out = out.set_column(10, pk, pc.if_else(pc.is_null(override), out.column(10), override))
+        before = decoder.confirm_lsn
+        closed = self.writer.write_batch(out, names)
+        block.accept(decoder)
+        # What the records did to the run's counts and state, as land() keeps them.
+        out_commit = commit[kept]
+        landed_commits = int(out_commit.sum())
+        result.changes += len(kept) - landed_commits
+        result.transactions += landed_commits
+        result.tables.update(t for t in set(names.drop_null().to_pylist()))
+        if len(kept):
+            last_commit = np.flatnonzero(out_commit)
+            if len(last_commit):
+                i = kept[last_commit[-1]]
+                capture.controls.boundary = ChangePosition(
+                    int(batch.column(1)[i].as_py()), int(batch.column(2)[i].as_py())
+                )
+            capture.controls.at_boundary = bool(out_commit[-1])
+        self.txn_has_output = block.state is not None and bool(had[block.txns - 1])
+        if self.writer.published:
+            capture._drain(self.writer, result)
+        if closed:
+            last = closed[-1]
+            self.confirmable = before if last < 0 else (int(block.confirm[kept[last]]) or None)
+        return True
 
     def _route(self, where: tuple[str, str], rec: ChangeRecord) -> _Route | None:
         """The general path, for the first row change of a table in this run; remembered."""

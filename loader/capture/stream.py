@@ -49,7 +49,7 @@ log = logging.getLogger("loader.capture")
 
 DELIMITER, QUOTE = b"\x01", b"\x02"
 _COPY_OPTIONS = "FORMAT csv, DELIMITER E'\\x01', QUOTE E'\\x02'"
-_READ_CHUNK = 1 << 20
+_READ_CHUNK = 4 << 20
 # What makes the copy impossible here rather than broken (the caller peeks either way).
 _UNAVAILABLE = {
     "42883",  # undefined_function: PostgreSQL before 12
@@ -155,6 +155,16 @@ class RoundFetcher:
 
     def rows(self) -> Iterator[bytes]:
         """Every plugin row up to ``upto``, in order; raises what the fetcher met."""
+        for block in self.blocks():
+            if isinstance(block, list):
+                yield from block
+            else:
+                yield from block.split(b"\n")[:-1]
+
+    def blocks(self) -> Iterator[bytes | list[bytes]]:
+        """Every plugin row up to ``upto``, in order, in blocks: the bytes of whole rows, each
+        ending with a newline (about ``_READ_CHUNK`` of them), or, from a round COPY had to quote,
+        a list of rows. Raises what the fetcher met."""
         assert self._proc is not None and self._proc.stdin is not None
         while True:
             msg = self._message()
@@ -168,7 +178,10 @@ class RoundFetcher:
             try:
                 if rows == 0:
                     return
-                yield from (_quoted_lines(path) if msg["quoted"] else _lines(path))
+                if msg["quoted"]:
+                    yield list(_quoted_lines(path))
+                else:
+                    yield from _blocks(path)
             finally:
                 path.unlink(missing_ok=True)
             self.rounds += 1
@@ -344,16 +357,18 @@ def _fetch_round(pgconn: Any, query: bytes, path: Path) -> tuple[int, bool]:
     return rows, quoted
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    """The lines of an unquoted round (every row ends with a newline)."""
+def _blocks(path: Path) -> Iterator[bytes]:
+    """The rows of an unquoted round (every row ends with a newline) in blocks of whole rows."""
     with open(path, "rb") as f:
         tail = b""
         while chunk := f.read(_READ_CHUNK):
-            lines = (tail + chunk).split(b"\n")
-            tail = lines.pop()
-            yield from lines
+            data = tail + chunk
+            cut = data.rfind(b"\n") + 1
+            tail = data[cut:]
+            if cut:
+                yield data[:cut]
         if tail:
-            yield tail
+            yield tail + b"\n"
 
 
 def _quoted_lines(path: Path) -> Iterator[bytes]:

@@ -346,6 +346,11 @@ class Wal2JsonDecoder:
         yield txn.record("X", schema, table, reason=reason, raw=raw)
 
     @property
+    def holds_messages(self) -> bool:
+        """Whether the open transaction carries heartbeats or DDL messages its commit acts on."""
+        return bool(self._txn_heartbeats or self._txn_ddl)
+
+    @property
     def in_transaction(self) -> bool:
         return self.txn is not None
 

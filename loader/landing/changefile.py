@@ -143,33 +143,28 @@ class Batcher:
         self.count += 1
 
     def take(self) -> Any:
-        """The records added so far as one Arrow batch of the stored schema; the buffers start over."""
+        """The records added so far as one Arrow batch of the (decoded) schema; the buffers start over."""
         import pyarrow as pa
 
         s, i64 = pa.string(), pa.int64()
-        schema = arrow_schema(stored=True)
         f = self._fields
-
-        def texts(values: list[str]) -> Any:
-            return pa.array(values, s).dictionary_encode()
-
         arrays = [
-            texts(f[0]),
+            pa.array(f[0], s),
             pa.array(f[1], pa.uint64()),
             pa.array(f[2], i64),
             pa.array(f[3], i64),
-            texts(f[4]),
+            pa.array(f[4], s),
             pa.array(f[5], i64),
-            texts(f[6]),
-            texts(f[7]),
+            pa.array(f[6], s),
+            pa.array(f[7], s),
             self._entries[0].take(),
             self._entries[1].take(),
-            pa.ListArray.from_arrays(_offsets(self._pk_counts), texts(self._pk), type=schema.field("pk").type),
+            pa.ListArray.from_arrays(_offsets(self._pk_counts), pa.array(self._pk, s), type=pa.list_(_ITEM_TEXT)),
             pa.array(self._reason, s),
             pa.array(self._raw, s),
         ]
         self._reset()
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
 
 
 class _EntryBuffers:
@@ -190,13 +185,13 @@ class _EntryBuffers:
         flat = self.flat
         entries = pa.StructArray.from_arrays(
             [
-                pa.array([c.name for c in flat], pa.string()).dictionary_encode(),
-                pa.array([c.type for c in flat], pa.string()).dictionary_encode(),
+                pa.array([c.name for c in flat], pa.string()),
+                pa.array([c.type for c in flat], pa.string()),
                 pa.array([c.value for c in flat], pa.string()),
             ],
-            fields=list(_column_list(stored=True).value_type),
+            fields=list(_column_list().value_type),
         )
-        return pa.ListArray.from_arrays(_offsets(self.counts), entries, type=_column_list(True))
+        return pa.ListArray.from_arrays(_offsets(self.counts), entries, type=_column_list())
 
 
 def _offsets(counts: list[int]) -> Any:
@@ -208,17 +203,70 @@ def _offsets(counts: list[int]) -> Any:
     return pa.array(offsets)
 
 
+def _item_text() -> Any:
+    import pyarrow as pa
+
+    return pa.field("item", pa.string(), nullable=False)
+
+
+_ITEM_TEXT = _item_text()
+
+
+def _dict_list(lists: Any, encode: Any) -> Any:
+    """A list array rebuilt from zero-based offsets, its items passed through ``encode``."""
+    import pyarrow as pa
+
+    offsets = lists.offsets
+    start = offsets[0].as_py()
+    values = lists.values.slice(start, offsets[-1].as_py() - start)
+    if start:
+        offsets = pa.compute.subtract(offsets, pa.scalar(start, pa.int32()))
+    return offsets, encode(values)
+
+
+def encode(batch: Any) -> Any:
+    """A batch of the decoded schema as files store it: the repetitive texts dictionary-encoded
+    (codes in order of first appearance). A function of the batch's values only, so the same
+    records give the same bytes however they arrived (record by record, or as Arrow blocks)."""
+    import pyarrow as pa
+    import pyarrow.compute
+
+    schema = arrow_schema(stored=True)
+    cols = batch.columns
+
+    def text(a: Any) -> Any:
+        return a.dictionary_encode()
+
+    def entries(values: Any) -> Any:
+        return pa.StructArray.from_arrays(
+            [text(values.field("name")), text(values.field("type")), values.field("value")],
+            fields=list(_column_list(stored=True).value_type),
+        )
+
+    arrays = [text(cols[0]), cols[1], cols[2], cols[3], text(cols[4]), cols[5], text(cols[6]), text(cols[7])]
+    for i, build in ((8, entries), (9, entries), (10, text)):
+        offsets, values = _dict_list(cols[i], build)
+        arrays.append(pa.ListArray.from_arrays(offsets, values, type=schema.field(i).type))
+    arrays += [cols[11], cols[12]]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 def record_batch(records: Iterable[ChangeRecord]) -> Any:
     """``records`` as one Arrow batch of the v2 change-file schema, as files store it."""
     batcher = Batcher()
     for r in records:
         batcher.add(r)
-    return batcher.take()
+    return encode(batcher.take())
 
 
 class Spool:
     """The batches of a file being written, as an IPC stream in ``out`` (a private spool file);
-    :meth:`finish` writes the published file: the header, then these batches as they are."""
+    :meth:`finish` writes the published file: the header, then these batches as they are.
+
+    Records come one by one (:meth:`add`) or as Arrow batches of the decoded schema
+    (:meth:`add_batch`, capture's columnar path), in any mix; the file's batches are cut every
+    ``BATCH_RECORDS`` records from its start either way, so its bytes depend on its records only.
+    """
 
     def __init__(self, out: IO[bytes]) -> None:
         import pyarrow as pa
@@ -227,12 +275,23 @@ class Spool:
         options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
         self._writer = pa.ipc.new_stream(out, arrow_schema(stored=True), options=options)
         self._batcher = Batcher()
+        self._pending: list[Any] = []  # decoded batches not yet written, fewer than BATCH_RECORDS rows
+        self._pending_rows = 0
 
     def add(self, record: ChangeRecord) -> None:
         """One more record: a batch is written every ``BATCH_RECORDS`` records."""
         self._batcher.add(record)
-        if self._batcher.count >= BATCH_RECORDS:
-            self.flush()
+        if self._batcher.count + self._pending_rows >= BATCH_RECORDS:
+            self._emit()
+
+    def add_batch(self, batch: Any) -> None:
+        """The records of ``batch`` (decoded schema), after those added before."""
+        if self._batcher.count:
+            self._take_batcher()
+        if batch.num_rows:
+            self._pending.append(batch)
+            self._pending_rows += batch.num_rows
+            self._emit()
 
     def write(self, records: list[ChangeRecord]) -> None:
         """``records`` as one batch (after the records added before)."""
@@ -240,9 +299,36 @@ class Spool:
         if records:
             self._writer.write_batch(record_batch(records))
 
-    def flush(self) -> None:
+    def _take_batcher(self) -> None:
+        n = self._batcher.count
+        self._pending.append(self._batcher.take())
+        self._pending_rows += n
+
+    def _emit(self, final: bool = False) -> None:
+        """Write every full batch pending (and, when ``final``, the rest)."""
+        import pyarrow as pa
+
         if self._batcher.count:
-            self._writer.write_batch(self._batcher.take())
+            self._take_batcher()
+        if self._pending_rows < BATCH_RECORDS and not (final and self._pending_rows):
+            return
+        import numpy as np
+
+        pending = pa.Table.from_batches(self._pending)
+        at = 0
+        while self._pending_rows - at >= BATCH_RECORDS or (final and at < self._pending_rows):
+            n = min(BATCH_RECORDS, self._pending_rows - at)
+            # Taken, not sliced: fresh compact arrays, so the bytes written do not depend on where
+            # the records sat in the batches they came in (a slice's buffers can reach past it).
+            rows = pending.take(pa.array(np.arange(at, at + n))).combine_chunks()
+            self._writer.write_batch(encode(rows.to_batches()[0]))
+            at += n
+        rest = pending.slice(at)
+        self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+        self._pending_rows = rest.num_rows
+
+    def flush(self) -> None:
+        self._emit(final=True)
 
     def close(self) -> None:
         self.flush()

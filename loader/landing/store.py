@@ -442,6 +442,8 @@ def open_landing(settings: LoaderSettings, url: str | None = None) -> LandingSto
 # smaller file (2.66 MB vs 2.70 MB); the output is plain gzip that every reader takes, and
 # deterministic, so a re-capture still writes byte-identical files. Capture's CPU is its bottleneck.
 GZIP_LEVEL = 1
+# Records that do not count toward a file's changes (besides commit markers): resync and park markers.
+_UNCOUNTED_OPS = (COMMIT, "S", "P")
 
 
 class LandingWriter:
@@ -468,7 +470,7 @@ class LandingWriter:
         self._arrow: Any = None  # changefile.Spool of the open v2 file
         self._spool: IO[bytes] | None = None
         self._first: ChangePosition | None = None
-        self._last_record: ChangeRecord | None = None  # the open file's last record
+        self._last: tuple[ChangePosition, bool] | None = None  # the open file's last record: position, is commit
         self._count = 0
         self._records = 0
         self._tables: dict[str, int] = {}
@@ -492,16 +494,12 @@ class LandingWriter:
                 else:
                     self._arrow.add(record)
                 self._records += 1
-                self._last_record = record
+                self._last = (record.position, True)
                 self.close_file()
                 return
             self.close_file()
         if not self._open:
-            self._open_spool()
-            self._first = record.position
-            self._count = 0
-            self._records = 0
-            self._tables = {}
+            self._start_file(record.position)
         if self._arrow is None:
             pending = self._pending
             pending.append(record.to_json_bytes())
@@ -510,8 +508,8 @@ class LandingWriter:
         else:
             self._arrow.add(record)
         self._records += 1
-        self._last_record = record
         op = record.op
+        self._last = (record.position, op == COMMIT)
         if op != COMMIT:
             if op != "S" and op != "P":  # markers do not count toward a file's changes
                 self._count += 1
@@ -520,6 +518,74 @@ class LandingWriter:
             tables[t] = tables.get(t, 0) + 1
         if self._count >= self.max_changes:
             self._cut_due = True  # at the next record: after it if it is the commit marker
+
+    def write_batch(self, batch: Any, tables: Any) -> list[int]:
+        """Append the records of ``batch`` (a v2 change-file batch, decoded schema; ``tables``: each
+        record's ``schema.table``, null for commit markers), exactly as :meth:`write` would one by
+        one: the same files, cut at the same records, with the same bytes. Only for v2 files.
+
+        Returns, for each file this closed, the index of its last record in ``batch`` (-1: the
+        file ended before the batch)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        assert self.format == CHANGES
+        n = batch.num_rows
+        ops = batch.column(0)
+        counted = pc.invert(pc.is_in(ops, value_set=pa.array(_UNCOUNTED_OPS))).to_numpy(zero_copy_only=False)
+        commits = pc.equal(ops, COMMIT).to_numpy(zero_copy_only=False)
+        lsns = batch.column(1).to_numpy()
+        seqs = batch.column(2).to_numpy()
+        at = 0
+        closed: list[int] = []
+        while at < n:
+            if self._cut_due:
+                self._cut_due = False
+                if commits[at] and self._open:
+                    self._append(batch, tables, at, at + 1, lsns, seqs, commits, 0)
+                    self.close_file()
+                    closed.append(at)
+                    at += 1
+                    continue
+                if self.close_file() is not None:
+                    closed.append(at - 1)
+            if not self._open:
+                self._start_file(ChangePosition(int(lsns[at]), int(seqs[at])))
+            # Up to the record that fills the file, if it is in this batch.
+            room = self.max_changes - self._count
+            running = np.cumsum(counted[at:])
+            full = int(np.searchsorted(running, room)) if room > 0 else 0
+            end = n if full >= n - at else at + full + 1
+            taken = int(running[end - at - 1]) if end > at else 0
+            self._append(batch, tables, at, end, lsns, seqs, commits, taken)
+            at = end
+            if self._count >= self.max_changes:
+                self._cut_due = True
+        return closed
+
+    def _append(
+        self, batch: Any, tables: Any, start: int, end: int, lsns: Any, seqs: Any, commits: Any, counted: int
+    ) -> None:
+        import pyarrow.compute as pc
+
+        assert self._arrow is not None
+        self._arrow.add_batch(batch.slice(start, end - start))
+        self._records += end - start
+        self._count += counted
+        last = end - 1
+        self._last = (ChangePosition(int(lsns[last]), int(seqs[last])), bool(commits[last]))
+        counts = pc.value_counts(tables.slice(start, end - start).drop_null())
+        mine = self._tables
+        for name, k in zip(counts.field(0).to_pylist(), counts.field(1).to_pylist()):
+            mine[name] = mine.get(name, 0) + k
+
+    def _start_file(self, first: ChangePosition) -> None:
+        self._open_spool()
+        self._first = first
+        self._count = 0
+        self._records = 0
+        self._tables = {}
 
     def _open_spool(self) -> None:
         suffix = _SUFFIX[self.format]
@@ -551,9 +617,9 @@ class LandingWriter:
             return None
         arrow = self._arrow is not None
         self._close_spool()
-        last = self._last_record
+        last = self._last
         assert self._tmp is not None and self._first is not None and last is not None
-        name = LandingFile.name_for(self._first, last.position, last.op == COMMIT, self.format)
+        name = LandingFile.name_for(self._first, last[0], last[1], self.format)
         final = self._tmp.with_suffix(".final")
         tables = dict(sorted(self._tables.items()))
         try:

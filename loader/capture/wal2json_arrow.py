@@ -1,0 +1,325 @@
+"""Columnar decoding of wal2json format-version 2 rows: a block of rows in, an Arrow batch of
+landing v2 records out, with no Python object per row or value.
+
+Capture's row decoder (:class:`loader.capture.wal2json.Wal2JsonDecoder`) costs about 10 us of
+Python per row, several times what PostgreSQL spends decoding the row. Most of a stream is plain:
+begins, commits, inserts, updates and deletes whose values are strings, numbers, booleans or
+null. A block of such rows is read here in C++ (Arrow's JSON reader) into the change-file columns
+directly; the transaction bookkeeping (commit position, sequence numbers, commit time, the slot's
+confirm position) is done on whole columns with numpy.
+
+Arrow's JSON reader types a field once per block, and wal2json prints numbers and booleans bare
+(``"value":12.50``), strings quoted. Before the read, every bare value is quoted (one RE2 pass),
+so a value arrives as its exact source text: numeric digits, exponent and all, as the row decoder
+keeps them. The pattern can only match the ``value`` key: inside a JSON string every quote is
+escaped, so ``"value":`` never occurs there.
+
+Anything else (logical messages, truncates, a JSON object as a value, invalid UTF-8, a row of
+another shape, a transaction out of order) makes :func:`decode_block` return None, and the block
+goes through the row decoder, which knows every case. Both give the same records (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from loader.capture.wal2json import Wal2JsonDecoder
+from loader.landing import changefile
+from loader.landing.records import OpenTransaction
+
+_BARE_VALUE = r'"value":(-?[0-9][0-9.eE+-]*|true|false)'
+_QUOTED_VALUE = r'"value":"\1"'
+_ACTIONS = ("B", "C", "I", "U", "D")
+
+
+def _row_schema() -> Any:
+    import pyarrow as pa
+
+    s = pa.string()
+    column = pa.struct([("name", s), ("type", s), ("value", s)])
+    key = pa.struct([("name", s), ("type", s)])
+    return pa.schema(
+        [
+            ("action", s),
+            ("xid", pa.int64()),
+            ("timestamp", s),
+            ("lsn", s),
+            ("nextlsn", s),
+            ("schema", s),
+            ("table", s),
+            ("columns", pa.list_(column)),
+            ("identity", pa.list_(column)),
+            ("pk", pa.list_(key)),
+        ]
+    )
+
+
+@dataclass
+class Block:
+    """A block of rows decoded: the records, and what the decoder's state becomes after them.
+
+    ``batch``: the records (changes and commit markers, in order; decoded v2 schema).
+    ``txn``: each record's transaction in this block (0: the one open when the block began).
+    ``confirm``: the slot's confirm position after each record's row (0: none yet).
+    """
+
+    batch: Any
+    txn: Any
+    confirm: Any
+    carried: bool  # record transaction 0 continues one open before the block
+    txns: int  # transactions the block touches, 0 included (the last is the one open after it)
+    state: OpenTransaction | None
+    confirm_lsn: int | None
+
+    def accept(self, decoder: Wal2JsonDecoder) -> None:
+        """Move ``decoder`` past the block, as feeding its rows one by one would."""
+        decoder.txn = self.state
+        decoder.confirm_lsn = self.confirm_lsn
+
+
+# Rows of the kinds the columnar decoder leaves to the row decoder (logical messages, truncates).
+# wal2json starts every row with its action, and a JSON string holds no bare quote, so these bytes
+# only ever start such a row.
+_SPECIAL_ROWS = (b'{"action":"M"', b'{"action":"T"')
+
+
+def runs(data: bytes) -> Iterator[tuple[bytes, bool]]:
+    """``data`` (whole rows) cut around its message and truncate rows: (rows, plain) in order,
+    where ``plain`` runs hold none of them (a non-plain run is one such row)."""
+    at = 0
+    n = len(data)
+    while at < n:
+        special = min((i for i in (data.find(s, at) for s in _SPECIAL_ROWS) if i >= 0), default=-1)
+        if special < 0:
+            yield data[at:], True
+            return
+        if special > at:
+            yield data[at:special], True
+        end = data.find(b"\n", special) + 1 or n
+        yield data[special:end], False
+        at = end
+
+
+def commit_end(data: bytes) -> int:
+    """Where the row after the first commit row of ``data`` starts (its length if none)."""
+    start = data.find(b'{"action":"C"')
+    if start < 0:
+        return len(data)
+    return data.find(b"\n", start) + 1 or len(data)
+
+
+def read_rows(data: bytes) -> Any | None:
+    """The rows of ``data`` (newline-terminated wal2json rows) as an Arrow table, or None when
+    they are not all of the plain shape (see the module docstring)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    try:
+        data.decode("utf-8")  # Arrow's reader does not check; the row decoder quarantines such rows
+    except UnicodeDecodeError:
+        return None
+    quoted = pc.replace_substring_regex(pa.array([data], pa.binary()), pattern=_BARE_VALUE, replacement=_QUOTED_VALUE)
+    try:
+        return pj.read_json(
+            pa.BufferReader(quoted.buffers()[2]),
+            read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1024)),
+            parse_options=pj.ParseOptions(explicit_schema=_row_schema(), unexpected_field_behavior="error"),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
+def decode_block(data: bytes, decoder: Wal2JsonDecoder) -> Block | None:
+    """The records of a block of rows that follows what ``decoder`` has been fed; None when the
+    block is not plain. Does not change ``decoder`` (see :meth:`Block.accept`)."""
+    if decoder.holds_messages:
+        return None  # an open transaction carries messages its commit must act on
+    rows = read_rows(data)
+    if rows is None or rows.num_rows == 0:
+        return None
+    try:
+        return _records(rows.combine_chunks(), decoder.txn, decoder.confirm_lsn)
+    except ValueError:
+        return None  # a position that is not an LSN: the row decoder says which
+
+
+def _records(rows: Any, open_txn: OpenTransaction | None, confirm_lsn: int | None) -> Block | None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = rows.num_rows
+    action = rows.column("action")
+    if action.null_count:
+        return None
+    is_ = {a: pc.equal(action, a).to_numpy(zero_copy_only=False) for a in _ACTIONS}
+    begin, commit = is_["B"], is_["C"]
+    change = is_["I"] | is_["U"] | is_["D"]
+    if int(begin.sum() + commit.sum() + change.sum()) != n:
+        return None  # a message, a truncate or an unknown action
+    # Transactions well nested: a begin outside one, everything else inside one.
+    opened = np.cumsum(begin, dtype=np.int64)
+    depth_before = (1 if open_txn is not None else 0) + opened - begin - np.cumsum(commit, dtype=np.int64) + commit
+    if not (depth_before == np.where(begin, 0, 1)).all():
+        return None
+    begins = np.flatnonzero(begin)
+    if len(begins):
+        b = rows.take(pa.array(begins))
+        if b.column("lsn").null_count or b.column("nextlsn").null_count or b.column("timestamp").null_count:
+            return None
+        b_commit = lsn_array(b.column("lsn"))
+        b_end = lsn_array(b.column("nextlsn"))
+        b_xid = b.column("xid").fill_null(0).to_numpy()
+        b_ts = b.column("timestamp").to_pylist()
+    else:
+        b_commit = b_end = b_xid = np.zeros(0, np.uint64)
+        b_ts = []
+    t0 = open_txn or OpenTransaction(xid=0, commit_lsn=0, ts="")
+    txn_commit = np.concatenate([[np.uint64(t0.commit_lsn)], b_commit.astype(np.uint64)])
+    txn_end = np.concatenate([[np.uint64(t0.end_lsn)], b_end.astype(np.uint64)])
+    txn_xid = np.concatenate([[t0.xid], b_xid]).astype(np.int64)
+    txn_ts = pa.array([t0.ts, *b_ts], pa.string())
+    # Sequence numbers: a transaction's changes count from where it stood (0 for a new one).
+    changes_after = np.cumsum(change, dtype=np.int64)
+    start = np.concatenate([[0], changes_after[begins]])
+    base = np.concatenate([[t0.seq], np.zeros(len(begins), np.int64)])
+    seq_row = changes_after - start[opened] + base[opened]
+    ends_at = np.where(commit, txn_end[opened].astype(np.int64), 0)
+    confirm_row = np.maximum.accumulate(np.maximum(ends_at, confirm_lsn or 0))
+
+    out = np.flatnonzero(change | commit)
+    if len(out) and rows.column("schema").take(pa.array(np.flatnonzero(change))).null_count:
+        return None
+    if rows.column("table").take(pa.array(np.flatnonzero(change))).null_count:
+        return None
+    recs = rows.take(pa.array(out))
+    k = opened[out]
+    is_commit = commit[out]
+    change_lsn = np.where(is_commit, 0, lsn_array(recs.column("lsn").fill_null("0/0")).astype(np.int64))
+    text = pa.string()
+    batch = pa.RecordBatch.from_arrays(
+        [
+            recs.column("action").combine_chunks(),
+            pa.array(txn_commit[k], pa.uint64()),
+            pa.array(seq_row[out] + is_commit, pa.int64()),
+            pa.array(txn_xid[k], pa.int64()),
+            txn_ts.take(pa.array(k)),
+            pa.array(change_lsn, pa.int64()),
+            recs.column("schema").fill_null("").combine_chunks(),
+            recs.column("table").fill_null("").combine_chunks(),
+            _entries(recs.column("columns").combine_chunks()),
+            _entries(recs.column("identity").combine_chunks()),
+            _key_names(recs.column("pk").combine_chunks()),
+            pa.nulls(len(out), text),
+            pa.nulls(len(out), text),
+        ],
+        schema=changefile.arrow_schema(),
+    )
+    last = int(opened[-1])
+    still_open = depth_before[-1] + begin[-1] - commit[-1] == 1
+    state = None
+    if still_open:
+        state = OpenTransaction(
+            xid=int(txn_xid[last]),
+            commit_lsn=int(txn_commit[last]),
+            ts=txn_ts[last].as_py(),
+            end_lsn=int(txn_end[last]),
+            seq=int(seq_row[-1]),
+        )
+    final_confirm = int(confirm_row[-1]) or None
+    return Block(
+        batch=batch,
+        txn=k,
+        confirm=confirm_row[out],
+        carried=open_txn is not None,
+        txns=last + 1,
+        state=state,
+        confirm_lsn=final_confirm if final_confirm is not None else confirm_lsn,
+    )
+
+
+def _empty_nulls(lists: Any) -> Any:
+    """A list array with null lists as empty ones (wal2json leaves ``identity`` out of inserts)."""
+    import pyarrow as pa
+
+    if not lists.null_count:
+        return lists
+    import numpy as np
+
+    lengths = pa.compute.list_value_length(lists).fill_null(0)
+    offsets = np.zeros(len(lists) + 1, np.int32)
+    np.cumsum(lengths.to_numpy(), out=offsets[1:])
+    values = pa.compute.list_flatten(lists)  # the values of non-null lists only
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def _entries(lists: Any) -> Any:
+    """wal2json's ``columns``/``identity`` lists as the file's entries: bytea values in
+    PostgreSQL's text form (wal2json prints bare hex; ``::text`` starts with ``\\x``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = _empty_nulls(lists)
+    flat = pc.list_flatten(lists)
+    names, types, values = flat.field("name"), flat.field("type"), flat.field("value")
+    if names.null_count or types.null_count:
+        raise ValueError("a column without name or type")
+    bare = pc.and_kleene(pc.equal(types, "bytea"), pc.invert(pc.starts_with(values, "\\x")))
+    if pc.any(bare).as_py():
+        values = pc.if_else(bare, pc.binary_join_element_wise("\\x", values, ""), values)
+    item = changefile.arrow_schema().field("columns").type
+    struct = pa.StructArray.from_arrays([names, types, values], fields=list(item.value_type))
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    return pa.ListArray.from_arrays(offsets, struct, type=item)
+
+
+def _key_names(lists: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = _empty_nulls(lists)
+    names = pc.list_flatten(lists).field("name")
+    if names.null_count:
+        raise ValueError("a key column without a name")
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    return pa.ListArray.from_arrays(offsets, names, type=changefile.arrow_schema().field("pk").type)
+
+
+_HEX = None
+
+
+def lsn_array(texts: Any) -> Any:
+    """PostgreSQL LSN texts (``X/Y``, hex) as uint64 numbers; ValueError when one is not an LSN."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    global _HEX
+    if _HEX is None:
+        table = np.full(256, 255, np.uint8)
+        for i, ch in enumerate(b"0123456789abcdef"):
+            table[ch] = i
+        for i, ch in enumerate(b"ABCDEF"):
+            table[ch] = 10 + i
+        _HEX = table
+    n = len(texts)
+    if n == 0:
+        return np.zeros(0, np.uint64)
+    if texts.null_count or not pc.all(pc.match_substring_regex(texts, r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")).as_py():
+        raise ValueError("not an LSN")
+    parts = pc.split_pattern(texts, "/", max_splits=1)
+    out = np.zeros(n, np.uint64)
+    for i in (0, 1):
+        half = pc.utf8_lpad(pc.list_element(parts, i), 8, "0")
+        if hasattr(half, "combine_chunks"):
+            half = half.combine_chunks()
+        first = int(np.frombuffer(half.buffers()[1], np.int32)[half.offset])
+        raw = np.frombuffer(half.buffers()[2], np.uint8)[first : first + 8 * n].reshape(n, 8)
+        digits = _HEX[raw].astype(np.uint64)
+        value = np.zeros(n, np.uint64)
+        for j in range(8):
+            value = (value << np.uint64(4)) | digits[:, j]
+        out = (out << np.uint64(32)) | value
+    return out
