@@ -116,7 +116,7 @@ class SourceSettings(_Redacted):
     # to start). Negative: always peek.
     pipeline_min_lag_mb: float = 16.0
     # Plugin rows per round of the pipelined read (whole transactions: a round may hold more).
-    pipeline_round_rows: int = 20_000
+    pipeline_round_rows: int = 100_000
     # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot
     # restarts at most this much work.
     snapshot_chunk_rows: int = 50_000
