@@ -54,7 +54,7 @@ from typing import Any
 
 from loader.errors import ConfigError, DecodeError
 from loader.landing.records import COMMIT, ChangeRecord, Column
-from loader.landing.store import GZIP_DAMAGE, MAX_DECOMPRESSED, LandingStore, LandingWriter, gunzip_bounded
+from loader.landing.store import GZIP_DAMAGE, JSONL, MAX_DECOMPRESSED, LandingStore, LandingWriter, gunzip_bounded
 from loader.lsn import ChangePosition, parse_lsn
 
 # Landing state object of the quarantine ledger (see the module docstring).
@@ -324,7 +324,11 @@ def _control_start(landed: ChangePosition | None, first: tuple[int, int] | None)
 
 
 def import_changes(
-    items: Iterable[InputItem], store: LandingStore, max_changes_per_file: int, result: ImportResult
+    items: Iterable[InputItem],
+    store: LandingStore,
+    max_changes_per_file: int,
+    result: ImportResult,
+    format: str = JSONL,
 ) -> ImportResult:
     """Order, dedupe, quarantine and land ``items``; see the module docstring."""
     seen: set[str] = set()
@@ -383,7 +387,7 @@ def import_changes(
         else:
             quarantine.append(q)
 
-    writer = LandingWriter(store, max_changes_per_file)
+    writer = LandingWriter(store, max_changes_per_file, format=format)
     written: dict[str, ChangePosition] = {}
     try:
         control: ChangePosition | None = None

@@ -13,7 +13,7 @@ from loader.config import LoaderSettings
 from loader.errors import ConfigError
 from loader.inputs import debezium, pgkafka, wal2json_files
 from loader.inputs.common import ImportResult, InputItem, import_changes, parse_pk_option
-from loader.landing.store import LandingStore, open_landing
+from loader.landing.store import LandingStore, open_landing, stream_landing_format
 
 Reader = Callable[..., Iterator[InputItem]]  # (paths, keys, ..., max_bytes=)
 FORMATS: dict[str, Reader] = {"pgkafka": pgkafka.read, "wal2json": wal2json_files.read, "debezium": debezium.read}
@@ -53,4 +53,10 @@ def import_files(
         items = debezium.read(files, keys, unavailable_placeholder, max_bytes=limit)
     else:
         items = FORMATS[fmt](files, keys, max_bytes=limit)
-    return import_changes(items, store or open_landing(settings), settings.source.max_changes_per_file, ImportResult())
+    return import_changes(
+        items,
+        store or open_landing(settings),
+        settings.source.max_changes_per_file,
+        ImportResult(),
+        format=stream_landing_format(settings.source.stream_format),
+    )
