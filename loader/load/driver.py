@@ -264,6 +264,46 @@ def _text_lists(chunked: Any) -> tuple[np.ndarray, pa.Array]:
     return np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [])]).astype(np.int64), flat
 
 
+def _shape_ids(row_codes: list[np.ndarray], lists: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, int]:
+    """Rows numbered by their shape, densely from 0: rows get the same number exactly when their
+    ``row_codes`` and their code lists (``(row offsets, codes)``) are equal.
+
+    The codes are combined as digits of one number per row (mixed radix); when the next digit
+    would overflow, the number so far is renumbered densely (one sort) first. Lists enter by their
+    length, then by their items position by position (a row without an item there gives the
+    digit 0, items shifted by one). Returns (numbers, how many)."""
+    import numpy as np
+
+    n = len(row_codes[0])
+    if n == 0:
+        return np.zeros(0, np.int64), 0
+    acc = np.zeros(n, np.int64)
+    span = 1  # acc < span
+
+    def digit(values: np.ndarray, radix: int) -> None:
+        nonlocal acc, span
+        if span * radix >= 1 << 62:
+            uniq, inverse = np.unique(acc, return_inverse=True)
+            acc, span = inverse.ravel().astype(np.int64), len(uniq)
+        acc = acc * radix + values
+        span *= radix
+
+    for codes in row_codes:
+        digit(codes, int(codes.max()) + 1)
+    for offsets, items in lists:
+        lengths = np.diff(offsets)
+        longest = int(lengths.max())
+        digit(lengths, longest + 1)
+        radix = int(items.max()) + 2 if len(items) else 1
+        for k in range(longest):
+            has = lengths > k
+            values = np.zeros(n, np.int64)
+            values[has] = items[offsets[:-1][has] + k] + 1
+            digit(values, radix)
+    uniq, inverse = np.unique(acc, return_inverse=True)
+    return inverse.ravel().astype(np.int64), len(uniq)
+
+
 @dataclass
 class _ShapeInfo:
     op: str
@@ -391,28 +431,34 @@ class PlainBatch:
         self.id_offsets, id_names, _, self.id_values = _entries(rows.column("identity"), "old-key")
         pk_offsets, pk_items = _text_lists(rows.column("pk"))
         del rows
-        if arrow:  # v1 text holding the shape key's separators was refused above, unparsed
-            for part in (schema_col, table_col, names, types, id_names, pk_items):
+
+        # Each row's shape (operation, table, column names and types, key names) as a number:
+        # texts as dictionary codes, rows with the same codes the same shape (exact, no hashing).
+        def codes(texts: Any) -> tuple[np.ndarray, Any]:
+            encoded = pc.dictionary_encode(texts)
+            return np.asarray(encoded.indices).astype(np.int64), encoded.dictionary
+
+        op_codes, _ = codes(self.op)
+        schema_codes, schemas = codes(schema_col)
+        table_codes, tables = codes(table_col)
+        name_codes, name_dict = codes(names)
+        type_codes, type_dict = codes(types)
+        id_codes, id_dict = codes(id_names)
+        pk_codes, pk_dict = codes(pk_items)
+        if arrow:  # v1 text holding these separators was refused above, unparsed
+            for part in (schemas, tables, name_dict, type_dict, id_dict, pk_dict):
                 if len(part) and pc.any(pc.match_substring_regex(part, f"[{_SEP_FIELD}{_SEP_ITEM}]")).as_py():
                     raise NotPlain("a name holding control characters")
-
-        def joined(offsets: Any, items: Any) -> Any:
-            return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items), _SEP_ITEM)
-
-        key = pc.binary_join_element_wise(
-            self.op,
-            schema_col,
-            table_col,
-            joined(self.col_offsets, names),
-            joined(self.col_offsets, types),
-            joined(self.id_offsets, id_names),
-            joined(pk_offsets, pk_items),
-            _SEP_FIELD,
+        self.shape, n_shapes = _shape_ids(
+            [op_codes, schema_codes, table_codes],
+            [
+                (self.col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
+                (self.id_offsets, id_codes),
+                (pk_offsets, pk_codes),
+            ],
         )
-        encoded = pc.dictionary_encode(key)
-        self.shape = np.asarray(encoded.indices).astype(np.int64)
         uniq, first_row = np.unique(self.shape, return_index=True)
-        self.shapes: list[_ShapeInfo | None] = [None] * len(encoded.dictionary)
+        self.shapes: list[_ShapeInfo | None] = [None] * n_shapes
         for s, r in zip(uniq.tolist(), first_row.tolist(), strict=True):
             if not change[r]:
                 continue  # commit markers: no shape

@@ -312,3 +312,41 @@ def test_rows_to_batch_equals_arrow_row_by_row(specs: list[tuple[Any, str | None
         row.update(col_names=listed, pk=listed, col_values=[text], ts=text, commit_lsn=number, src_table=text)
         rows.append(row)
     assert rows_to_batch(rows, schema).equals(pa.RecordBatch.from_pylist(rows, schema=schema))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.integers(0, 2),
+            st.lists(st.integers(0, 1 << 40), max_size=5),
+            st.lists(st.integers(0, 4), max_size=3),
+        ),
+        min_size=0,
+        max_size=60,
+    )
+)
+def test_rows_share_a_shape_number_exactly_when_their_codes_are_equal(rows: list[Any]) -> None:
+    """The driver load's shape numbers (loader.load.driver._shape_ids), against tuples compared
+    in Python; codes large enough to force the renumbering the mixed radix needs."""
+    import numpy as np
+
+    from loader.load.driver import _shape_ids
+
+    def lists(which: int) -> tuple[Any, Any]:
+        lengths = [len(r[which]) for r in rows]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        items = np.array([x for r in rows for x in r[which]], np.int64)
+        return offsets, items
+
+    ids, count = _shape_ids(
+        [np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], np.int64)], [lists(2), lists(3)]
+    )
+    assert count == len({(a, b, tuple(c), tuple(d)) for a, b, c, d in rows})
+    assert sorted(set(ids.tolist())) == list(range(count))
+    for i, ri in enumerate(rows):
+        for j, rj in enumerate(rows):
+            assert (ids[i] == ids[j]) == (
+                (ri[0], ri[1], tuple(ri[2]), tuple(ri[3])) == (rj[0], rj[1], tuple(rj[2]), tuple(rj[3]))
+            )
