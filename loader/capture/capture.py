@@ -217,6 +217,7 @@ class Capture:
         self._facts_by_oid: dict[int, str] | None = None
         self._publication_resyncs: dict[str, str] = {}
         self._role: str | None = None
+        self._lossy_known: dict[str, Any] | None = None  # source state's lossy_specials, once read (_note_exposed)
 
     # --- the run ---------------------------------------------------------------------------
     def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
@@ -323,16 +324,18 @@ class Capture:
         exposed = [name for name, pg_type in columns if _SPECIAL_FLOAT_TYPES.match(pg_type or "")]
         if not exposed:
             return
-        state = self._source_state()
-        lossy = state.setdefault("lossy_specials", {})
-        if qualified in lossy and set(exposed) <= set(lossy[qualified]["columns"]):
+        if self._lossy_known is None:  # read once a run: a table's first change is not a read of the store
+            self._lossy_known = dict(self._source_state().get("lossy_specials", {}))
+        known = self._lossy_known.get(qualified, {})
+        if set(exposed) <= set(known.get("columns", [])):
             return
-        since = lossy.get(qualified, {}).get("since", rec.position.token())
-        lossy[qualified] = {
-            "columns": sorted(set(exposed) | set(lossy.get(qualified, {}).get("columns", []))),
-            "since": since,
+        self._lossy_known[qualified] = {
+            "columns": sorted(set(exposed) | set(known.get("columns", []))),
+            "since": known.get("since", rec.position.token()),
             "reported": False,
         }
+        state = self._source_state()
+        state["lossy_specials"] = {**state.get("lossy_specials", {}), qualified: self._lossy_known[qualified]}
         self.store.write_state(SOURCE_STATE, state)
 
     def _source_state(self) -> dict[str, Any]:
