@@ -88,6 +88,9 @@ class Status:
     lag_seconds: float | None = None  # the oldest table's (overall freshness)
     # Source tables the configuration includes that capture never reads, with why (as of the last capture).
     skipped: dict[str, str] = field(default_factory=dict)
+    # Tables capture landed changes of through wal2json before 2.6, whose numeric/float NaN and
+    # ±Infinity arrive as NULL: table -> {"columns": [...], "since": first position landed so}.
+    lossy_specials: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The replication slot on the source (see SlotStatus), and the last heartbeat (heartbeat.describe).
     slot: SlotStatus | None = None
     heartbeat: dict[str, Any] = field(default_factory=dict)
@@ -136,6 +139,17 @@ class Status:
         if self.skipped:
             lines += ["", f"skipped source tables ({len(self.skipped)}): never read from the source, not in the lake"]
             lines += [f"  {table}: {why}" for table, why in sorted(self.skipped.items())]
+        if self.lossy_specials:
+            lines += [
+                "",
+                f"tables whose NaN and ±Infinity may have arrived as NULL ({len(self.lossy_specials)}): captured "
+                'through wal2json before 2.6; set source.plugin = "pgoutput" or install wal2json 2.6+, then '
+                "'loader verify' and 'loader resync --table' repair current tables",
+            ]
+            lines += [
+                f"  {table}: {', '.join(e.get('columns', []))} (changes since {_pos(e.get('since')) or '-'})"
+                for table, e in sorted(self.lossy_specials.items())
+            ]
         return "\n".join(lines)
 
     def _snapshot_line(self) -> list[str]:
@@ -296,7 +310,12 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
     verified: dict[str, Any] = dict((landing.read_state(VERIFY_STATE) or {}).get("tables", {}))
     files = landing.files()
     source_state = landing.read_state(SOURCE_STATE) or {}
-    skipped = source_state.get("skipped", {}) if source_state.get("slot") == settings.source.slot else {}
+    this_slot = source_state.get("slot") == settings.source.slot
+    skipped = source_state.get("skipped", {}) if this_slot else {}
+    lossy = {
+        t: {"columns": e.get("columns", []), "since": e.get("since")}
+        for t, e in (source_state.get("lossy_specials", {}) if this_slot else {}).items()
+    }
     loaded_token: str | None = None
     loaded_ts: str | None = None
     rejects = 0
@@ -378,6 +397,7 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
         loaded_as_of=loaded_ts,
         lag_seconds=max(lags) if lags and len(lags) == len(keyed) else None,
         skipped=dict(skipped),
+        lossy_specials=lossy,
         slot=slot_status(settings, landing, landed),
         heartbeat=heartbeat.describe(heartbeat.read_state(landing, settings.source.slot), now.timestamp()),
         snapshot=snapshot_status(settings, landing, files),

@@ -131,6 +131,15 @@ class CaptureResult:
 _SPECIAL_FLOAT_TYPES = re.compile(r"^(numeric|real|double precision|float4|float8)\b")
 
 
+def lossy_specials_note(table: str, columns: list[str]) -> str:
+    """Capture's note for a table whose NaN/±Infinity wal2json before 2.6 prints as null."""
+    return (
+        f"{table}: NaN and ±Infinity in {', '.join(columns)} arrive as NULL from wal2json before 2.6 "
+        '(indistinguishable from NULL in its output): set source.plugin = "pgoutput" or install '
+        "wal2json 2.6+ to keep them; snapshots and resyncs keep them"
+    )
+
+
 class _Controls:
     """Park records waiting for their place: right after the last landed (or written) commit."""
 
@@ -217,6 +226,7 @@ class Capture:
         self._facts_by_oid: dict[int, str] | None = None
         self._publication_resyncs: dict[str, str] = {}
         self._role: str | None = None
+        self._lossy_known: dict[str, Any] | None = None  # source state's lossy_specials, once read (_note_exposed)
 
     # --- the run ---------------------------------------------------------------------------
     def run(self, create_slot: bool = True, *, upto_lsn: int | None = None, locked: bool = False) -> CaptureResult:
@@ -273,7 +283,7 @@ class Capture:
             if plan is not None:
                 self._settle_deferred(plan, result)
             self._flush_controls(result)
-            self._note_lossy_specials(result)
+            self._note_lossy_specials(result, self._lossy_unreported())
             if plan is not None:
                 self._save_catalog_state(plan)
                 self._resync(result)
@@ -287,27 +297,72 @@ class Capture:
                 self._note_heartbeat(info, result)
         return result
 
-    def _note_lossy_specials(self, result: CaptureResult) -> None:
+    def _note_lossy_specials(self, result: CaptureResult, unreported: dict[str, list[str]] | None = None) -> None:
         """Flag each table whose numeric or float values may have lost NaN/±Infinity to NULL.
 
         wal2json before 2.6 prints those as JSON null, which a NULL also is: nothing in the stream
         tells them apart, so the loader cannot quarantine them. It says which tables are exposed,
         every run they change, and how to be exact (pgoutput, or wal2json 2.6+); 'loader verify'
-        finds any row that differs, and a resync repairs it.
+        finds any row that differs, and a resync repairs it. ``unreported``: tables an earlier run
+        landed exposed changes of but stopped before it said so (table -> columns, see
+        :meth:`_note_exposed`): they are named too.
         """
+        flagged = dict(unreported or {})
+        if not result.numeric_special_values:
+            for table in result.tables:
+                facts = self.facts.get(table)
+                if facts is None:
+                    continue
+                exposed = [c.name for c in facts.columns.values() if _SPECIAL_FLOAT_TYPES.match(c.type)]
+                if exposed:
+                    flagged[table] = exposed
+        for table, exposed in sorted(flagged.items()):
+            result.notes.append(lossy_specials_note(table, exposed))
+
+    def _note_exposed(self, qualified: str, rec: ChangeRecord, result: CaptureResult) -> None:
+        """Before a table's first change of the run is landed: when its numeric or float values may
+        have lost NaN/±Infinity to NULL (wal2json before 2.6), say so durably in the landing area's
+        source state (``lossy_specials``: table -> columns, the first position landed so, whether
+        a run's summary named it yet). A capture killed after publishing the files then still
+        names the table (the next run's summary, and ``loader status`` from then on)."""
         if result.numeric_special_values:
             return
-        for table in sorted(result.tables):
-            facts = self.facts.get(table)
-            if facts is None:
-                continue
-            exposed = [c.name for c in facts.columns.values() if _SPECIAL_FLOAT_TYPES.match(c.type)]
-            if exposed:
-                result.notes.append(
-                    f"{table}: NaN and ±Infinity in {', '.join(exposed)} arrive as NULL from wal2json before 2.6 "
-                    '(indistinguishable from NULL in its output): set source.plugin = "pgoutput" or install '
-                    "wal2json 2.6+ to keep them; snapshots and resyncs keep them",
-                )
+        facts = self.facts.get(qualified)
+        columns = [(c.name, c.type) for c in facts.columns.values()] if facts is not None else []
+        columns = columns or [(c.name, c.type) for c in rec.columns]
+        exposed = [name for name, pg_type in columns if _SPECIAL_FLOAT_TYPES.match(pg_type or "")]
+        if not exposed:
+            return
+        if self._lossy_known is None:  # read once a run: a table's first change is not a read of the store
+            self._lossy_known = dict(self._source_state().get("lossy_specials", {}))
+        known = self._lossy_known.get(qualified, {})
+        if set(exposed) <= set(known.get("columns", [])):
+            return
+        self._lossy_known[qualified] = {
+            "columns": sorted(set(exposed) | set(known.get("columns", []))),
+            "since": known.get("since", rec.position.token()),
+            "reported": False,
+        }
+        state = self._source_state()
+        state["lossy_specials"] = {**state.get("lossy_specials", {}), qualified: self._lossy_known[qualified]}
+        self.store.write_state(SOURCE_STATE, state)
+
+    def _source_state(self) -> dict[str, Any]:
+        """The landing area's source state of this slot (a fresh one after the slot changed)."""
+        slot = self.settings.source.slot
+        state = self.store.read_state(SOURCE_STATE) or {}
+        return state if state.get("slot") == slot else {"slot": slot}
+
+    def _lossy_unreported(self) -> dict[str, list[str]]:
+        """Tables :meth:`_note_exposed` recorded that no run's summary named yet; marked named now."""
+        state = self._source_state()
+        lossy = state.get("lossy_specials", {})
+        unreported = {t: list(e["columns"]) for t, e in lossy.items() if not e.get("reported")}
+        if unreported:
+            for t in unreported:
+                lossy[t]["reported"] = True
+            self.store.write_state(SOURCE_STATE, state)
+        return unreported
 
     # --- WAL safety: the heartbeat and the server's limit ------------------------------------
     def _emit_heartbeat(self, conn: psycopg.Connection) -> bool:
@@ -1238,6 +1293,7 @@ class _Lander:
             capture._check_stream_table(qualified, [(c.name, c.type) for c in rec.columns], self.result)
             stream_pk = rec.pk
             capture._complete_key(rec, qualified, self.result)
+            capture._note_exposed(qualified, rec, self.result)
             route = (rec.schema, rec.table, qualified, None if rec.pk is stream_pk else rec.pk)
         self.routes[where] = route
         return route

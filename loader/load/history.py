@@ -65,7 +65,7 @@ from loader.landing.store import LandingFile, LandingStore, open_landing
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
-from loader.load.survey import BatchSurvey, survey
+from loader.load.survey import PARK, BatchSurvey, survey
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 from loader.progress import each_table
@@ -361,12 +361,12 @@ class HistoryLoad:
                 def load_one(table: SourceTable) -> LoadResult:
                     columns, pk = tables[table]
                     extra = list(reject_parks.get(table, []))
-                    extra += [
+                    damage = [
                         park_row(d.landing_file, table.schema, table.table, d.commit_lsn, d.ts, d.note)
                         for d in unknown_damage
                     ]
                     part = LoadResult()  # per table: tables load in parallel threads
-                    self._load_table(good, table, columns, pk, extra, batch[-1], part, batch_survey)
+                    self._load_table(good, table, columns, pk, extra, batch[-1], part, batch_survey, damage)
                     checkpoint("load-after-table")
                     return part
 
@@ -678,21 +678,24 @@ class HistoryLoad:
         last_file: LandingFile,
         result: LoadResult,
         batch_survey: BatchSurvey,
+        unknown_damage: list[dict[str, Any]] | None = None,
     ) -> None:
+        """``unknown_damage``: parks for files that lost changes of tables they cannot name (placed here)."""
         from pyspark.sql import functions as F
 
         rows = good.where((F.col("src_schema") == table.schema) & (F.col("src_table") == table.table))
         rows = self._without_erased(table, rows, result)
         ident = self.names.history(table)
+        rows, damage_parks = self._damage_parks(table, rows, unknown_damage or [], batch_survey)
         hist_columns, retype_parks = self._ensure_history_table(table, columns, pk, rows, result)
-        parks = extra_parks + retype_parks
+        parks = one_park_per_position(extra_parks + damage_parks + retype_parks)
         if parks:
             rows = rows.unionByName(self.spark.createDataFrame(parks, CHANGE_ROW_DDL))
         rows = rows.withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
         dropped = self._dropped_columns(ident, table, batch_survey, hist_columns)
         typed = rows.selectExpr(*typed_select(hist_columns, dropped)).persist()
         try:
-            self._append_typed(table, ident, typed, hist_columns, dropped, last_file, result)
+            self._append_typed(table, ident, typed, hist_columns, dropped, last_file, result, parks)
         finally:
             typed.unpersist()
 
@@ -720,8 +723,10 @@ class HistoryLoad:
         dropped: dict[str, ChangePosition],
         last_file: LandingFile,
         result: LoadResult,
+        parks: list[dict[str, Any]],
     ) -> None:
-        """Quarantine the values that do not fit, then append what history does not hold yet."""
+        """Quarantine the values that do not fit, then append what history does not hold yet.
+        ``parks``: the park rows the load derived for the table, already in ``typed``."""
         from pyspark.sql import functions as F
 
         # The common case in one job: no misfits, and the bounds of what is to be appended.
@@ -737,6 +742,12 @@ class HistoryLoad:
                     f"{first[2]}); {repair_hint(table.qualified)}"
                 )
                 seq = park_seq(typed, first[0], "pg_lsn", "pg_seq", "pg_operation")
+                same = [p["note"] for p in parks if (p["commit_lsn"], p["seq"]) == (first[0], seq)]
+                if same:
+                    # One park row a position (the append keeps one row a position): one note for all.
+                    reason = "; and ".join([*same, reason])
+                    at = (F.col("pg_operation") == "park") & (F.col("pg_lsn") == first[0]) & (F.col("pg_seq") == seq)
+                    typed = typed.where(~(at & (F.col(LINE) == 0)))
                 park = self.spark.createDataFrame(
                     [park_row("", table.schema, table.table, first[0], first[1], reason, seq)], CHANGE_ROW_DDL
                 ).withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
@@ -806,6 +817,25 @@ class HistoryLoad:
         finally:
             if cached:
                 ok.unpersist()
+
+    def _damage_parks(
+        self, table: SourceTable, rows: DataFrame, unknown: list[dict[str, Any]], batch_survey: BatchSurvey
+    ) -> tuple[DataFrame, list[dict[str, Any]]]:
+        """The table's rows without the park rows the decoder derived for damaged files, and those
+        parks (with ``unknown``: damage to files that cannot name their tables) placed by
+        ``park_seq``: a damaged file of a snapshot or resync is parked after the table's rows of
+        it, where its resync marker cannot lift the park. (They sat at the transaction's start,
+        seq 0: the resync lifted them, and its current table was built from what survived.)"""
+        from pyspark.sql import functions as F
+
+        found: list[dict[str, Any]] = []
+        if any(s.table == table and s.kind == PARK for s in batch_survey.shapes):
+            derived = F.coalesce((F.col("op") == "park") & (F.col("line") == 0), F.lit(False))
+            found = [r.asDict(recursive=True) for r in rows.where(derived).collect()]
+            if found:
+                rows = rows.where(~derived)
+        placed = [dict(p, seq=park_seq(rows, int(p["commit_lsn"]), "commit_lsn", "seq", "op")) for p in found + unknown]
+        return rows, placed
 
     def _erased_keys(self) -> tuple[str, dict[str, list[tuple[str, str]]]] | None:
         """(salt, table -> [(column, value hash)]) of erased subjects (see loader.erase), once per load."""
@@ -1005,6 +1035,20 @@ def park_seq(rows: DataFrame, lsn: int, lsn_col: str, seq_col: str, op_col: str)
         .collect()[0]
     )
     return int(last) + 1 if resyncs else 0
+
+
+def one_park_per_position(parks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The load's derived park rows of one table with those at one position made one, their notes
+    joined: the append keeps one row a position (its dedupe), so two parks there (a retype's and
+    a reject's in one transaction, both at its start) would lose one reason."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for p in parks:
+        at = (int(p["commit_lsn"]), int(p["seq"]))
+        if at not in out:
+            out[at] = p
+        elif p["note"] not in out[at]["note"]:
+            out[at] = dict(out[at], note=f"{out[at]['note']}; and {p['note']}")
+    return list(out.values())
 
 
 def _all_new(props: dict[str, str], empty: Callable[[], bool], first: ChangePosition) -> bool:

@@ -119,3 +119,29 @@ def _assert_history_layout(env: Env) -> None:
     cur = _iceberg(env, "current")
     assert [str(f.transform) for f in cur.spec().fields] == ["bucket[4]"]  # type: ignore[attr-defined]
     assert cur.properties["write.merge.mode"] == "merge-on-read"  # type: ignore[attr-defined]
+
+
+def test_a_retype_and_a_value_that_does_not_fit_in_one_transaction_keep_both_reasons(env: Env) -> None:
+    """The load's park for an incompatible retype and its park for a quarantined value sit at the
+    same place when both are in one transaction: its start (seq 0). The append keeps one row a
+    position, so one park row carries both reasons (one of them was dropped, at random)."""
+    env.configure("source", auto_resync=False)
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, n bigint, a integer[])")
+    env.capture()
+    env.sql("INSERT INTO public.t VALUES (1, 1, '{1}'), (2, 2, '{2}')")
+    env.run_all()
+    env.transaction(
+        "ALTER TABLE public.t ALTER COLUMN n TYPE text USING n::text",
+        "UPDATE public.t SET n = 'text now', a = '{{1,2},{3,4}}' WHERE id = 1",
+    )
+    _, load, merge = env.run_all()
+    assert load.rejects == 1 and "public.t" in merge.parked
+    parks = env.history("public.t").where("pg_operation = 'park' AND pg_seq = 0").collect()
+    assert len(parks) == 1, parks
+    assert "changed type" in parks[0]["pg_note"] and "quarantined" in parks[0]["pg_note"], parks[0]["pg_note"]
+    env.resync(["public.t"])
+    env.sql("UPDATE public.t SET a = '{1}' WHERE id = 1")
+    env.resync(["public.t"])
+    _, _, merge = env.run_all()
+    assert not merge.parked, merge.parked
+    env.assert_reconciled()
