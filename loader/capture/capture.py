@@ -1223,14 +1223,14 @@ class _Lander:
         commit = is_commit.to_numpy(zero_copy_only=False)
         keys = pc.binary_join_element_wise(batch.column(6), batch.column(7), "\x00")
         tables = pc.unique(pc.filter(keys, pc.invert(is_commit))).to_pylist()
-        for key in tables:
-            where = tuple(key.split("\x00", 1))
+        wheres = [(schema, table) for schema, _, table in (key.partition("\x00") for key in tables)]
+        for key, where in zip(tables, wheres, strict=True):
             if where not in self.routes:
                 first = pc.index(keys, key).as_py()
-                self._route(where, next(changefile.batch_records(batch.slice(first, 1))))  # type: ignore[arg-type]
+                self._route(where, next(changefile.batch_records(batch.slice(first, 1))))
         if capture.controls.pending:
             return False  # the first change of a table asked for a park: the row path places it
-        routes = [self.routes[tuple(key.split("\x00", 1))] for key in tables]  # type: ignore[index]
+        routes = [self.routes[where] for where in wheres]
         # Each record's table by its number in ``tables``; commit markers get the number after them.
         which = pc.index_in(keys, value_set=pa.array(tables, pa.string()))
         which = which.fill_null(len(tables)).to_numpy(zero_copy_only=False)
@@ -1249,7 +1249,7 @@ class _Lander:
         at = pa.array(which[kept])
         names = pa.array(qualified, pa.string()).take(at)
         out = batch.take(pa.array(kept))
-        if any(r is not None and (r[0], r[1]) != tuple(key.split("\x00", 1)) for r, key in zip(routes, tables)):
+        if any(r is not None and (r[0], r[1]) != where for r, where in zip(routes, wheres, strict=True)):
             schemas = pa.array([r[0] if r else "" for r in routes] + [""], pa.string()).take(at)
             names_only = pa.array([r[1] if r else "" for r in routes] + [""], pa.string()).take(at)
             fields = changefile.arrow_schema()
@@ -1266,7 +1266,7 @@ class _Lander:
         landed_commits = int(out_commit.sum())
         result.changes += len(kept) - landed_commits
         result.transactions += landed_commits
-        result.tables.update(t for t in set(names.drop_null().to_pylist()))
+        result.tables.update(pc.unique(names.drop_null()).to_pylist())
         if len(kept):
             last_commit = np.flatnonzero(out_commit)
             if len(last_commit):

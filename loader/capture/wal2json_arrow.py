@@ -21,6 +21,8 @@ goes through the row decoder, which knows every case. Both give the same records
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,8 @@ from typing import Any
 from loader.capture.wal2json import Wal2JsonDecoder
 from loader.landing import changefile
 from loader.landing.records import OpenTransaction
+
+log = logging.getLogger("loader.capture")
 
 _BARE_VALUE = r'"value":(-?[0-9][0-9.eE+-]*|true|false)'
 _QUOTED_VALUE = r'"value":"\1"'
@@ -128,7 +132,9 @@ def read_rows(data: bytes) -> Any | None:
             read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1024)),
             parse_options=pj.ParseOptions(explicit_schema=_row_schema(), unexpected_field_behavior="error"),
         )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        # Not a failure: the row decoder takes the block and says (or quarantines) what it holds.
+        log.debug("a block of %d bytes goes row by row: %s", len(data), str(exc)[:200])
         return None
 
 
@@ -142,7 +148,8 @@ def decode_block(data: bytes, decoder: Wal2JsonDecoder) -> Block | None:
         return None
     try:
         return _records(rows.combine_chunks(), decoder.txn, decoder.confirm_lsn)
-    except ValueError:
+    except ValueError as exc:
+        log.debug("a block of %d bytes goes row by row: %s", len(data), exc)
         return None  # a position that is not an LSN: the row decoder says which
 
 
@@ -243,16 +250,16 @@ def _records(rows: Any, open_txn: OpenTransaction | None, confirm_lsn: int | Non
 
 def _empty_nulls(lists: Any) -> Any:
     """A list array with null lists as empty ones (wal2json leaves ``identity`` out of inserts)."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if not lists.null_count:
         return lists
-    import numpy as np
-
-    lengths = pa.compute.list_value_length(lists).fill_null(0)
+    lengths = pc.list_value_length(lists).fill_null(0)
     offsets = np.zeros(len(lists) + 1, np.int32)
     np.cumsum(lengths.to_numpy(), out=offsets[1:])
-    values = pa.compute.list_flatten(lists)  # the values of non-null lists only
+    values = pc.list_flatten(lists)  # the values of non-null lists only
     return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
@@ -288,7 +295,17 @@ def _key_names(lists: Any) -> Any:
     return pa.ListArray.from_arrays(offsets, names, type=changefile.arrow_schema().field("pk").type)
 
 
-_HEX = None
+@functools.cache
+def _hex_digits() -> Any:
+    """Byte -> hex digit value (255: not a hex digit)."""
+    import numpy as np
+
+    table = np.full(256, 255, np.uint8)
+    for i, ch in enumerate(b"0123456789abcdef"):
+        table[ch] = i
+    for i, ch in enumerate(b"ABCDEF"):
+        table[ch] = 10 + i
+    return table
 
 
 def lsn_array(texts: Any) -> Any:
@@ -296,14 +313,6 @@ def lsn_array(texts: Any) -> Any:
     import numpy as np
     import pyarrow.compute as pc
 
-    global _HEX
-    if _HEX is None:
-        table = np.full(256, 255, np.uint8)
-        for i, ch in enumerate(b"0123456789abcdef"):
-            table[ch] = i
-        for i, ch in enumerate(b"ABCDEF"):
-            table[ch] = 10 + i
-        _HEX = table
     n = len(texts)
     if n == 0:
         return np.zeros(0, np.uint64)
@@ -317,7 +326,7 @@ def lsn_array(texts: Any) -> Any:
             half = half.combine_chunks()
         first = int(np.frombuffer(half.buffers()[1], np.int32)[half.offset])
         raw = np.frombuffer(half.buffers()[2], np.uint8)[first : first + 8 * n].reshape(n, 8)
-        digits = _HEX[raw].astype(np.uint64)
+        digits = _hex_digits()[raw].astype(np.uint64)
         value = np.zeros(n, np.uint64)
         for j in range(8):
             value = (value << np.uint64(4)) | digits[:, j]

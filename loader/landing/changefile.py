@@ -215,12 +215,13 @@ _ITEM_TEXT = _item_text()
 def _dict_list(lists: Any, encode: Any) -> Any:
     """A list array rebuilt from zero-based offsets, its items passed through ``encode``."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     offsets = lists.offsets
     start = offsets[0].as_py()
     values = lists.values.slice(start, offsets[-1].as_py() - start)
     if start:
-        offsets = pa.compute.subtract(offsets, pa.scalar(start, pa.int32()))
+        offsets = pc.subtract(offsets, pa.scalar(start, pa.int32()))
     return offsets, encode(values)
 
 
@@ -229,7 +230,6 @@ def encode(batch: Any) -> Any:
     (codes in order of first appearance). A function of the batch's values only, so the same
     records give the same bytes however they arrived (record by record, or as Arrow blocks)."""
     import pyarrow as pa
-    import pyarrow.compute
 
     schema = arrow_schema(stored=True)
     cols = batch.columns

@@ -511,7 +511,7 @@ class LandingWriter:
         op = record.op
         self._last = (record.position, op == COMMIT)
         if op != COMMIT:
-            if op != "S" and op != "P":  # markers do not count toward a file's changes
+            if op not in _UNCOUNTED_OPS:  # markers do not count toward a file's changes
                 self._count += 1
             t = qualified if qualified is not None else record.qualified_table
             tables = self._tables
