@@ -58,6 +58,7 @@ class FuzzRun:
         self.out_dir = out_dir
         self.audit_from = 0  # audit rows after this one are changes the stream carries
         self.timings: Counter[str] = Counter()
+        self.captured: Counter[str] = Counter()  # rows of in-process captures: pipelined, in columns
         self.case_clashes: set[str] = set()  # tables that had columns differing only in case
         # The known gap nan_infinity: tables capture flagged for it, whether a capture ended unseen
         # (killed: its summary never printed), and how many lake values the oracle accepted as NULL.
@@ -69,11 +70,19 @@ class FuzzRun:
         env.configure("source", exclude=["pg_catalog.*", "information_schema.*", f"{AUDIT_SCHEMA}.*"])
         env.configure("load", driver_max_bytes=(64 << 20) if workload.driver_load else 0)
         env.configure("source", ddl_trigger=workload.ddl_trigger)
+        pipelined = workload.pipelined_rounds > 0
+        env.configure(
+            "source",
+            pipeline_min_lag_mb=0 if pipelined else -1,
+            pipeline_round_rows=workload.pipelined_rounds or 100_000,
+        )
         # What a loader process needs beside the harness's settings.
         self.proc_env = {
             "LOADER_SOURCE__EXCLUDE": json.dumps(env.settings.source.exclude),
             "LOADER_SOURCE__DDL_TRIGGER": json.dumps(workload.ddl_trigger),
             "LOADER_LOAD__DRIVER_MAX_BYTES": str(env.settings.load.driver_max_bytes),
+            "LOADER_SOURCE__PIPELINE_MIN_LAG_MB": str(env.settings.source.pipeline_min_lag_mb),
+            "LOADER_SOURCE__PIPELINE_ROUND_ROWS": str(env.settings.source.pipeline_round_rows),
         }
 
     # --- the run ---------------------------------------------------------------------------
@@ -87,6 +96,11 @@ class FuzzRun:
                     self.loader(step)
             except Exception as exc:
                 raise self.failure(i, exc) from exc
+        # The pipelined dimension must reach the path it is for: a pipelined read decoded in columns.
+        if self.w.pipelined_rounds:
+            assert self.captured["in columns"] > 0, f"seed {self.w.seed}: no capture decoded rows in columns"
+        else:
+            assert self.captured["pipelined"] == 0, f"seed {self.w.seed}: a capture pipelined"
             kind = "sql" if isinstance(step, Sql) else f"{step.action} {step.stage}".strip()
             self.timings[kind] += time.monotonic() - started
 
@@ -159,6 +173,8 @@ class FuzzRun:
         """An in-process capture, its notes seen."""
         result = self.env.capture()
         self.seen("\n".join(result.notes))
+        self.captured["pipelined"] += result.pipelined_rows
+        self.captured["in columns"] += result.columnar_rows
         return result
 
     def seen(self, output: str) -> None:

@@ -45,6 +45,11 @@ def test_fuzz_seed(env: Env, seed: int) -> None:
     run.run()
     spent = ", ".join(f"{k} {v:.0f}s" for k, v in sorted(run.timings.items()))
     print(f"fuzz seed {seed}: {len(workload.steps)} steps in {time.monotonic() - started:.0f}s ({spent})")
+    if workload.pipelined_rounds:
+        print(
+            f"fuzz seed {seed}: pipelined capture in rounds of {workload.pipelined_rounds} rows:"
+            f" {run.captured['pipelined']} rows, {run.captured['in columns']} decoded in columns"
+        )
     if run.nan_parked:
         print(
             f"fuzz seed {seed}: parked for NaN in a numeric(p,s) column (accepted): {', '.join(sorted(run.nan_parked))}"

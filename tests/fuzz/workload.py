@@ -75,12 +75,18 @@ class Workload:
     # forms are not drawn for such tables then.
     ddl_trigger: bool = True
     gaps: frozenset[str] = frozenset()  # the KNOWN_GAPS drawn (the oracle allows for each)
+    # Capture's pipelined read (a consumed copy of the slot, decoded in columns) for every capture
+    # of this seed, in rounds of this many plugin rows; 0: capture peeks (backlogs this small
+    # otherwise always peek). Drawn last, so the rest of a seed's workload does not depend on it.
+    pipelined_rounds: int = 0
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
         out = [f"-- fuzz seed {self.seed}: source SQL in order; loader actions as comments", ""]
         if not self.ddl_trigger:
             out.insert(1, "-- (source.ddl_trigger = false: the loader compares catalogs only)")
+        if self.pipelined_rounds:
+            out.insert(1, f"-- (pipelined capture in rounds of {self.pipelined_rounds} rows)")
         for i, step in enumerate(self.steps[: None if upto is None else upto + 1]):
             if isinstance(step, Loader):
                 what = " ".join(x for x in (step.action, step.stage, step.point) if x)
@@ -1078,6 +1084,7 @@ class Generator:
             driver_load=rng.random() < 0.5,
             ddl_trigger=self.ddl_trigger,
             gaps=self.gaps,
+            pipelined_rounds=rng.choice((0, 0, 7, 100_000)),
         )
 
 
