@@ -10,6 +10,7 @@ forms only Spark reads (or rejects): arrays, bytea, misfits, other zones, infini
 from __future__ import annotations
 
 import ast
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -239,7 +240,11 @@ def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return count
 
 
-@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=int(os.environ.get("LOADER_LOAD_EXAMPLES", "9")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     seed=st.integers(0, 10_000),
     columns=st.lists(st.sampled_from(OPTIONAL), max_size=5, unique=True),
@@ -372,7 +377,11 @@ def test_a_misfit_sends_the_batch_to_spark(
     assert res.rejects == 1 and ACCT.qualified in res.parked
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=max(3, int(os.environ.get("LOADER_LOAD_EXAMPLES", "9")) * 5 // 9),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     seed=st.integers(0, 10_000),
     columns=st.lists(st.sampled_from(OPTIONAL), max_size=5, unique=True),
