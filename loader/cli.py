@@ -46,6 +46,13 @@ class Context:
 
         return get_spark(self.settings)
 
+    def lazy_spark(self) -> Any:
+        """A Spark session started on first use (loader.spark.LazySpark): load and merge do on
+        the driver what they can, and a command whose work needed no JVM never starts one."""
+        from loader.spark import LazySpark
+
+        return LazySpark(self.settings)
+
 
 def catch_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
@@ -214,10 +221,9 @@ def capture(ctx: Context, no_create_slot: bool, with_snapshot: bool, as_json: bo
 def load(ctx: Context, as_json: bool) -> None:
     """Append pending landing files to the Iceberg history tables (exactly once)."""
     from loader.load.history import HistoryLoad
-    from loader.spark import LazySpark
 
     # Spark starts only if the batch needs it: a load the driver does whole needs no JVM.
-    res = HistoryLoad(LazySpark(ctx.settings), ctx.settings).run()  # type: ignore[arg-type]
+    res = HistoryLoad(ctx.lazy_spark(), ctx.settings).run()
     emit(res, as_json)
     sys.exit(_load_exit(ctx, res))
 
@@ -251,7 +257,7 @@ def merge(ctx: Context, tables: tuple[str, ...], as_json: bool) -> None:
     from loader.merge.current import CurrentMerge
 
     check_tables(ctx, tables)
-    res = CurrentMerge(ctx.spark(), ctx.settings).run(list(tables) or None)
+    res = CurrentMerge(ctx.lazy_spark(), ctx.settings).run(list(tables) or None)
     emit(res, as_json)
     sys.exit(_merge_exit(res))
 
@@ -314,7 +320,7 @@ def run(
         )
         sys.exit(code)
     cap = Capture(ctx.settings).run()
-    spark = ctx.spark()
+    spark = ctx.lazy_spark()
     res = HistoryLoad(spark, ctx.settings).run()
     merged = CurrentMerge(spark, ctx.settings).run()
     if as_json:

@@ -21,6 +21,7 @@ from loader.capture import heartbeat
 from loader.config import LoaderSettings
 from loader.lake.catalog import latest_summary, live_rows, open_catalog, row_count, watermark
 from loader.lake.tables import (
+    LEDGER_NAME,
     PROP_LAST_POSITION,
     PROP_LOADED_THROUGH_TS,
     PROP_MERGED_THROUGH_TS,
@@ -320,7 +321,7 @@ def collect_status(settings: LoaderSettings, now: datetime | None = None) -> Sta
     loaded_ts: str | None = None
     rejects = 0
     try:
-        ledger = catalog.load_table((c.loader_namespace, "landing_files"))
+        ledger = catalog.load_table((c.loader_namespace, LEDGER_NAME))
         loaded_token = watermark(ledger, SUMMARY_LOADED_THROUGH)
         loaded_ts = ledger.properties.get(PROP_LOADED_THROUGH_TS)
         rejects = row_count(catalog.load_table((c.loader_namespace, "rejects")))

@@ -38,6 +38,7 @@ from loader.config import LoaderSettings
 from loader.errors import SourceError
 from loader.lake.catalog import open_catalog, row_count, watermark
 from loader.lake.tables import (
+    LEDGER_NAME,
     PROP_PARKED,
     PROP_PG_TYPES,
     PROP_PRIMARY_KEY,
@@ -836,7 +837,7 @@ def _pending_files(settings: LoaderSettings, catalog: Any) -> tuple[Any, list[An
     from loader.landing.store import open_landing
 
     store = open_landing(settings)
-    ledger = catalog.load_table((settings.catalog.loader_namespace, "landing_files"))
+    ledger = catalog.load_table((settings.catalog.loader_namespace, LEDGER_NAME))
     loaded = watermark(ledger, SUMMARY_LOADED_THROUGH)
     loaded_at = ChangePosition.from_token(loaded) if loaded else None
     return store, [f for f in store.files() if loaded_at is None or f.last > loaded_at]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from loader.config import LoaderSettings, redact, secret_text
 from loader.errors import CatalogError
 from loader.lake.tables import newest_position
+
+if TYPE_CHECKING:
+    from loader.lake.tables import SourceTable
 
 
 def pyiceberg_uri(uri: str, password: str | None = None) -> str:
@@ -63,8 +66,8 @@ def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str, s3_secret: 
         ) from exc
 
 
-def lake_tables(settings: LoaderSettings) -> list[str]:
-    """The source tables the lake holds (``schema.table`` of every history table), without a JVM."""
+def history_source_tables(settings: LoaderSettings) -> list[SourceTable]:
+    """The source tables the lake holds (one per history table), in order, without a JVM."""
     from pyiceberg.exceptions import NoSuchNamespaceError
 
     from loader.lake.tables import SourceTable
@@ -73,7 +76,12 @@ def lake_tables(settings: LoaderSettings) -> list[str]:
         idents = open_catalog(settings).list_tables(settings.catalog.history_namespace)
     except NoSuchNamespaceError:
         return []
-    return sorted(SourceTable.from_iceberg_name(i[-1]).qualified for i in idents)
+    return sorted(SourceTable.from_iceberg_name(i[-1]) for i in idents)
+
+
+def lake_tables(settings: LoaderSettings) -> list[str]:
+    """The source tables the lake holds (``schema.table`` of every history table), without a JVM."""
+    return sorted(t.qualified for t in history_source_tables(settings))
 
 
 def latest_summary(table: Any, key: str) -> str | None:
@@ -92,6 +100,34 @@ def latest_summary(table: Any, key: str) -> str | None:
 def watermark(table: Any, key: str) -> str | None:
     """The newer of the property ``key`` and its snapshot-summary value (see loader.lake.iceberg)."""
     return newest_position(table.properties.get(key), latest_summary(table, key))
+
+
+def load_or_none(catalog: Any, ident: tuple[str, str]) -> Any | None:
+    """The table (pyiceberg's, its newest metadata), or None when it does not exist."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return catalog.load_table(ident)
+    except NoSuchTableError:
+        return None
+
+
+def snapshot_id(table: Any) -> int | None:
+    snap = table.current_snapshot()
+    return int(snap.snapshot_id) if snap is not None else None
+
+
+def set_properties(table: Any, update: dict[str, str], remove: list[str] | None = None) -> None:
+    """One commit setting ``update`` and removing ``remove`` (the Java API's ``updateProperties``):
+    property updates carry no requirement on the table's snapshot, so a commit that lost a race
+    is retried on the newer metadata (loader.lake.commits: the same catalog, the same rules)."""
+    if not update and not remove:
+        return
+    with table.transaction() as tx:
+        if update:
+            tx.set_properties(update)
+        if remove:
+            tx.remove_properties(*remove)
 
 
 #: Position delete files read by :func:`live_rows` at most (bytes on storage); above, the count is

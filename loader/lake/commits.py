@@ -152,18 +152,20 @@ def create_table(
     day_of: str | None,
     order: list[str],
     location: str,
+    bucket: tuple[str, int] | None = None,
 ) -> Any:
     """Create the Iceberg table Spark's ``CREATE TABLE ... USING iceberg PARTITIONED BY
-    (days(day_of)) TBLPROPERTIES (...)`` followed by ``ALTER TABLE ... WRITE LOCALLY ORDERED BY
-    order`` creates, in one commit and without a JVM (``tests/load/test_table_creation.py`` holds
-    them equal: schema and ids, spec, sort order, properties, location). ``columns``: (name, Spark
-    SQL type), every column optional as Spark's are. Returns the table (pyiceberg's); a table
-    created meanwhile by another process is loaded instead (CREATE TABLE IF NOT EXISTS)."""
+    (days(day_of)) TBLPROPERTIES (...)`` (or ``PARTITIONED BY (bucket(n, column))`` for ``bucket``
+    = (column, n)) followed by ``ALTER TABLE ... WRITE LOCALLY ORDERED BY order`` creates, in one
+    commit and without a JVM (``tests/load/test_table_creation.py`` holds them equal: schema and
+    ids, spec, sort order, properties, location). ``columns``: (name, Spark SQL type), every
+    column optional as Spark's are. Returns the table (pyiceberg's); a table created meanwhile by
+    another process is loaded instead (CREATE TABLE IF NOT EXISTS)."""
     from pyiceberg.exceptions import TableAlreadyExistsError
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.schema import Schema
     from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
-    from pyiceberg.transforms import DayTransform, IdentityTransform
+    from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform
     from pyiceberg.types import NestedField
 
     from loader.lake.types import iceberg_type
@@ -187,6 +189,13 @@ def create_table(
     if day_of is not None:
         spec = PartitionSpec(
             PartitionField(source_id=by_name[day_of], field_id=1000, transform=DayTransform(), name=f"{day_of}_day")
+        )
+    elif bucket is not None:
+        column, n = bucket
+        spec = PartitionSpec(
+            PartitionField(
+                source_id=by_name[column], field_id=1000, transform=BucketTransform(n), name=f"{column}_bucket"
+            )
         )
     sort = SortOrder(
         *[
@@ -226,7 +235,7 @@ def ensure_loader_tables(settings: Any) -> None:
     driver then starts no Spark at all. The tables are the ones Spark's DDL creates
     (``tests/load/test_table_creation.py``); creating them twice at once is harmless (IF NOT EXISTS)."""
     from loader.lake.catalog import open_catalog
-    from loader.lake.tables import LEDGER_DDL, REJECTS_DDL, TableNames
+    from loader.lake.tables import LEDGER_DDL, LEDGER_NAME, REJECTS_DDL, TableNames
 
     names = TableNames(settings)
     catalog = open_catalog(settings)
@@ -237,7 +246,7 @@ def ensure_loader_tables(settings: Any) -> None:
         # (listed, not loaded: table_exists would read each table's metadata file)
         present = {i[-1] for i in catalog.list_tables(names.loader_ns)}
         warehouse = settings.catalog.warehouse
-        for name, ddl, day_of in (("landing_files", LEDGER_DDL, None), ("rejects", REJECTS_DDL, "rejected_at")):
+        for name, ddl, day_of in ((LEDGER_NAME, LEDGER_DDL, None), ("rejects", REJECTS_DDL, "rejected_at")):
             if name not in present:
                 where = default_location(warehouse, names.loader_ns, name)
                 create_table(catalog, (names.loader_ns, name), ddl_columns(ddl), {}, day_of, [], where)

@@ -34,6 +34,7 @@ REJECTS_DDL = (
     "landing_file STRING, line INT, source_table STRING, pg_lsn BIGINT, pg_seq BIGINT,"
     " reason STRING, raw STRING, rejected_at TIMESTAMP"
 )
+LEDGER_NAME = "landing_files"  # the ledger's table name, in the loader's namespace
 LEDGER_DDL = (
     "file STRING, first_position STRING, last_position STRING, changes BIGINT, rejects BIGINT, loaded_at TIMESTAMP"
 )
@@ -179,7 +180,7 @@ class TableNames:
 
     @property
     def ledger(self) -> str:
-        return self._q(self.loader_ns, "landing_files")
+        return self._q(self.loader_ns, LEDGER_NAME)
 
     def loader_table(self, name: str) -> str:
         """One of the loader's own tables (ledger, rejects, erasures, ...)."""

@@ -43,6 +43,7 @@ from loader.lake.iceberg import (
 )
 from loader.lake.tables import (
     HISTORY_METADATA,
+    LEDGER_NAME,
     PROP_DROPPED_COLUMNS,
     PROP_LAST_POSITION,
     PROP_LATE_APPENDS,
@@ -173,7 +174,7 @@ class HistoryLoad:
         pyiceberg: no Spark job, and the table as committed now, not as Spark's catalog cached it)."""
         from loader.lake.catalog import open_catalog
 
-        ledger = open_catalog(self.settings).load_table((self.names.loader_ns, "landing_files"))
+        ledger = open_catalog(self.settings).load_table((self.names.loader_ns, LEDGER_NAME))
         return set(ledger.scan(selected_fields=("file",)).to_arrow().column("file").to_pylist())
 
     def pending_files(
@@ -390,7 +391,7 @@ class HistoryLoad:
         from loader.lake.catalog import open_catalog
         from loader.lake.commits import append_arrow
 
-        ident = (self.names.loader_ns, "landing_files")
+        ident = (self.names.loader_ns, LEDGER_NAME)
         catalog = open_catalog(self.settings)
         ledger = catalog.load_table(ident)
         loaded_through = self._loaded_through(batch, ledger)

@@ -268,6 +268,85 @@ def _pa_strings(values: list[str]) -> Any:
     return pa.array(values, pa.string())
 
 
+def _bulk_parts(
+    hist: Any,
+    hist_snapshot: int,
+    bulk: BulkPlan,
+    columns: list[str],
+    target: Any,
+    key: str,
+    n: int,
+) -> Iterator[tuple[Any, Any, int]]:
+    """(rows in ``target``'s schema sorted by bucket, their buckets, the batch's last seq) of each
+    batch of the resync's snapshot rows; NotPlainBulk when the snapshot holds anything but plain
+    reads, or a key the driver cannot bucket."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyiceberg.expressions import And, EqualTo, GreaterThan
+
+    at, cut = bulk.at, bulk.plan.cut
+    key_type = str(target.field(key).type)
+    integer_key = key_type in ("int8", "int16", "int32", "int64")
+    if not integer_key:
+        from pyiceberg.transforms import BucketTransform
+        from pyiceberg.types import StringType
+
+        if key_type not in ("string", "large_string"):
+            raise NotPlainBulk(f"key column {key} is {key_type}")
+        one = BucketTransform(n).transform(StringType())
+
+    def buckets_of(keys: Any) -> Any:
+        """The bucket of each key of an Arrow column (numpy int32)."""
+        if integer_key:
+            return bucket_ints(keys.to_numpy(zero_copy_only=False), n)
+        return np.fromiter((one(v) for v in keys.to_pylist()), dtype=np.int32, count=len(keys))
+
+    in_snapshot = And(EqualTo("pg_lsn", at.commit_lsn), GreaterThan("pg_seq", at.seq))  # type: ignore[misc,call-arg,arg-type]
+    scan = hist.scan(
+        row_filter=in_snapshot,
+        selected_fields=(*columns, "pg_lsn", "pg_seq", "pg_txn_timestamp", "pg_operation", "pg_absent_columns"),
+        snapshot_id=hist_snapshot,
+    )
+    for batch in scan.to_arrow_batch_reader():
+        batch = _in_range(batch, at, cut)
+        if not batch.num_rows:
+            continue
+        reads = pc.equal(batch.column("pg_operation"), "read")
+        sent = pc.fill_null(pc.equal(pc.list_value_length(batch.column("pg_absent_columns")), 0), False)
+        if not pc.all(pc.and_(reads, sent)).as_py():
+            raise NotPlainBulk(f"the resync at {at} holds more than plain reads")
+        keys = batch.column(key)
+        if keys.null_count:
+            raise NotPlainBulk("a key without a value")
+        buckets = buckets_of(keys)
+        out = pa.Table.from_batches([batch]).select([f.name for f in target])
+        out = pa.Table.from_arrays([out.column(f.name).cast(f.type) for f in target], schema=target)
+        # A stable sort by bucket keeps each bucket's rows in the snapshot's (key) order.
+        order = pc.sort_indices(pa.array(buckets))
+        yield out.take(order), buckets[order.to_numpy()], int(pc.max(batch.column("pg_seq")).as_py())
+
+
+def _write_parts(
+    parts: Iterator[tuple[Any, Any, int]], files: RollingParquet, at: ChangePosition
+) -> tuple[int, ChangePosition]:
+    """Every part filed under its buckets (each bucket's rows into its own files); (rows, the
+    position of the last row written)."""
+    import numpy as np
+
+    rows = 0
+    last_seq = at.seq
+    # Read and bucketed on a thread of their own while the parts before them are encoded.
+    for sorted_out, sorted_buckets, batch_last in prefetched(parts, depth=2):
+        rows += sorted_out.num_rows
+        last_seq = max(last_seq, batch_last)
+        bounds = [0, *(np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()]
+        for start, stop in zip(bounds, [*bounds[1:], len(sorted_buckets)]):
+            files.add(int(sorted_buckets[start]), sorted_out.slice(start, stop - start))
+    files.close()
+    return rows, ChangePosition(at.commit_lsn, last_seq)
+
+
 def write_bulk(
     spark: SparkSession,
     hist: Any,
@@ -289,11 +368,6 @@ def write_bulk(
     ``rows_source(target schema, number of buckets)``: other rows to write instead of the snapshot's
     (:func:`first_state_rows`), as (rows in ``target``'s schema sorted by bucket, their buckets, a
     seq at ``bulk.at``'s LSN) parts."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from pyiceberg.expressions import And, EqualTo, GreaterThan
-
     from loader.lake.iceberg import iceberg_table
     from loader.merge.rowdelta import commit_guarded, remove_uncommitted
 
@@ -318,15 +392,6 @@ def write_bulk(
     stem = uuid.uuid4().hex
     written: list[str] = []
     built: list[Any] = []
-    key_type = str(target.field(key).type)
-    integer_key = key_type in ("int8", "int16", "int32", "int64")
-    if not integer_key:
-        from pyiceberg.transforms import BucketTransform
-        from pyiceberg.types import StringType
-
-        if key_type not in ("string", "large_string"):
-            raise NotPlainBulk(f"key column {key} is {key_type}")
-        one = BucketTransform(n).transform(StringType())
 
     def finish(bucket: int, data: bytes) -> None:
         partition = data_files.data(spec, f"{part_name}={bucket}")
@@ -340,53 +405,14 @@ def write_bulk(
             stream.close()
         built.append(parquet_data_file(spark, table, partition, path, len(data), out.toInputFile()))
 
-    in_snapshot = And(EqualTo("pg_lsn", at.commit_lsn), GreaterThan("pg_seq", at.seq))  # type: ignore[misc,call-arg,arg-type]
-    scan = hist.scan(
-        row_filter=in_snapshot,
-        selected_fields=(*columns, "pg_lsn", "pg_seq", "pg_txn_timestamp", "pg_operation", "pg_absent_columns"),
-        snapshot_id=hist_snapshot,
-    )
     files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
-    rows = 0
-    last_seq = at.seq
-
-    def buckets_of(keys: Any) -> Any:
-        """The bucket of each key of an Arrow column (numpy int32)."""
-        if integer_key:
-            return bucket_ints(keys.to_numpy(zero_copy_only=False), n)
-        return np.fromiter((one(v) for v in keys.to_pylist()), dtype=np.int32, count=len(keys))
-
-    def bucketed() -> Iterator[tuple[Any, Any, int]]:
-        """(rows sorted by bucket, their buckets, last seq) of each batch of the snapshot."""
-        for batch in scan.to_arrow_batch_reader():
-            batch = _in_range(batch, at, cut)
-            if not batch.num_rows:
-                continue
-            reads = pc.equal(batch.column("pg_operation"), "read")
-            sent = pc.fill_null(pc.equal(pc.list_value_length(batch.column("pg_absent_columns")), 0), False)
-            if not pc.all(pc.and_(reads, sent)).as_py():
-                raise NotPlainBulk(f"the resync at {at} holds more than plain reads")
-            keys = batch.column(key)
-            if keys.null_count:
-                raise NotPlainBulk("a key without a value")
-            buckets = buckets_of(keys)
-            out = pa.Table.from_batches([batch]).select([f.name for f in target])
-            out = pa.Table.from_arrays([out.column(f.name).cast(f.type) for f in target], schema=target)
-            # A stable sort by bucket keeps each bucket's rows in the snapshot's (key) order.
-            order = pc.sort_indices(pa.array(buckets))
-            yield out.take(order), buckets[order.to_numpy()], int(pc.max(batch.column("pg_seq")).as_py())
-
-    parts = bucketed() if rows_source is None else rows_source(target, n)
+    parts = (
+        _bulk_parts(hist, hist_snapshot, bulk, columns, target, key, n)
+        if rows_source is None
+        else rows_source(target, n)
+    )
     try:
-        # Read and bucketed on a thread of their own while the parts before them are encoded.
-        for sorted_out, sorted_buckets, batch_last in prefetched(parts, depth=2):
-            rows += sorted_out.num_rows
-            last_seq = max(last_seq, batch_last)
-            bounds = [0, *(np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()]
-            for start, stop in zip(bounds, [*bounds[1:], len(sorted_buckets)]):
-                files.add(int(sorted_buckets[start]), sorted_out.slice(start, stop - start))
-        files.close()
-        end = ChangePosition(at.commit_lsn, last_seq)
+        rows, end = _write_parts(parts, files, at)
         overwrite = table.newOverwrite()
         expressions = jvm_class(spark, "org.apache.iceberg.expressions.Expressions")
         overwrite = overwrite.overwriteByRowFilter(expressions.alwaysTrue())
@@ -405,3 +431,119 @@ def write_bulk(
         return rows, end, through
     finally:
         remove_uncommitted(fio, written)
+
+
+def write_first_bulk(
+    table: Any,
+    hist: Any,
+    hist_snapshot: int,
+    bulk: BulkPlan,
+    columns: list[str],
+    key: str,
+    commit_props: dict[str, str],
+    watermark_key: str,
+    before_commit: Any = None,
+    rows_source: Callable[[Any, int], Iterator[tuple[Any, Any, int]]] | None = None,
+) -> tuple[int, ChangePosition, ChangePosition]:
+    """:func:`write_bulk` for a current table that has never committed (a table's first state),
+    without a JVM: the same files (one Parquet writer per bucket, bounded memory), registered and
+    appended in one pyiceberg commit (``table``: pyiceberg's), the summary as ``write_bulk``'s.
+    An append onto a table without a snapshot is the overwrite ``write_bulk`` commits; a table
+    that gained a snapshot meanwhile fails the commit (nothing of it is kept)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.exceptions import CommitStateUnknownException
+    from pyiceberg.io.pyarrow import (
+        compute_statistics_plan,
+        data_file_statistics_from_parquet_metadata,
+        parquet_path_to_id_mapping,
+        schema_to_pyarrow,
+    )
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+    from pyiceberg.table.locations import load_location_provider
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.typedef import Record
+
+    from loader.errors import MergeConflictError
+    from loader.lake.commits import warehouse_answers
+
+    name = ".".join(table.name())
+    if table.current_snapshot() is not None:
+        raise NotPlainBulk("the current table has committed before")
+    spec, schema = table.spec(), table.schema()
+    fields = spec.fields
+    if (
+        len(table.specs()) != 1
+        or len(fields) != 1
+        or schema.find_column_name(fields[0].source_id) != key
+        or not isinstance(fields[0].transform, BucketTransform)
+    ):
+        raise NotPlainBulk("the current table is not bucketed by its first key column alone")
+    n = fields[0].transform.num_buckets
+    target = schema_to_pyarrow(schema, include_field_ids=True)
+    locations = load_location_provider(table_location=table.location(), table_properties=table.properties)
+    stats_plan = compute_statistics_plan(schema, table.properties)
+    id_mapping = parquet_path_to_id_mapping(schema)
+    stem = uuid.uuid4().hex
+    written: list[str] = []
+    built: list[Any] = []
+
+    def finish(bucket: int, data: bytes) -> None:
+        pkey = PartitionKey(field_values=[PartitionFieldValue(fields[0], bucket)], partition_spec=spec, schema=schema)
+        path = locations.new_data_location(f"{stem}-bulk-{bucket}-{len(written):05d}.parquet", pkey)
+        written.append(path)
+        with table.io.new_output(path).create(overwrite=True) as out:
+            out.write(data)
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
+            stats_columns=stats_plan,
+            parquet_column_mapping=id_mapping,
+        )
+        built.append(
+            DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=path,
+                file_format=FileFormat.PARQUET,
+                partition=Record(bucket),
+                file_size_in_bytes=len(data),
+                sort_order_id=None,
+                spec_id=spec.spec_id,
+                equality_ids=None,
+                key_metadata=None,
+                **stats.to_serialized_dict(),
+            )
+        )
+
+    hint = "nothing was committed; re-run 'loader merge' once the warehouse answers"
+    files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
+    parts = (
+        _bulk_parts(hist, hist_snapshot, bulk, columns, target, key, n)
+        if rows_source is None
+        else rows_source(target, n)
+    )
+    try:
+        with warehouse_answers(f"building {name}", hint):
+            rows, end = _write_parts(parts, files, bulk.at)
+        through = bulk.plan.cut if bulk.tail_rows == 0 else end
+        if before_commit is not None:
+            before_commit()
+        with warehouse_answers(f"committing the bulk build of {name}", hint), table.transaction() as tx:
+            if tx.table_metadata.current_snapshot_id is not None:
+                raise MergeConflictError(f"{name} gained a snapshot while its first state was built")
+            summary = {**commit_props, watermark_key: through.token()}
+            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                for data_file in built:
+                    append.append_data_file(data_file)
+    except CommitStateUnknownException:
+        written.clear()  # it may have landed: the files must stay (orphan cleanup takes them if not)
+        raise
+    else:
+        written.clear()
+    finally:
+        for path in written:
+            try:
+                table.io.delete(path)
+            except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
+                pass
+    return rows, end, through

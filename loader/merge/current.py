@@ -31,22 +31,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError, MergeConflictError
 from loader.faults import checkpoint
-from loader.lake.commits import ensure_loader_tables
+from loader.lake.catalog import history_source_tables, load_or_none, open_catalog, set_properties, snapshot_id
+from loader.lake.catalog import watermark as table_watermark
+from loader.lake.commits import create_table, default_location, ensure_loader_tables, refresh_spark, warehouse_answers
 from loader.lake.iceberg import (
-    create_source_table,
     current_snapshot_id,
-    history_tables,
     iceberg_table,
     latest_summary_value,
-    table_exists,
-    table_properties,
     update_properties,
-    watermark,
     with_commit_properties,
 )
 from loader.lake.procedures import rewrite_data_files
 from loader.lake.tables import (
     CURRENT_METADATA,
+    LEDGER_NAME,
     PROP_LAST_POSITION,
     PROP_LATE_APPENDS,
     PROP_LATE_APPENDS_SEEN,
@@ -63,6 +61,7 @@ from loader.lake.tables import (
     SourceTable,
     TableNames,
     consistent_through,
+    source_columns,
     table_consistent_at,
 )
 from loader.lake.types import quote_ident, spark_type, sql_string
@@ -73,6 +72,7 @@ from loader.merge.rowdelta import commit_rows
 from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql, touched_buckets_sql
 from loader.names import lake_column
 from loader.progress import each_table
+from loader.spark import spark_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -273,7 +273,7 @@ class CurrentMerge:
             ensure_loader_tables(self.settings)
             loaded = self._loaded_through()
             result = MergeResult()
-            selected = [t for t in history_tables(self.spark, self.names) if not tables or t.qualified in tables]
+            selected = [t for t in history_source_tables(self.settings) if not tables or t.qualified in tables]
             result.tables.extend(
                 each_table(selected, lambda t: self.merge_table(t, loaded), self.settings.spark.table_threads, "merge")
             )
@@ -286,7 +286,7 @@ class CurrentMerge:
         with stage_lock(self.settings, "merge"):
             ensure_loader_tables(self.settings)
             table = SourceTable.parse(qualified)
-            if table not in history_tables(self.spark, self.names):
+            if table not in history_source_tables(self.settings):
                 raise ConfigError(
                     f"no history table for {qualified}", hint="give --table as schema.table of a loaded source table"
                 )
@@ -295,9 +295,24 @@ class CurrentMerge:
 
     def _loaded_through(self) -> str | None:
         """The load's watermark, and the commit time of the transaction there (for freshness)."""
-        self._loaded_ts = table_properties(self.spark, self.names.ledger).get(PROP_LOADED_THROUGH_TS)
-        self._loaded_token = watermark(self.spark, self.names.ledger, SUMMARY_LOADED_THROUGH)
+        ledger = open_catalog(self.settings).load_table((self.names.loader_ns, LEDGER_NAME))
+        self._loaded_ts = ledger.properties.get(PROP_LOADED_THROUGH_TS)
+        self._loaded_token = table_watermark(ledger, SUMMARY_LOADED_THROUGH)
         return self._loaded_token
+
+    # Table metadata is read and written with pyiceberg (the catalog's newest metadata, no JVM):
+    # a merge that the driver does whole never starts Spark. What Spark does next in this process
+    # sees the commits made here: each is followed by refresh_spark when a session runs.
+    def _history(self, table: SourceTable) -> Any:
+        return open_catalog(self.settings).load_table((self.names.history_ns, table.iceberg_name))
+
+    def _current(self, table: SourceTable) -> Any | None:
+        """The current table (pyiceberg's), or None when it does not exist yet."""
+        return load_or_none(open_catalog(self.settings), (self.names.current_ns, table.iceberg_name))
+
+    def _refresh(self, ident: str) -> None:
+        if spark_started(self.spark):
+            refresh_spark(self.spark, ident)
 
     def merge_table(
         self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None = None, rebuild: bool = False
@@ -316,16 +331,16 @@ class CurrentMerge:
     def _merge_table(
         self, table: SourceTable, loaded_through: str | None, upto: ChangePosition | None, rebuild: bool
     ) -> TableMerge:
-        props = table_properties(self.spark, self.names.history(table))
+        props = dict(self._history(table).properties)
         out = self._merge_increment(table, props, loaded_through, upto, rebuild)
         if out.keyed:
             # The history's properties as read before the merge, with the loaded-through it merged to.
             parked = out.parked is not None or PROP_PARKED in props
             merged = out.merged_through
-            cur = self.names.current(table)
-            if merged is None and out.parked is not None and table_exists(self.spark, cur):
+            current = self._current(table) if merged is None and out.parked is not None else None
+            if current is not None:
                 # A key change waits for a resync: the current table stays where it was merged.
-                merged = watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
+                merged = table_watermark(current, SUMMARY_MERGED_THROUGH)
             out.consistent_at = table_consistent_at(merged, props.get(PROP_LAST_POSITION), loaded_through, parked)
         return out
 
@@ -354,15 +369,14 @@ class CurrentMerge:
             cut = upto
         source_types: dict[str, str] = json.loads(props[PROP_PG_TYPES])
         cur = self.names.current(table)
-        key_changed = self._key_changed(cur, pk)
-        if key_changed is None:
-            self._ensure_current(table, cur, pk, source_types)
+        key_changed = self._key_changed(table, pk)
+        current = None if key_changed else self._ensure_current(table, cur, pk, source_types)
         # The snapshot the watermark is read from: a direct commit is validated against every
         # commit after it.
-        start_snapshot = None if key_changed else current_snapshot_id(self.spark, cur)
-        merged = None if key_changed else watermark(self.spark, cur, SUMMARY_MERGED_THROUGH)
+        start_snapshot = None if current is None else snapshot_id(current)
+        merged = None if current is None else table_watermark(current, SUMMARY_MERGED_THROUGH)
         since = ChangePosition.from_token(merged) if merged else None
-        cur_props = table_properties(self.spark, cur) if key_changed is None else {}
+        cur_props = {} if current is None else dict(current.properties)
         late_appends = props.get(PROP_LATE_APPENDS, "0")
         if not rebuild and since is not None and late_appends != cur_props.get(PROP_LATE_APPENDS_SEEN, "0"):
             # A landing file arrived after later changes were merged: the LSN guard alone cannot
@@ -375,7 +389,7 @@ class CurrentMerge:
             out.merged_through = merged
             out.parked = self._parked_note(cur_props)
             return out
-        hist_snapshot = current_snapshot_id(self.spark, hist)
+        hist_snapshot = snapshot_id(self._history(table))
         if rebuild or key_changed:
             since = None
         elif since is not None and since >= cut:
@@ -460,7 +474,7 @@ class CurrentMerge:
                 out.parked = plan.parked.note or "parked"
             if since is not None and plan.cut <= since:
                 out.merged_through = since.token()
-                self._after_commit(cur, plan, None, late_appends if rebuild else None)
+                self._after_commit(table, plan, None, late_appends if rebuild else None)
                 return out
             if plan.cut < cut:
                 inc = inc.where(position_before_sql("pg_lsn", "pg_seq", plan.cut))
@@ -472,7 +486,7 @@ class CurrentMerge:
                 events = inc.where(position_after_sql("pg_lsn", "pg_seq", plan.boundary))
             bulk = None
             if not rebuild and plan.boundary is not None and _op_at(markers, plan.boundary) == "resync":
-                bulk = self._bulk_build(cur, inc, plan, lake_pk, list(lake_types), hist_snapshot, out)
+                bulk = self._bulk_build(table, inc, plan, lake_pk, list(lake_types), hist_snapshot, out)
             if bulk is not None:
                 if bulk.tail_rows == 0:
                     # The snapshot was the whole increment: one commit, the table is done.
@@ -526,7 +540,7 @@ class CurrentMerge:
                     out,
                 )
                 out.method = "bulk+merge"
-                self._after_commit(cur, plan, plan.cut.token(), None, kind, out)
+                self._after_commit(table, plan, plan.cut.token(), None, kind, out)
                 out.merged_through = plan.cut.token()
                 return out
             kind = self._apply(
@@ -547,7 +561,7 @@ class CurrentMerge:
                 out,
             )
             out.method = kind
-            self._after_commit(cur, plan, plan.cut.token(), late_appends if rebuild else None, kind, out)
+            self._after_commit(table, plan, plan.cut.token(), late_appends if rebuild else None, kind, out)
         finally:
             inc.unpersist()
         out.merged_through = plan.cut.token()
@@ -615,7 +629,7 @@ class CurrentMerge:
 
     def _bulk_build(
         self,
-        cur: str,
+        table: SourceTable,
         inc: DataFrame,
         plan: MergePlan,
         pk: list[str],
@@ -635,6 +649,7 @@ class CurrentMerge:
         """
         from pyspark.sql import functions as F
 
+        cur = self.names.current(table)
         assert plan.boundary is not None
         at = plan.boundary
         in_snapshot = (F.col("pg_lsn") == at.commit_lsn) & (F.col("pg_seq") > at.seq)
@@ -671,7 +686,7 @@ class CurrentMerge:
         log.info("%s: %d rows of the resync at %s written in bulk, %d changes after it", cur, rows, at, tail)
         out.method = "bulk"
         out.bulk_engine = "spark"
-        self._after_commit(cur, plan, through.token(), None, "rebuild", out)
+        self._after_commit(table, plan, through.token(), None, "rebuild", out)
         return _Bulk(end, int(tail), int(tail_toast))
 
     def _driver_bulk(
@@ -711,14 +726,15 @@ class CurrentMerge:
         out.bulk_engine = "driver"
         out.increment_rows = bulk.increment_rows
         out.note = "; ".join(n for n in (out.note, bulk.plan.note) if n)
-        self._after_commit(cur, bulk.plan, through.token(), None, "rebuild", out)
+        self._after_commit(table, bulk.plan, through.token(), None, "rebuild", out)
         out.merged_through = through.token()
         if bulk.tail_rows == 0:
             return out
         # The changes after the snapshot, merged as any increment after `end` (what a re-run
         # after a crash right here merges too).
+        current = self._current(table)
         if self._driver_merge(
-            table, cur, pk, source_types, end, bulk.plan.cut, hist_snapshot, current_snapshot_id(self.spark, cur), out
+            table, cur, pk, source_types, end, bulk.plan.cut, hist_snapshot, current and snapshot_id(current), out
         ):
             out.increment_rows = bulk.increment_rows
             out.method = "bulk+driver"
@@ -763,7 +779,7 @@ class CurrentMerge:
         out.bulk_engine = "driver"
         out.note = "; ".join(n for n in (out.note, f"first state from {total} changes") if n)
         out.increment_rows = total
-        self._after_commit(cur, plan, through.token(), None, "rebuild", out)
+        self._after_commit(table, plan, through.token(), None, "rebuild", out)
         out.merged_through = through.token()
         return True
 
@@ -796,9 +812,27 @@ class CurrentMerge:
         start_snapshot: int | None,
         rows_source: Any = None,
     ) -> tuple[int, ChangePosition, ChangePosition]:
-        """loader.merge.bulk.write_bulk of the current table ``cur`` with the merge's watermark."""
-        from loader.merge.bulk import write_bulk
+        """loader.merge.bulk.write_bulk of the current table ``cur`` with the merge's watermark;
+        a table's first state (no snapshot yet) through pyiceberg (write_first_bulk), no JVM."""
+        from loader.merge.bulk import write_bulk, write_first_bulk
 
+        if start_snapshot is None:
+            # The current table has the history table's name, in the current namespace.
+            current = open_catalog(self.settings).load_table((self.names.current_ns, hist.name()[-1]))
+            built = write_first_bulk(
+                current,
+                hist,
+                hist_snapshot,
+                bulk,
+                [lake_column(c) for c in source_types],
+                lake_column(pk[0]),
+                {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
+                SUMMARY_MERGED_THROUGH,
+                before_commit=lambda: checkpoint("merge-before-bulk"),
+                rows_source=rows_source,
+            )
+            self._refresh(cur)
+            return built
         return write_bulk(
             self.spark,
             hist,
@@ -862,15 +896,16 @@ class CurrentMerge:
         out.increment_rows = rows
         out.method = "driver"
         plan = MergePlan(cut=cut, boundary=None, parked=None, resynced=False)
-        self._after_commit(cur, plan, cut.token(), None, "merge", out)
+        self._after_commit(table, plan, cut.token(), None, "merge", out)
         out.merged_through = cut.token()
         return True
 
-    def _key_changed(self, cur: str, pk: list[str]) -> list[str] | None:
+    def _key_changed(self, table: SourceTable, pk: list[str]) -> list[str] | None:
         """The current table's key when it differs from history's (the source key changed), else None."""
-        if not table_exists(self.spark, cur):
+        current = self._current(table)
+        if current is None:
             return None
-        have = json.loads(table_properties(self.spark, cur).get(PROP_PRIMARY_KEY, "[]"))
+        have = json.loads(current.properties.get(PROP_PRIMARY_KEY, "[]"))
         return have if have and have != pk else None
 
     @staticmethod
@@ -880,7 +915,7 @@ class CurrentMerge:
 
     def _after_commit(
         self,
-        cur: str,
+        table: SourceTable,
         plan: MergePlan,
         merged_through: str | None,
         late_seen: str | None,
@@ -890,7 +925,9 @@ class CurrentMerge:
         """One property commit after the data commit: the watermark again (see loader.lake.iceberg), the
         commit time it stands for, the late appends a rebuild covered, the park (status reads it)
         and the merges since the last compaction; then the compaction when it is due."""
-        props = table_properties(self.spark, cur)
+        cur = self.names.current(table)
+        current = open_catalog(self.settings).load_table((self.names.current_ns, table.iceberg_name))
+        props = current.properties
         update: dict[str, str] = {}
         remove: list[str] = []
         every = self.settings.merge.compact_every
@@ -918,7 +955,8 @@ class CurrentMerge:
             remove.append(PROP_PARKED)
         update = {k: v for k, v in update.items() if props.get(k) != v}
         if update or remove:
-            update_properties(self.spark, cur, update, remove)
+            set_properties(current, update, remove)
+            self._refresh(cur)
         if due:
             self._compact(cur, out)
 
@@ -975,23 +1013,34 @@ class CurrentMerge:
                 hint="check that the catalog accepts commits, then re-run 'loader merge'",
             )
 
-    def _ensure_current(self, table: SourceTable, cur: str, pk: list[str], pg_types: dict[str, str]) -> None:
-        """Create or evolve the current table; ``pk`` and ``pg_types`` by source names, as history keeps them."""
-        if not table_exists(self.spark, cur):
-            props = {**CURRENT_TABLE_PROPERTIES, PROP_SOURCE_TABLE: table.qualified, PROP_PRIMARY_KEY: json.dumps(pk)}
-            create_source_table(
-                self.spark,
-                cur,
-                pg_types,
-                CURRENT_METADATA,
-                props,
-                f"bucket({self.settings.merge.key_buckets}, {col(lake_column(pk[0]))})",
-                ", ".join(col(lake_column(k)) for k in pk),
-            )
-            return
-        have: dict[str, str] = json.loads(table_properties(self.spark, cur).get(PROP_PG_TYPES, "{}"))
+    def _ensure_current(self, table: SourceTable, cur: str, pk: list[str], pg_types: dict[str, str]) -> Any:
+        """Create or evolve the current table; ``pk`` and ``pg_types`` by source names, as history
+        keeps them. Returns it (pyiceberg's). Created with pyiceberg as Spark's DDL would
+        (``create_source_table``: tests/load/test_table_creation.py holds them equal); evolved
+        with Spark's DDL."""
+        current = self._current(table)
+        if current is None:
+            props = {
+                **CURRENT_TABLE_PROPERTIES,
+                PROP_SOURCE_TABLE: table.qualified,
+                PROP_PRIMARY_KEY: json.dumps(pk),
+                PROP_PG_TYPES: json.dumps(pg_types),
+            }
+            ident = (self.names.current_ns, table.iceberg_name)
+            with warehouse_answers(f"creating {cur}", "re-run 'loader merge' once the warehouse answers"):
+                return create_table(
+                    open_catalog(self.settings),
+                    ident,
+                    source_columns(pg_types, CURRENT_METADATA),
+                    props,
+                    None,
+                    [lake_column(k) for k in pk],
+                    default_location(self.settings.catalog.warehouse, *ident),
+                    bucket=(lake_column(pk[0]), self.settings.merge.key_buckets),
+                )
+        have: dict[str, str] = json.loads(current.properties.get(PROP_PG_TYPES, "{}"))
         if have == pg_types:
-            return
+            return current
         schema = iceberg_table(self.spark, cur).schema()
         for name, pg_type in pg_types.items():
             lake = lake_column(name)
@@ -1008,6 +1057,7 @@ class CurrentMerge:
                     self.spark.sql(f"ALTER TABLE {cur} DROP COLUMN {col(lake)}")
                     self.spark.sql(f"ALTER TABLE {cur} ADD COLUMN {col(lake)} {new_sql}")
         update_properties(self.spark, cur, {PROP_PG_TYPES: json.dumps(pg_types)})
+        return self._current(table)
 
 
 def _op_at(markers: list[Marker], position: ChangePosition) -> str | None:

@@ -9,11 +9,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from loader.config import LoaderSettings
 from loader.lake.catalog import open_catalog
 from loader.lake.iceberg import create_source_table
-from loader.lake.tables import HISTORY_METADATA, PROP_PG_TYPES, SourceTable, TableNames, source_columns
+from loader.lake.tables import (
+    CURRENT_METADATA,
+    HISTORY_METADATA,
+    PROP_PG_TYPES,
+    SourceTable,
+    TableNames,
+    source_columns,
+)
 from loader.load.history import HISTORY_TABLE_PROPERTIES
+from loader.names import lake_column
 from tests.harness import lake_settings
 
 # Every storage type spark_type gives (and a few spellings of each family).
@@ -63,44 +73,52 @@ def _describe(table: Any, warehouse: str) -> dict[str, Any]:
     }
 
 
-def test_a_history_table_created_without_spark_is_the_one_spark_creates(
-    spark: Any, base_settings: LoaderSettings, tmp_path: Path
+@pytest.mark.parametrize("kind", ["history", "current"])
+def test_a_source_table_created_without_spark_is_the_one_spark_creates(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, kind: str
 ) -> None:
+    """History tables (partitioned by day, ordered by position) as the driver load creates them,
+    current tables (bucketed by the first key column, ordered by the key) as the merge does."""
     from loader.lake.commits import create_table, default_location, ensure_loader_tables
+    from loader.merge.current import CURRENT_TABLE_PROPERTIES
 
     settings = lake_settings(base_settings, tmp_path)
     ensure_loader_tables(settings)
     names = TableNames(settings)
     catalog = open_catalog(settings)
     pg_types = {f"c{i} {t}": t for i, t in enumerate(PG_TYPES)}
-    props = {
-        **HISTORY_TABLE_PROPERTIES,
+    key = ["c1 integer", "c16 text"]
+    shared = {
         "loader.source-table": "public.t",
-        "loader.primary-key": '["c1 integer"]',
+        "loader.primary-key": json.dumps(key),
         PROP_PG_TYPES: json.dumps(pg_types),
     }
     by_spark, by_py = SourceTable("public", "by_spark"), SourceTable("public", "by_py")
+    if kind == "history":
+        ns, metadata, props = names.history_ns, HISTORY_METADATA, {**HISTORY_TABLE_PROPERTIES, **shared}
+        spark_ident = names.history
+        partition, order, day_of, bucket = "days(pg_txn_timestamp)", ["pg_lsn", "pg_seq"], "pg_txn_timestamp", None
+    else:
+        ns, metadata, props = names.current_ns, CURRENT_METADATA, {**CURRENT_TABLE_PROPERTIES, **shared}
+        spark_ident = names.current
+        lake_key = [lake_column(k) for k in key]
+        partition, order, day_of = f"bucket(7, `{lake_key[0]}`)", lake_key, None
+        bucket = (lake_key[0], 7)
     create_source_table(
-        spark,
-        names.history(by_spark),
-        pg_types,
-        HISTORY_METADATA,
-        props,
-        "days(pg_txn_timestamp)",
-        "pg_lsn, pg_seq",
+        spark, spark_ident(by_spark), pg_types, metadata, props, partition, ", ".join(f"`{c}`" for c in order)
     )
-    columns = source_columns(pg_types, HISTORY_METADATA)
-    ident = (names.history_ns, by_py.iceberg_name)
+    ident = (ns, by_py.iceberg_name)
     create_table(
         catalog,
         ident,
-        columns,
+        source_columns(pg_types, metadata),
         props,
-        "pg_txn_timestamp",
-        ["pg_lsn", "pg_seq"],
-        default_location(settings.catalog.warehouse, names.history_ns, by_py.iceberg_name),
+        day_of,
+        order,
+        default_location(settings.catalog.warehouse, ns, by_py.iceberg_name),
+        bucket=bucket,
     )
-    spark_table = catalog.load_table((names.history_ns, by_spark.iceberg_name))
+    spark_table = catalog.load_table((ns, by_spark.iceberg_name))
     py_table = catalog.load_table(ident)
     a, b = _describe(spark_table, settings.catalog.warehouse), _describe(py_table, settings.catalog.warehouse)
     assert a["location"].endswith("by_spark") and b["location"].endswith("by_py")
@@ -111,10 +129,10 @@ def test_a_history_table_created_without_spark_is_the_one_spark_creates(
     assert {k: (pa_.get(k), pb.get(k)) for k in set(pa_) | set(pb) if pa_.get(k) != pb.get(k)} == {}
     # Spark reads and evolves either the same way.
     for t in (by_spark, by_py):
-        spark.sql(f"ALTER TABLE {names.history(t)} ADD COLUMN added STRING")
+        spark.sql(f"ALTER TABLE {spark_ident(t)} ADD COLUMN added STRING")
         assert (
-            spark.table(names.history(t)).schema.simpleString()
-            == spark.table(names.history(by_spark)).schema.simpleString()
+            spark.table(spark_ident(t)).schema.simpleString()
+            == spark.table(spark_ident(by_spark)).schema.simpleString()
         )
 
 
