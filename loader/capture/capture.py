@@ -1203,7 +1203,7 @@ class _Lander:
         """Land a block of wal2json rows (whole lines) in columns, as :meth:`land` would each of
         their records, and move ``decoder`` past them; ``confirmable`` is then the slot position
         that the files published meanwhile make safe to confirm. False when the block is not for
-        this path (records already landed, park records waiting, rows not plain: see
+        this path (records a run before landed, park records waiting, rows not plain: see
         :mod:`loader.capture.wal2json_arrow`): then nothing was done."""
         import numpy as np
         import pyarrow as pa
@@ -1213,12 +1213,22 @@ class _Lander:
 
         capture, result = self.capture, self.result
         self.confirmable = None
-        if self.landed is not None or capture.controls.pending:
+        if capture.controls.pending:
             return False
         block = wal2json_arrow.decode_block(data, decoder)
         if block is None:
             return False
         batch = block.batch
+        if self.landed is not None:
+            # A run before this one landed records up to ``landed``: the row path skips them (and
+            # checks their tables' names). Records come in commit order, so a block whose first
+            # record lies past it lies past it whole.
+            if not batch.num_rows:
+                return False
+            first = ChangePosition(batch.column(1)[0].as_py(), batch.column(2)[0].as_py())
+            if first <= self.landed:
+                return False
+            self.landed = None
         is_commit = pc.equal(batch.column(0), COMMIT)
         commit = is_commit.to_numpy(zero_copy_only=False)
         keys = pc.binary_join_element_wise(batch.column(6), batch.column(7), "\x00")
