@@ -36,7 +36,7 @@ from loader import canonical
 from loader.capture import slot as slots
 from loader.config import LoaderSettings
 from loader.errors import SourceError
-from loader.lake.catalog import open_catalog, row_count, watermark
+from loader.lake.catalog import open_catalog, row_count, scan_batches, watermark
 from loader.lake.tables import (
     LEDGER_NAME,
     PROP_PARKED,
@@ -409,28 +409,9 @@ def _source_checksums(
 
 
 def _lake_batches(lake_table: Any, columns: dict[str, str], positions: bool = False) -> Any:
-    """The current table's rows, a record batch at a time (memory: one batch).
-
-    pyiceberg's ``to_arrow_batch_reader`` reads each data file whole into a list of batches, several
-    files at once in its thread pool (a 10M-row table took verify to 1.5 GB); its per-file
-    generator, given the delete files read first, yields the same batches one at a time (with the
-    same projection, schema evolution and deletes). Where that generator is missing (another
-    pyiceberg), the batch reader is used."""
-    import pyarrow as pa
-    from pyiceberg.io import pyarrow as iceberg_arrow
-
+    """The current table's rows, a record batch at a time (memory: one batch: scan_batches)."""
     fields = tuple(lake_column(c) for c in columns) + (("pg_lsn", "pg_seq") if positions else ())
-    scan = lake_table.scan(selected_fields=fields)
-    arrow_scan = iceberg_arrow.ArrowScan(
-        scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive, scan.limit
-    )
-    stream = getattr(arrow_scan, "_record_batches_from_scan_tasks_and_deletes", None)
-    read_deletes = getattr(iceberg_arrow, "_read_all_delete_files", None)
-    if stream is None or read_deletes is None:
-        return scan.to_arrow_batch_reader()
-    tasks = list(scan.plan_files())
-    target = iceberg_arrow.schema_to_pyarrow(scan.projection())
-    return pa.RecordBatchReader.from_batches(target, stream(tasks, read_deletes(scan.io, tasks))).cast(target)
+    return scan_batches(lake_table.scan(selected_fields=fields))
 
 
 def _row_text(batch: Any, columns: dict[str, str]) -> Any:
@@ -599,13 +580,13 @@ def _history_state(hist: Any, columns: dict[str, str], cut: int | None) -> Any:
     before_cut = LessThan("pg_lsn", cut) if cut is not None else AlwaysTrue()  # type: ignore[misc,call-arg,arg-type]
     control = ("pg_lsn", "pg_seq", "pg_operation")
     start: tuple[int, int] | None = None
-    for batch in hist.scan(row_filter=before_cut, selected_fields=control).to_arrow_batch_reader():
+    for batch in scan_batches(hist.scan(row_filter=before_cut, selected_fields=control)):
         resets = batch.filter(pc.is_in(batch.column("pg_operation"), pa.array(["resync", "truncate"])))
         for lsn, seq in zip(resets.column("pg_lsn").to_pylist(), resets.column("pg_seq").to_pylist()):
             start = max(start or (lsn, seq), (lsn, seq))
     names = list(columns)
     fields = (*(lake_column(c) for c in names), *control, "pg_old_key", "pg_absent_columns")
-    for batch in hist.scan(row_filter=before_cut, selected_fields=fields).to_arrow_batch_reader():
+    for batch in scan_batches(hist.scan(row_filter=before_cut, selected_fields=fields)):
         if start is not None:
             lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
             batch = batch.filter(
@@ -940,7 +921,7 @@ def _keys_in_history(hist: Any, keys: dict[str, str], low: ChangePosition | None
         else AlwaysTrue()
     )
     out: set[tuple[str, ...]] = set()
-    for batch in hist.scan(row_filter=where, selected_fields=fields).to_arrow_batch_reader():
+    for batch in scan_batches(hist.scan(row_filter=where, selected_fields=fields)):
         if low is not None:
             lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
             later = pc.or_(

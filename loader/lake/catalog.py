@@ -130,6 +130,29 @@ def set_properties(table: Any, update: dict[str, str], remove: list[str] | None 
             tx.remove_properties(*remove)
 
 
+def scan_batches(scan: Any) -> Any:
+    """The rows of a pyiceberg ``scan`` as a RecordBatchReader holding one batch at a time.
+
+    pyiceberg's ``to_arrow_batch_reader`` reads each data file whole into a list of batches, every
+    file at once in its thread pool (a 10M-row table took verify to 1.5 GB, a bulk build to 1.8 GB);
+    its per-file generator, given the delete files read first, yields the same batches one at a
+    time (with the same projection, filter, schema evolution and deletes). Where that generator is
+    missing (another pyiceberg), the batch reader is used."""
+    import pyarrow as pa
+    from pyiceberg.io import pyarrow as iceberg_arrow
+
+    arrow_scan = iceberg_arrow.ArrowScan(
+        scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive, scan.limit
+    )
+    stream = getattr(arrow_scan, "_record_batches_from_scan_tasks_and_deletes", None)
+    read_deletes = getattr(iceberg_arrow, "_read_all_delete_files", None)
+    if stream is None or read_deletes is None:
+        return scan.to_arrow_batch_reader()
+    tasks = list(scan.plan_files())
+    target = iceberg_arrow.schema_to_pyarrow(scan.projection())
+    return pa.RecordBatchReader.from_batches(target, stream(tasks, read_deletes(scan.io, tasks))).cast(target)
+
+
 #: Position delete files read by :func:`live_rows` at most (bytes on storage); above, the count is
 #: the summary's estimate. ``loader maintain`` applies and removes them.
 MAX_DELETE_BYTES = 64 * 1024 * 1024

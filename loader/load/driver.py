@@ -23,6 +23,7 @@ them to each other on random batches).
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -899,21 +900,25 @@ class SnapshotBatch:
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterable[pa.Table]:
         """The table's history rows in ``target``'s columns and types, as the Spark path writes
-        them: one part per landing file, in position order. When every file of the table is in
-        memory they are typed now (a NotPlain before anything is written); otherwise lazily, each
-        file read again, so a NotPlain can come while the table is being appended."""
-        mine = [(i, h, rows) for i, h, rows in self.files if h.qualified == table.qualified]
-        if all(rows is not None or not h.rows for _, h, rows in mine):
-            return [self._history_rows(table, [part], columns, target) for part in mine]
-        # Read and typed on a thread of their own while the caller encodes the parts before them.
+        them: one part per landing file, in position order, typed lazily (a file not kept is read
+        again), so a NotPlain can come while the table is being appended (nothing of the table is
+        committed then: the caller hands the batch to Spark). Memory: the parts in flight."""
         from loader.lake.files import prefetched
 
+        mine: deque[tuple[int, Any, Any]] = deque()
+        for k, (i, h, rows) in enumerate(self.files):
+            if h.qualified == table.qualified:
+                mine.append((i, h, rows))
+                self.files[k] = (i, h, None)  # the rows kept are released as they are typed
+        # Read and typed on a thread of their own while the caller encodes the parts before them:
+        # memory holds the parts in flight, not the table's typed rows.
         return prefetched(self._history_stream(table, mine, columns, target), depth=2)
 
     def _history_stream(
-        self, table: SourceTable, mine: list[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
+        self, table: SourceTable, mine: deque[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
     ) -> Iterator[pa.Table]:
-        for i, h, rows in mine:
+        while mine:
+            i, h, rows = mine.popleft()
             if rows is None and h.rows:
                 again, rows = self._read(i)
                 if again.to_doc() != h.to_doc() or rows is None or rows.num_rows != h.rows:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loader.lake.buckets import bucket_ints, key_hashes
+from loader.lake.catalog import scan_batches
 from loader.lake.files import RollingParquet, iceberg_arrow_schema, parquet_data_file, prefetched
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
@@ -116,7 +117,7 @@ def plan_bulk(
     )
     markers: list[Marker] = []
     rows = 0
-    for batch in scan.to_arrow_batch_reader():
+    for batch in scan_batches(scan):
         batch = _in_range(batch, since, cut)
         rows += batch.num_rows
         control = batch.filter(pc.is_in(batch.column("pg_operation"), value_set=_pa_strings(_CONTROL_OPS)))
@@ -135,7 +136,7 @@ def plan_bulk(
             selected_fields=("pg_lsn", "pg_seq", "pg_operation", "pg_absent_columns"),
             snapshot_id=hist_snapshot,
         )
-        for batch in tail.to_arrow_batch_reader():
+        for batch in scan_batches(tail):
             batch = _in_range(batch, at, plan.cut)
             tail_rows += batch.num_rows
             upsert = pc.is_in(batch.column("pg_operation"), value_set=_pa_strings(["insert", "update", "read"]))
@@ -189,9 +190,11 @@ def first_state_rows(
         with tempfile.TemporaryDirectory(prefix="loader-first-state-", dir=spill_dir) as tmp:
             writers: dict[int, Any] = {}
             try:
-                for batch in hist.scan(
-                    row_filter=_range_filter(None, cut), selected_fields=tuple(wanted), snapshot_id=hist_snapshot
-                ).to_arrow_batch_reader():
+                for batch in scan_batches(
+                    hist.scan(
+                        row_filter=_range_filter(None, cut), selected_fields=tuple(wanted), snapshot_id=hist_snapshot
+                    )
+                ):
                     batch = _in_range(batch, None, cut)
                     if not batch.num_rows:
                         continue
@@ -308,7 +311,7 @@ def _bulk_parts(
         selected_fields=(*columns, "pg_lsn", "pg_seq", "pg_txn_timestamp", "pg_operation", "pg_absent_columns"),
         snapshot_id=hist_snapshot,
     )
-    for batch in scan.to_arrow_batch_reader():
+    for batch in scan_batches(scan):
         batch = _in_range(batch, at, cut)
         if not batch.num_rows:
             continue
