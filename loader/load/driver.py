@@ -787,6 +787,22 @@ class StreamedPlainBatch:
             checkpoint("load-streamed-file")  # a file's rows written, the table's commit still ahead
 
 
+def constant_array(value: Any, t: pa.DataType, n: int) -> pa.Array:
+    """``n`` times ``value`` as an array of type ``t``: texts and empty lists built from their
+    buffers (``pa.repeat`` takes about 0.2 us a row for them, a tenth of a snapshot row's load)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(value, str) and t == pa.string():
+        data = value.encode("utf-8")
+        offsets = np.arange(n + 1, dtype=np.int64) * len(data)
+        if offsets[-1] < 1 << 31:
+            return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data * n))
+    if value == [] and pa.types.is_list(t):
+        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], t.value_type))
+    return pa.repeat(pa.scalar(value, t), n)
+
+
 class SnapshotBatch:
     """A batch of landing v2 files (snapshot chunks, loader.landing.arrowfile) in Arrow, with the
     interface of :class:`PlainBatch`: its survey and, per table, its history rows. No JSON and no
@@ -959,10 +975,10 @@ class SnapshotBatch:
                 notes.append(pa.array([str(h.resync["reason"] or "") or None], pa.string()))  # type: ignore[index]
                 seqs.append(pa.array([int(h.resync["seq"])], pa.int64()))  # type: ignore[index]
             if n:
-                ops.append(pa.array(["read"], pa.string()).take(pa.array([0] * n, pa.int32())))
+                ops.append(constant_array("read", pa.string(), n))
                 notes.append(pa.nulls(n, pa.string()))
                 seqs.append(rows.column(0).combine_chunks())
-            files.append(pa.array([self.batch[i].name], pa.string()).take(pa.array([0] * (n + marker), pa.int32())))
+            files.append(constant_array(self.batch[i].name, pa.string(), n + marker))
         total = sum(len(a) for a in ops)
 
         def cat(arrays: list[Any], t: Any) -> Any:
@@ -972,7 +988,7 @@ class SnapshotBatch:
         header = parts[0][1]
 
         def const(value: Any, t: Any) -> Any:
-            return pa.array([value], t).take(pa.array([0] * total, pa.int32())) if total else pa.array([], t)
+            return constant_array(value, t, total)
 
         ts = _typed(const(header.ts, pa.string()), HistoryColumn("", "timestamp with time zone"), table)
         out.update(

@@ -350,3 +350,21 @@ def test_rows_share_a_shape_number_exactly_when_their_codes_are_equal(rows: list
             assert (ids[i] == ids[j]) == (
                 (ri[0], ri[1], tuple(ri[2]), tuple(ri[3])) == (rj[0], rj[1], tuple(rj[2]), tuple(rj[3]))
             )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    value=st.one_of(st.text(max_size=40), st.just([]), st.integers(-(2**63), 2**63 - 1)),
+    n=st.integers(0, 3000),
+)
+def test_constant_arrays_are_the_value_repeated(value: Any, n: int) -> None:
+    """The driver load's constant columns (operation, landing file, commit time, empty lists) built
+    from buffers equal the value repeated, whatever the text (multi-byte, empty) and count."""
+    import pyarrow as pa
+
+    from loader.load.driver import constant_array
+
+    t = pa.string() if isinstance(value, str) else pa.list_(pa.string()) if value == [] else pa.int64()
+    got = constant_array(value, t, n)
+    got.validate(full=True)
+    assert got.equals(pa.array([value] * n, t))
