@@ -787,6 +787,11 @@ class StreamedPlainBatch:
             checkpoint("load-streamed-file")  # a file's rows written, the table's commit still ahead
 
 
+#: Rows of snapshot files kept from the survey for typing, at most (the rest are read again then:
+#: decompressing costs about 0.1 s per million rows; holding them, fresh pages and a second copy).
+SNAPSHOT_KEEP_BYTES = 32 << 20
+
+
 def constant_array(value: Any, t: pa.DataType, n: int) -> pa.Array:
     """``n`` times ``value`` as an array of type ``t``: texts and empty lists built from their
     buffers (``pa.repeat`` takes about 0.2 us a row for them, a tenth of a snapshot row's load)."""
@@ -812,7 +817,7 @@ class SnapshotBatch:
     Spark path would reject, a commit time not in capture's form) raises NotPlain.
 
     Memory is bounded whatever the snapshot's size: every file is read and checked once here, but
-    only the first ``max_bytes`` of rows are kept; the history rows are produced file by file
+    only the first ``max_bytes`` (at most ``SNAPSHOT_KEEP_BYTES``) of rows are kept; the history rows are produced file by file
     (:meth:`history_parts`), and a file not kept is read again then (checked to be the same)."""
 
     def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
@@ -884,7 +889,7 @@ class SnapshotBatch:
                         pk_at=last if h.pk else None,
                     )
                 )
-            kept = rows if rows is not None and size + rows.nbytes <= max_bytes else None
+            kept = rows if rows is not None and size + rows.nbytes <= min(max_bytes, SNAPSHOT_KEEP_BYTES) else None
             size += kept.nbytes if kept is not None else 0
             self.files.append((i, h, kept))
             span = (ChangePosition(h.commit_lsn, int(at[0])), ChangePosition(h.commit_lsn, int(at[-1])))
@@ -916,9 +921,10 @@ class SnapshotBatch:
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterable[pa.Table]:
         """The table's history rows in ``target``'s columns and types, as the Spark path writes
-        them: one part per landing file, in position order, typed lazily (a file not kept is read
-        again), so a NotPlain can come while the table is being appended (nothing of the table is
-        committed then: the caller hands the batch to Spark). Memory: the parts in flight."""
+        them: one part per landing file, in position order. When every file of the table is kept
+        they are typed now (a NotPlain before anything is written); otherwise lazily, each file not
+        kept read again, so a NotPlain can come while the table is being appended. Memory: the
+        rows kept, or the parts in flight."""
         from loader.lake.files import prefetched
 
         mine: deque[tuple[int, Any, Any]] = deque()
@@ -926,6 +932,10 @@ class SnapshotBatch:
             if h.qualified == table.qualified:
                 mine.append((i, h, rows))
                 self.files[k] = (i, h, None)  # the rows kept are released as they are typed
+        if all(rows is not None or not h.rows for _, h, rows in mine):
+            # Every file kept (at most SNAPSHOT_KEEP_BYTES): typed now, so a NotPlain comes before
+            # anything of the batch is written.
+            return list(self._history_stream(table, mine, columns, target))
         # Read and typed on a thread of their own while the caller encodes the parts before them:
         # memory holds the parts in flight, not the table's typed rows.
         return prefetched(self._history_stream(table, mine, columns, target), depth=2)
