@@ -98,7 +98,9 @@ class FuzzRun:
                 raise self.failure(i, exc) from exc
         # The pipelined dimension must reach the path it is for: a pipelined read decoded in columns.
         if self.w.pipelined_rounds:
-            assert self.captured["in columns"] > 0, f"seed {self.w.seed}: no capture decoded rows in columns ({dict(self.captured)})"
+            assert self.captured["in columns"] > 0, (
+                f"seed {self.w.seed}: no capture decoded rows in columns ({dict(self.captured)})"
+            )
         else:
             assert self.captured["pipelined"] == 0, f"seed {self.w.seed}: a capture pipelined"
             kind = "sql" if isinstance(step, Sql) else f"{step.action} {step.stage}".strip()
