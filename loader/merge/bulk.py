@@ -494,15 +494,20 @@ def write_first_bulk(
 
     def finish(bucket: int, data: bytes) -> None:
         pkey = PartitionKey(field_values=[PartitionFieldValue(fields[0], bucket)], partition_spec=spec, schema=schema)
+        try:
+            stats = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
+                stats_columns=stats_plan,
+                parquet_column_mapping=id_mapping,
+            )
+        except (OverflowError, ValueError) as exc:
+            # pyiceberg turns column bounds into Python values: a date or time beyond Python's range
+            # (the lake's stand-ins for infinity, BC dates) cannot be one. Iceberg's Java API can.
+            raise NotPlainBulk(f"pyiceberg cannot take this table's column bounds ({exc})") from exc
         path = locations.new_data_location(f"{stem}-bulk-{bucket}-{len(written):05d}.parquet", pkey)
         written.append(path)
         with table.io.new_output(path).create(overwrite=True) as out:
             out.write(data)
-        stats = data_file_statistics_from_parquet_metadata(
-            parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
-            stats_columns=stats_plan,
-            parquet_column_mapping=id_mapping,
-        )
         built.append(
             DataFile.from_args(
                 content=DataFileContent.DATA,
