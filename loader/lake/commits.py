@@ -48,7 +48,6 @@ def append_arrow(
     its outcome is unknown (then orphan cleanup takes them if it did not land). A warehouse that
     does not answer: WarehouseUnavailableError (``hint``), never bad data."""
     import pyarrow as pa
-    from pyiceberg.exceptions import CommitStateUnknownException
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
     written: list[str] = []
@@ -60,52 +59,66 @@ def append_arrow(
         # pyiceberg's only when the property says so: written out, or a table appended every few
         # seconds would gather one manifest per commit until maintenance rewrote them.
         properties[MANIFEST_MERGE] = "true"
-    try:
-        with warehouse_answers(f"appending to {name}", hint), table.transaction() as tx:
-            if properties:
-                tx.set_properties(properties)
-            if remove:
-                tx.remove_properties(*remove)
-            with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
-                counter = itertools.count(0)
-                held: list[pa.Table] = []
+    with (
+        uncommitted_removed(table.io, written),
+        warehouse_answers(f"appending to {name}", hint),
+        table.transaction() as tx,
+    ):
+        if properties:
+            tx.set_properties(properties)
+        if remove:
+            tx.remove_properties(*remove)
+        with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
+            counter = itertools.count(0)
+            held: list[pa.Table] = []
 
-                def write() -> None:
-                    rows = pa.concat_tables(held) if len(held) > 1 else held[0]
-                    held.clear()
-                    for data_file in _dataframe_to_data_files(
-                        table_metadata=tx.table_metadata,
-                        write_uuid=append.commit_uuid,
-                        df=rows,
-                        io=table.io,
-                        counter=counter,
-                    ):
-                        written.append(data_file.file_path)
-                        append.append_data_file(data_file)
+            def write() -> None:
+                rows = pa.concat_tables(held) if len(held) > 1 else held[0]
+                held.clear()
+                for data_file in _dataframe_to_data_files(
+                    table_metadata=tx.table_metadata,
+                    write_uuid=append.commit_uuid,
+                    df=rows,
+                    io=table.io,
+                    counter=counter,
+                ):
+                    written.append(data_file.file_path)
+                    append.append_data_file(data_file)
 
-                for rows in [parts] if isinstance(parts, pa.Table) else parts:
-                    if not rows.num_rows:
-                        continue
-                    total += rows.num_rows
-                    held.append(rows)
-                    if sum(t.nbytes for t in held) >= buffer_bytes:
-                        write()
-                if held:
+            for rows in [parts] if isinstance(parts, pa.Table) else parts:
+                if not rows.num_rows:
+                    continue
+                total += rows.num_rows
+                held.append(rows)
+                if sum(t.nbytes for t in held) >= buffer_bytes:
                     write()
+            if held:
+                write()
+    if spark is not None and spark_ident is not None:
+        refresh_spark(spark, spark_ident)
+    return total
+
+
+@contextlib.contextmanager
+def uncommitted_removed(io: Any, written: list[str]) -> Iterator[None]:
+    """The data files in ``written`` (paths the block writes and appends to) are deleted when the
+    block fails before its commit; kept when it commits, or when the commit's outcome is unknown
+    (it may have landed: orphan cleanup takes them if it did not)."""
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    try:
+        yield
     except CommitStateUnknownException:
-        written.clear()  # it may have landed: the files must stay
+        written.clear()
         raise
     else:
         written.clear()
     finally:
         for path in written:
             try:
-                table.io.delete(path)
+                io.delete(path)
             except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
                 pass
-    if spark is not None and spark_ident is not None:
-        refresh_spark(spark, spark_ident)
-    return total
 
 
 def object_store_outage(exc: BaseException) -> bool:

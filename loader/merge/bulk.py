@@ -330,6 +330,22 @@ def _bulk_parts(
         yield out.take(order), buckets[order.to_numpy()], int(pc.max(batch.column("pg_seq")).as_py())
 
 
+def _parts(
+    hist: Any,
+    hist_snapshot: int,
+    bulk: BulkPlan,
+    columns: list[str],
+    target: Any,
+    key: str,
+    n: int,
+    rows_source: Callable[[Any, int], Iterator[tuple[Any, Any, int]]] | None,
+) -> Iterator[tuple[Any, Any, int]]:
+    """The parts a bulk build writes: ``rows_source``'s when given, else the resync's snapshot rows."""
+    if rows_source is not None:
+        return rows_source(target, n)
+    return _bulk_parts(hist, hist_snapshot, bulk, columns, target, key, n)
+
+
 def _write_parts(
     parts: Iterator[tuple[Any, Any, int]], files: RollingParquet, at: ChangePosition
 ) -> tuple[int, ChangePosition]:
@@ -409,11 +425,7 @@ def write_bulk(
         built.append(parquet_data_file(spark, table, partition, path, len(data), out.toInputFile()))
 
     files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
-    parts = (
-        _bulk_parts(hist, hist_snapshot, bulk, columns, target, key, n)
-        if rows_source is None
-        else rows_source(target, n)
-    )
+    parts = _parts(hist, hist_snapshot, bulk, columns, target, key, n, rows_source)
     try:
         rows, end = _write_parts(parts, files, at)
         overwrite = table.newOverwrite()
@@ -455,7 +467,6 @@ def write_first_bulk(
     that gained a snapshot meanwhile fails the commit (nothing of it is kept)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyiceberg.exceptions import CommitStateUnknownException
     from pyiceberg.io.pyarrow import (
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
@@ -469,7 +480,7 @@ def write_first_bulk(
     from pyiceberg.typedef import Record
 
     from loader.errors import MergeConflictError
-    from loader.lake.commits import warehouse_answers
+    from loader.lake.commits import uncommitted_removed, warehouse_answers
 
     name = ".".join(table.name())
     if table.current_snapshot() is not None:
@@ -525,12 +536,8 @@ def write_first_bulk(
 
     hint = "nothing was committed; re-run 'loader merge' once the warehouse answers"
     files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
-    parts = (
-        _bulk_parts(hist, hist_snapshot, bulk, columns, target, key, n)
-        if rows_source is None
-        else rows_source(target, n)
-    )
-    try:
+    parts = _parts(hist, hist_snapshot, bulk, columns, target, key, n, rows_source)
+    with uncommitted_removed(table.io, written):
         with warehouse_answers(f"building {name}", hint):
             rows, end = _write_parts(parts, files, bulk.at)
         through = bulk.plan.cut if bulk.tail_rows == 0 else end
@@ -543,15 +550,4 @@ def write_first_bulk(
             with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
                 for data_file in built:
                     append.append_data_file(data_file)
-    except CommitStateUnknownException:
-        written.clear()  # it may have landed: the files must stay (orphan cleanup takes them if not)
-        raise
-    else:
-        written.clear()
-    finally:
-        for path in written:
-            try:
-                table.io.delete(path)
-            except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
-                pass
     return rows, end, through

@@ -816,6 +816,12 @@ class CurrentMerge:
         a table's first state (no snapshot yet) through pyiceberg (write_first_bulk), no JVM."""
         from loader.merge.bulk import write_bulk, write_first_bulk
 
+        columns = [lake_column(c) for c in source_types]
+        commit_props = {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)}
+
+        def before_commit() -> None:
+            checkpoint("merge-before-bulk")
+
         if start_snapshot is None:
             # The current table has the history table's name, in the current namespace.
             current = open_catalog(self.settings).load_table((self.names.current_ns, hist.name()[-1]))
@@ -824,11 +830,11 @@ class CurrentMerge:
                 hist,
                 hist_snapshot,
                 bulk,
-                [lake_column(c) for c in source_types],
+                columns,
                 lake_column(pk[0]),
-                {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
+                commit_props,
                 SUMMARY_MERGED_THROUGH,
-                before_commit=lambda: checkpoint("merge-before-bulk"),
+                before_commit=before_commit,
                 rows_source=rows_source,
             )
             self._refresh(cur)
@@ -839,12 +845,12 @@ class CurrentMerge:
             hist_snapshot,
             cur,
             bulk,
-            [lake_column(c) for c in source_types],
+            columns,
             lake_column(pk[0]),
-            {SUMMARY_HISTORY_SNAPSHOT: str(hist_snapshot)},
+            commit_props,
             SUMMARY_MERGED_THROUGH,
             start_snapshot,
-            before_commit=lambda: checkpoint("merge-before-bulk"),
+            before_commit=before_commit,
             rows_source=rows_source,
         )
 
