@@ -68,11 +68,13 @@ bench: deps venv
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/python -m bench
 
-# Soak: hundreds of follow-mode cycles with maintenance (tests/test_soak.py); not part of make test.
+# Soak: hundreds of follow-mode cycles with maintenance (tests/test_soak.py), and the kill test at all of
+# its points (make test kills at the seven no other test covers); not part of make test.
 soak: deps venv
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
-	LOADER_SOAK=1 LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/test_soak.py
+	LOADER_SOAK=1 LOADER_KILL_POINTS=all LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/test_soak.py \
+		"tests/e2e/test_crash_and_overlap.py::test_kill_anywhere_then_rerun"
 
 # Fuzz: seeded source workloads (every key kind, type, DML and DDL form, killed and overlapping runs)
 # with the oracles after every loader run (tests/fuzz). A failure prints its seed and the SQL that

@@ -8,6 +8,7 @@ tables equal the source, and history holds every workload change exactly once, i
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -100,6 +101,17 @@ KILL_POINTS: list[tuple[str, str, str]] = [
     ("merge", "merge-before-commit", "changes"),
     ("merge", "merge-after-commit", "changes"),
 ]
+# make test kills at the points no other test of make test kills at (the fuzz seeds draw some of
+# them too, but not by design); the four others have their own tests (test_stream_names,
+# test_stream, test_snapshot_drain, merge/test_driver). LOADER_KILL_POINTS=all (make soak) kills at
+# every point; the workload and its DDL run the same either way.
+COVERED_ELSEWHERE = {
+    "capture-after-publish@2",
+    "capture-before-advance",
+    "snapshot-after-publish",
+    "merge-before-commit",
+}
+ALL_POINTS = os.environ.get("LOADER_KILL_POINTS", "") == "all"
 
 DDL = {
     "add-column-default": ["ALTER TABLE public.accounts ADD COLUMN tier text NOT NULL DEFAULT 'standard'"],
@@ -112,17 +124,20 @@ DDL = {
 
 
 def test_kill_anywhere_then_rerun(env: Env) -> None:
-    """SIGKILL of capture, load and merge at 11 points of a workload with DDL; re-runs repair."""
+    """SIGKILL of capture, load and merge at 7 points (11 with LOADER_KILL_POINTS=all) of a workload
+    with DDL; re-runs repair."""
     env.configure("source", max_changes_per_file=40)
     wl = workload(env, seed=23)
     wl.run(30)
     env.run_all()
     killed: list[str] = []
-    for i, (stage, point, before) in enumerate(KILL_POINTS):
+    for stage, point, before in KILL_POINTS:
         wl.run(25)
         for statement in DDL.get(before, []):
             env.sql(statement)
         wl.run(5)
+        if point in COVERED_ELSEWHERE and not ALL_POINTS:
+            continue
         if stage in ("load", "merge"):
             env.capture()
         if stage == "merge":
@@ -132,9 +147,9 @@ def test_kill_anywhere_then_rerun(env: Env) -> None:
         killed.append(point)
         # Re-run everything, as the next cron tick would.
         env.run_all()
-        if i % 4 == 3:
+        if len(killed) % 4 == 3:
             assert_exactly_once(env, wl)
-    assert len(set(killed)) >= 8
+    assert len(killed) == (len(KILL_POINTS) if ALL_POINTS else len(KILL_POINTS) - len(COVERED_ELSEWHERE))
     wl.run(20)
     env.run_all()
     assert_exactly_once(env, wl)
