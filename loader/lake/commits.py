@@ -92,7 +92,7 @@ def append_arrow(
     return total
 
 
-def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter: Iterator[int]) -> Iterator[Any]:
+def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter: itertools.count[int]) -> Iterable[Any]:
     """The data files of ``rows`` (pyiceberg's ``_dataframe_to_data_files``, written now as the
     iterator is consumed). Rows that all fall in one partition of a table partitioned by one field
     (a snapshot's rows, a day's changes in history: nearly every append) are written without
@@ -121,10 +121,13 @@ def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter:
     task_schema = pyarrow_to_schema(
         rows.schema, name_mapping=schema.name_mapping, format_version=metadata.format_version
     )
-    target = property_as_int(
-        metadata.properties,
-        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
-        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+    target = (
+        property_as_int(
+            metadata.properties,
+            TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+            TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+        )
+        or TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT
     )
     tasks = (
         WriteTask(
@@ -132,7 +135,7 @@ def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter:
         )
         for batches in bin_pack_arrow_table(rows, target)
     )
-    return iter(write_data_files(io=io, table_metadata=metadata, tasks=tasks))
+    return write_data_files(io=io, table_metadata=metadata, tasks=tasks)
 
 
 @contextlib.contextmanager
