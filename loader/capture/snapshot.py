@@ -290,17 +290,23 @@ class Snapshot:
         key: list[str],
         after_key: list[str | None] | None,
         inline: bool = False,
+        native: bool = False,
     ) -> tuple[sql.Composed, list[Any]]:
         """The table's SELECT: every value as its type's output function prints it, in key order,
         after ``after_key`` when given (``inline``: its values as literals, for a reader without
-        psycopg's parameters)."""
+        psycopg's parameters; ``native``: integer columns as they are, for a reader that receives
+        them as Arrow integers, landing v2's ``NATIVE_TYPES``)."""
+        from loader.landing.arrowfile import NATIVE_TYPES
+
         types = dict(cols)
         # wal2json prints each value with its type's output function (booleans as true/false).
         # format('%s') calls that output function; ::text can differ (char(n) trims its padding,
         # inet adds /32). Output columns are aliased so ORDER BY / WHERE see the typed columns.
         select = sql.SQL(", ").join(
             sql.SQL(
-                "_t.{0}::text AS {1}"
+                "_t.{0} AS {1}"
+                if native and t in NATIVE_TYPES
+                else "_t.{0}::text AS {1}"
                 if t == "boolean"
                 else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
             ).format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
@@ -429,7 +435,9 @@ class Snapshot:
                     continue  # dropped since the snapshot was planned
                 cols = column_types(reader, schema, name)
                 key = info.key
-                query, _ = self._query(reader, schema, name, cols, key, after_key if i == 0 else None, inline=True)
+                query, _ = self._query(
+                    reader, schema, name, cols, key, after_key if i == 0 else None, inline=True, native=True
+                )
                 resync: dict[str, Any] | None = None
                 if not (marker_written and i == 0):
                     # The table's state is replaced here: keys missing from the rows below are gone.

@@ -5,7 +5,8 @@ most two control records beside them: the table's resync marker (``S``, before t
 snapshot's commit marker (after them). Everything the rows share (table, positions, xid, commit
 time, key, column names and PostgreSQL types) is in a JSON header in the stream schema's metadata;
 the columns are ``pg_seq`` (int64) and ``c0..cN`` (utf8, each value PostgreSQL's text form, NULL
-as null). Record batches are compressed with zstd and small enough (``IPC_BATCH_ROWS``) that a file
+as null; a column of an integer type may instead hold its values as Arrow integers, see
+``NATIVE_TYPES``). Record batches are compressed with zstd and small enough (``IPC_BATCH_ROWS``) that a file
 cut short keeps every batch before the damage.
 
 ``records`` turns a file back into exactly the ChangeRecords a v1 file of the same content holds,
@@ -27,6 +28,10 @@ EXTENSION = ".arrows"
 METADATA_KEY = b"loader.landing"
 IPC_BATCH_ROWS = 8192
 COMPRESSION = "zstd"
+# PostgreSQL types whose values a file may hold as Arrow integers instead of text: their text form
+# is exactly the integer's decimal digits with a leading minus, so Arrow's cast gives it back, and
+# nothing is lost (the widths are the types' own). Readers get text unless they ask for these.
+NATIVE_TYPES = {"smallint": "int16", "integer": "int32", "bigint": "int64"}
 
 
 @dataclass
@@ -136,11 +141,26 @@ class SnapshotHeader:
         )
 
 
-def arrow_schema(header: SnapshotHeader) -> Any:
+def _stored(pg_type: str, values: Any) -> Any:
+    """The Arrow type a file holds a column of ``pg_type`` in: its native integer type when the
+    values come as integers and the type is one of ``NATIVE_TYPES``, else utf8."""
+    import pyarrow as pa
+
+    native = NATIVE_TYPES.get(pg_type)
+    if native is not None and values is not None and pa.types.is_integer(values.type):
+        return pa.type_for_alias(native)
+    return pa.string()
+
+
+def arrow_schema(header: SnapshotHeader, columns: list[Any] | None = None) -> Any:
+    """The stream schema of a file with ``header``; ``columns`` (its arrays) decide which
+    integer columns are held natively (none when not given)."""
     import pyarrow as pa
 
     fields = [pa.field("pg_seq", pa.int64(), nullable=False)]
-    fields += [pa.field(f"c{j}", pa.string()) for j in range(len(header.columns))]
+    fields += [
+        pa.field(f"c{j}", _stored(t, columns[j] if columns else None)) for j, (_, t) in enumerate(header.columns)
+    ]
     meta = json.dumps(header.to_doc(), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return pa.schema(fields, metadata={METADATA_KEY: meta.encode("utf-8")})
 
@@ -154,15 +174,16 @@ def write_file(path: Path, header: SnapshotHeader, first_seq: int | Any, columns
     from loader.landing.private import open_private
 
     n = header.rows
-    schema = arrow_schema(header)
     if not n:
         columns = [pa.array([], pa.string()) for _ in header.columns]
+    schema = arrow_schema(header, columns)
     if isinstance(first_seq, int):
         seqs = pa.array(range(first_seq, first_seq + n), type=pa.int64())
     else:
         seqs = first_seq
     arrays = [seqs] + [
-        (c if isinstance(c, pa.ChunkedArray) else pa.chunked_array([c])).cast(pa.string()) for c in columns
+        (c if isinstance(c, pa.ChunkedArray) else pa.chunked_array([c])).cast(f.type)
+        for c, f in zip(columns, list(schema)[1:])
     ]
     table = pa.Table.from_arrays(arrays, schema=schema)
     options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
@@ -179,11 +200,13 @@ class Salvage:
     damage: str | None
 
 
-def read_batches(data: bytes, header_from_doc: Any, names: Any) -> tuple[Any, list[Any], str | None]:
+def read_batches(data: bytes, header_from_doc: Any, names: Any, types: Any = None) -> tuple[Any, list[Any], str | None]:
     """A landing v2 file (either kind) read batch by batch: (header, the batches read before any
     damage, the damage). ``header_from_doc`` parses the header (ValueError when it is not one) and
-    ``names(header)`` are the columns the stream must have. Every batch is validated in full (offsets,
-    UTF-8): a flipped bit in a file must not reach Arrow's kernels as an out-of-range offset."""
+    ``names(header)`` are the columns the stream must have; ``types(header, schema)``, when given,
+    names a column whose Arrow type its header does not allow (None if none). Every batch is
+    validated in full (offsets, UTF-8): a flipped bit in a file must not reach Arrow's kernels as an
+    out-of-range offset."""
     import pyarrow as pa
 
     try:
@@ -194,6 +217,9 @@ def read_batches(data: bytes, header_from_doc: Any, names: Any) -> tuple[Any, li
         return None, [], f"no readable Arrow stream header: {exc}"
     if reader.schema.names != names(header):
         return None, [], "Arrow stream columns do not match its header"
+    wrong = types(header, reader.schema) if types is not None else None
+    if wrong is not None:
+        return None, [], f"Arrow stream column {wrong} is of a type its header does not allow"
     batches: list[Any] = []
     while True:
         try:
@@ -207,16 +233,45 @@ def read_batches(data: bytes, header_from_doc: Any, names: Any) -> tuple[Any, li
     return header, batches, None
 
 
-def salvage(data: bytes) -> Salvage:
-    """Read a v2 snapshot file batch by batch, keeping every batch before any damage."""
+def _misfit(header: SnapshotHeader, schema: Any) -> str | None:
+    """A column whose Arrow type is neither utf8 nor its PostgreSQL type's native integer."""
+    import pyarrow as pa
+
+    allowed = (pa.string(),)
+    for j, (_, t) in enumerate(header.columns):
+        got = schema.field(j + 1).type
+        if got not in allowed and (t not in NATIVE_TYPES or got != pa.type_for_alias(NATIVE_TYPES[t])):
+            return f"c{j} ({got}, {t})"
+    return None
+
+
+def as_text(batch: Any) -> Any:
+    """``batch`` with every native integer column as PostgreSQL's text of its values."""
+    import pyarrow as pa
+
+    if all(batch.column(j).type == pa.string() for j in range(1, batch.num_columns)):
+        return batch
+    arrays = [batch.column(0)] + [batch.column(j).cast(pa.string()) for j in range(1, batch.num_columns)]
+    names = batch.schema.names
+    return pa.RecordBatch.from_arrays(
+        arrays,
+        schema=pa.schema(
+            [batch.schema.field(0)] + [pa.field(n, pa.string()) for n in names[1:]], metadata=batch.schema.metadata
+        ),
+    )
+
+
+def salvage(data: bytes, native: bool = False) -> Salvage:
+    """Read a v2 snapshot file batch by batch, keeping every batch before any damage. Values come
+    as text (``as_text``) unless ``native``: then integer columns may come as Arrow integers."""
     header, batches, damage = read_batches(
-        data, SnapshotHeader.from_doc, lambda h: ["pg_seq"] + [f"c{j}" for j in range(len(h.columns))]
+        data, SnapshotHeader.from_doc, lambda h: ["pg_seq"] + [f"c{j}" for j in range(len(h.columns))], _misfit
     )
     if header is not None and damage is None:
         got = sum(b.num_rows for b in batches)
         if got != header.rows:
             damage = f"Arrow stream holds {got} of the {header.rows} rows its header announces"
-    return Salvage(header, batches, damage)
+    return Salvage(header, batches if native else [as_text(b) for b in batches], damage)
 
 
 def row_records(header: SnapshotHeader, batches: list[Any]) -> Iterator[ChangeRecord]:

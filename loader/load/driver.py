@@ -673,9 +673,17 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array
     import pyarrow.compute as pc
 
     st = spark_type(col.pg_type)
+    sql = st.sql
+    if pa.types.is_integer(values.type):
+        # Integers as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
+        if sql not in ("INT", "BIGINT"):
+            raise NotPlain(f"{table.qualified}.{col.source}: integers landed for a {col.pg_type} column")
+        try:
+            return values.cast(pa.int32() if sql == "INT" else pa.int64())
+        except pa.ArrowInvalid:
+            raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
     if st.lossless_text:
         return values
-    sql = st.sql
     present = values.drop_null()
 
     def all_match(regex: str) -> None:
@@ -905,7 +913,7 @@ class SnapshotBatch:
         from loader.landing import arrowfile
 
         name = self.batch[i].name
-        got = arrowfile.salvage(self.store.open_bytes(name))
+        got = arrowfile.salvage(self.store.open_bytes(name), native=True)
         if got.header is None or got.damage is not None:
             raise NotPlain(f"{name}: damaged ({got.damage})")
         rows = pa.Table.from_batches(got.batches, schema=got.batches[0].schema) if got.batches else None
@@ -994,7 +1002,15 @@ class SnapshotBatch:
         def cat(arrays: list[Any], t: Any) -> Any:
             return pa.concat_arrays([a.cast(t) for a in arrays]) if arrays else pa.array([], t)
 
-        out: dict[str, Any] = {c.lake: _typed(cat(values[c.lake], pa.string()), c, table) for c in columns}
+        def values_of(arrays: list[Any]) -> Any:
+            # A file's integer column as it holds it (landing v2 NATIVE_TYPES; the markers' nulls
+            # beside it), else as text.
+            native = [a for a in arrays if pa.types.is_integer(a.type)]
+            if native and all(pa.types.is_integer(a.type) or a.null_count == len(a) for a in arrays):
+                return cat(arrays, pa.int64())
+            return cat(arrays, pa.string())
+
+        out: dict[str, Any] = {c.lake: _typed(values_of(values[c.lake]), c, table) for c in columns}
         header = parts[0][1]
 
         def const(value: Any, t: Any) -> Any:

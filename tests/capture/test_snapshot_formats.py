@@ -27,11 +27,13 @@ from tests.harness import TEST_PG, create_db
 SOURCE = [
     """CREATE TABLE public.kinds (
         id int PRIMARY KEY, t text, b boolean, c char(5), n numeric(12,3), f float8, ts timestamptz,
-        d date, iv interval, j jsonb, a int[], by bytea, "Mixed Case" text, ip inet)""",
+        d date, iv interval, j jsonb, a int[], by bytea, "Mixed Case" text, ip inet, sm smallint, bg bigint)""",
     """INSERT INTO public.kinds SELECT g, CASE WHEN g % 7 = 0 THEN NULL ELSE 'v' || g || E'\\n"é\\\\' END,
         g % 2 = 0, 'ab', g / 3.0, g / 7.0, '2024-01-01 00:00:00+02'::timestamptz + g * interval '1 minute',
         '2024-02-29'::date + g, g * interval '1 second', jsonb_build_object('k', g), ARRAY[g, NULL],
-        decode('00ff', 'hex'), CASE WHEN g % 5 = 0 THEN NULL ELSE 'x' END, '10.0.0.1'
+        decode('00ff', 'hex'), CASE WHEN g % 5 = 0 THEN NULL ELSE 'x' END, '10.0.0.1',
+        CASE g % 4 WHEN 0 THEN NULL WHEN 1 THEN -32768 WHEN 2 THEN 32767 ELSE -g END,
+        CASE g % 4 WHEN 0 THEN -9223372036854775808 WHEN 1 THEN 9223372036854775807 WHEN 2 THEN NULL ELSE -g END
         FROM generate_series(1, 1234) g""",
     "CREATE TABLE public.keyless (v text, w int)",
     "INSERT INTO public.keyless SELECT 'k' || g, g FROM generate_series(1, 300) g",
@@ -99,6 +101,12 @@ def test_v1_and_v2_snapshots_read_the_same_everywhere(source: LoaderSettings, tm
     assert {f.format for f in files1} == {JSONL} and {f.format for f in files2} == {ARROW}
     for f in files2:
         assert (v2.path / f.name).stat().st_mode & 0o777 == 0o600  # type: ignore[attr-defined]
+    # Integer columns are held as Arrow integers (landing v2 NATIVE_TYPES), everything else as text.
+    kinds = next(f for f in files2 if next(iter(v2.read_records(f.name))).table == "kinds")
+    got = arrowfile.salvage(v2.open_bytes(kinds.name), native=True)
+    assert got.header is not None
+    held = {c: str(got.batches[0].schema.field(j + 1).type) for j, (c, _) in enumerate(got.header.columns)}
+    assert (held["id"], held["sm"], held["bg"], held["t"], held["n"]) == ("int32", "int16", "int64", "string", "string")
     recs1 = [r for f in files1 for r in v1.read_records(f.name)]
     recs2 = [r for f in files2 for r in v2.read_records(f.name)]
     assert len(recs1) == 1234 + 300 + 200 + 4 + 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ CODES = SourceTable("public", "codes")
 # type -> (plain values, values only the Spark path takes or rejects)
 VALUES: dict[str, tuple[list[str], list[str]]] = {
     "bigint": (["0", "-7", "9223372036854775807", "012"], ["+5", " 7", "1.0", "99999999999999999999"]),
+    "integer": (["0", "-2147483648", "2147483647", "42"], ["2147483648", "-"]),
+    "smallint": (["-32768", "32767", "5"], ["32768", "1e2"]),
     "numeric(10,2)": (["1.50", "-0.01", "12345678.99", "0.00", "7"], ["1.234", "NaN", "123456789.00"]),
     "text": (["x", "", "dü ñ", 'quo"te', "back\\slash", "tab\there"], ["bell\x07", "\x1e"]),
     "timestamp with time zone": (
@@ -125,10 +128,23 @@ def _column_name(pg_type: str) -> str:
     return pg_type.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "_").replace("[]", "_arr")
 
 
+def _held(rnd: random.Random, texts: list[str | None], pg_type: str) -> Any:
+    """A column of a v2 file: text, or (at random) Arrow integers for an integer type whose values
+    all are integers of its width, as capture lands them (landing v2 NATIVE_TYPES)."""
+    import pyarrow as pa
+
+    native = arrowfile.NATIVE_TYPES.get(pg_type)
+    if native is not None and rnd.random() < 0.5 and all(v is None or re.fullmatch(r"-?[0-9]+", v) for v in texts):
+        try:
+            return pa.array([None if v is None else int(v) for v in texts], pa.type_for_alias(native))
+        except (OverflowError, pa.ArrowInvalid):
+            pass
+    return pa.array(texts, pa.string())
+
+
 def _write_snapshot(settings: LoaderSettings, seed: int, columns: list[str], odd: float, chunk: int) -> list[str]:
     """A snapshot of public.acct (integer key) and public.codes (text key, maybe empty) as landing v2
     files of ``chunk`` rows, below every position of ``_batch``'s transactions."""
-    import pyarrow as pa
 
     rnd = random.Random(seed)
     store = open_landing(settings)
@@ -142,8 +158,8 @@ def _write_snapshot(settings: LoaderSettings, seed: int, columns: list[str], odd
         starts = list(range(0, len(keys), chunk)) or [0]
         for i, start in enumerate(starts):
             part = keys[start : start + chunk]
-            values = [pa.array(part, pa.string())]
-            values += [pa.array([_value(rnd, c, odd) for _ in part], pa.string()) for c in columns]
+            values = [_held(rnd, part, key_type)]
+            values += [_held(rnd, [_value(rnd, c, odd) for _ in part], c) for c in columns]
             last = t == len(tables) - 1 and i == len(starts) - 1
             header = arrowfile.SnapshotHeader(
                 "public",
