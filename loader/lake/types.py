@@ -123,7 +123,7 @@ def _temporal(sql_type: str, finite: str, plus: str, minus: str) -> SparkType:
 # zone the text parses as a local date-time (no session time zone involved), and its distance from
 # the epoch in microseconds is the UTC instant (years of four digits only: near Spark's last
 # representable instant, 294247, the difference overflows in some session time zones).
-_UTC_TEXT_REGEX = r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?\+00$"
+UTC_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?\+00$"
 _TSTZ_ANY = "try_cast(regexp_replace({v}, " + sql_regex(_TZ_HOURS_REGEX) + ", '$1:00') AS TIMESTAMP)"
 _TSTZ_UTC = (
     "timestamp_micros(timestampdiff(MICROSECOND, TIMESTAMP_NTZ'1970-01-01 00:00:00',"
@@ -131,7 +131,7 @@ _TSTZ_UTC = (
 )
 _TSTZ = _temporal(
     "TIMESTAMP",
-    f"IF({{v}} RLIKE {sql_regex(_UTC_TEXT_REGEX)}, {_TSTZ_UTC}, {_TSTZ_ANY})",
+    f"IF({{v}} RLIKE {sql_regex(UTC_TEXT)}, {_TSTZ_UTC}, {_TSTZ_ANY})",
     f"timestamp_micros({NON_FINITE['TIMESTAMP'][0]})",
     f"timestamp_micros({NON_FINITE['TIMESTAMP'][1]})",
 )
@@ -141,6 +141,28 @@ _TIMESTAMP_NTZ = _temporal(
     f"CAST('{_NTZ_LIMITS[0]}' AS TIMESTAMP_NTZ)",
     f"CAST('{_NTZ_LIMITS[1]}' AS TIMESTAMP_NTZ)",
 )
+
+# The plain text forms: the text of each native storage type that Spark's casts above and Arrow's
+# casts (the driver load) read to the same value. A column whose values all match its form may be
+# typed by either engine; anything else (infinity, BC, years past 9999, other offsets than UTC,
+# exponents in numerics, `t`/`f`) only by the casts above. RE2 and Java read these alike.
+_PLAIN_TEXT = {
+    "INT": r"^-?[0-9]+$",
+    "BIGINT": r"^-?[0-9]+$",
+    "DECIMAL": r"^-?[0-9]+(\.[0-9]+)?$",
+    "FLOAT": r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|-?Infinity)$",
+    "DOUBLE": r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|-?Infinity)$",
+    "BOOLEAN": r"^(true|false)$",
+    "DATE": r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+    "TIMESTAMP_NTZ": r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?$",
+    "TIMESTAMP": UTC_TEXT,
+}
+
+
+def plain_text(sql: str) -> str | None:
+    """The plain text form (a regex) of Spark SQL type ``sql``; None for a type only Spark types."""
+    return _PLAIN_TEXT.get("DECIMAL" if sql.startswith("DECIMAL(") else sql)
+
 
 _SIMPLE: dict[str, SparkType] = {
     "smallint": _cast("INT"),

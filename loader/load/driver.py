@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from loader.errors import LandingUnavailableError
 from loader.faults import checkpoint
 from loader.lake.tables import SourceTable
-from loader.lake.types import never_toasted, spark_type
+from loader.lake.types import UTC_TEXT, never_toasted, plain_text, spark_type
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
 from loader.load.decode import _TIMESTAMP, _shape_problem
@@ -53,9 +53,6 @@ class NotPlain(Exception):
 _KINDS = {"I": ROW, "R": ROW, "U": UPDATE, "D": OTHER}
 # Separators of the per-row shape key; names holding them are not plain.
 _SEP_FIELD, _SEP_ITEM = "\x1e", "\x1f"
-_UTC_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?\+00$"
-_NTZ_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?$"
-_DATE_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 _DECIMAL_RE = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
 # What Spark's to_json escapes in a string (Jackson): quote, backslash, control characters.
 _JSON_ESCAPED = r'["\\\x00-\x1f]'
@@ -424,7 +421,7 @@ class PlainBatch:
         self.op = rows.column("op").combine_chunks()
         self.ts = rows.column("ts").combine_chunks()
         for value in pc.unique(pc.filter(self.ts, pa.array(change))).to_pylist():
-            if not _TIMESTAMP.match(value) or not re.match(_UTC_TEXT, value):
+            if not _TIMESTAMP.match(value) or not re.match(UTC_TEXT, value):
                 raise NotPlain(f"commit time {value[:40]!r} not in capture's UTC form")
         schema_col = pc.fill_null(rows.column("schema").combine_chunks(), "")
         table_col = pc.fill_null(rows.column("table").combine_chunks(), "")
@@ -684,44 +681,42 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array
             raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
     if st.lossless_text:
         return values
+    form = plain_text(sql)
+    if form is None:
+        raise NotPlain(f"{table.qualified}.{col.source}: {col.pg_type} is typed by Spark only")
     present = values.drop_null()
-
-    def all_match(regex: str) -> None:
-        if len(present) and not pc.all(pc.match_substring_regex(present, regex)).as_py():
-            raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value outside the plain form")
-
-    m = _DECIMAL_RE.match(sql)
-    if m:
-        target: Any = pa.decimal128(int(m.group(1)), int(m.group(2)))
-        all_match(r"^-?[0-9]+(\.[0-9]+)?$")
-    elif sql in ("INT", "BIGINT"):
-        target = pa.int32() if sql == "INT" else pa.int64()
-        all_match(r"^-?[0-9]+$")
-    elif sql in ("FLOAT", "DOUBLE"):
-        target = pa.float32() if sql == "FLOAT" else pa.float64()
-        all_match(r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|-?Infinity)$")
-    elif sql == "BOOLEAN":
-        target = pa.bool_()
-        all_match(r"^(true|false)$")
-    elif sql == "DATE":
-        target = pa.date32()
-        all_match(_DATE_TEXT)
-    elif sql == "TIMESTAMP_NTZ":
-        target = pa.timestamp("us")
-        all_match(_NTZ_TEXT)
-    elif sql == "TIMESTAMP":
-        all_match(_UTC_TEXT)
+    if len(present) and not pc.all(pc.match_substring_regex(present, form)).as_py():
+        raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value outside the plain form")
+    if sql == "TIMESTAMP":  # '...+00': the UTC instant of the local date-time before the offset
         try:
             naive = pc.utf8_slice_codeunits(values, 0, -3).cast(pa.timestamp("us"))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise NotPlain(f"{table.qualified}.{col.source}: a timestamp Arrow cannot read") from None
         return naive.cast(pa.timestamp("us", tz="UTC"))
-    else:
-        raise NotPlain(f"{table.qualified}.{col.source}: {col.pg_type} is typed by Spark only")
+    target = _arrow_target(sql)
     try:
         return values.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
+
+
+def _arrow_target(sql: str) -> Any:
+    """The Arrow type the driver casts a column of plain text (lake.types.plain_text) of Spark SQL
+    type ``sql`` to (timestamps with a zone aside: see _typed)."""
+    import pyarrow as pa
+
+    m = _DECIMAL_RE.match(sql)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    return {
+        "INT": pa.int32(),
+        "BIGINT": pa.int64(),
+        "FLOAT": pa.float32(),
+        "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(),
+        "DATE": pa.date32(),
+        "TIMESTAMP_NTZ": pa.timestamp("us"),
+    }[sql]
 
 
 # A driver append writes its rows once this many bytes of Arrow rows are held: a streamed batch's
@@ -845,7 +840,7 @@ class SnapshotBatch:
             if f.format != "arrow":
                 raise NotPlain(f"{f.name}: not a landing v2 file")
             h, rows = self._read(i)
-            if not _TIMESTAMP.match(h.ts) or not re.match(_UTC_TEXT, h.ts):
+            if not _TIMESTAMP.match(h.ts) or not re.match(UTC_TEXT, h.ts):
                 raise NotPlain(f"commit time {h.ts[:40]!r} not in capture's UTC form")
             if not (0 <= h.commit_lsn < 1 << 63):
                 raise NotPlain("a position out of range")
