@@ -380,11 +380,19 @@ class Salvage:
     damage: str | None
 
 
-def salvage(data: bytes) -> Salvage:
-    """Read a v2 change file batch by batch, keeping every batch before any damage."""
+def as_stored(batch: Any) -> Any:
+    """A batch as read from a file, in the stored schema (its texts dictionary-encoded); a batch
+    whose columns cannot be read as the format's raises (ArrowException)."""
+    stored = arrow_schema(stored=True)
+    return batch if batch.schema.equals(stored) else batch.cast(stored)
+
+
+def salvage(data: bytes, decode: bool = True) -> Salvage:
+    """Read a v2 change file batch by batch, keeping every batch before any damage; its texts
+    decoded (``decoded``), or as stored (dictionary-encoded) without ``decode``."""
     header, batches, damage = read_batches(data, ChangeHeader.from_doc, lambda _: arrow_schema().names)
     try:
-        batches = [decoded(b) for b in batches]
+        batches = [decoded(b) if decode else as_stored(b) for b in batches]
     except (ValueError, TypeError, OSError) as exc:  # ArrowException is a ValueError/TypeError/OSError
         return Salvage(header, [], f"Arrow stream columns of other types than the format's: {exc}")
     if header is not None and damage is None:

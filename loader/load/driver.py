@@ -128,10 +128,16 @@ def _read_changes(name: str, data: bytes) -> tuple[pa.Table, FileHeader]:
 
     from loader.landing import changefile
 
-    got = changefile.salvage(data)
+    got = changefile.salvage(data, decode=False)
     if got.header is None or got.damage is not None:
         raise NotPlain(f"{name}: damaged ({got.damage})")
-    table = pa.Table.from_batches(got.batches, schema=changefile.arrow_schema())
+    table = pa.Table.from_batches(got.batches, schema=changefile.arrow_schema(stored=True))
+    # The record-level texts decoded; column names and types, key names stay dictionary-encoded
+    # (a million changes of one table hold a few distinct names: the load numbers them anyway).
+    plain = changefile.arrow_schema()
+    for column in ("op", "ts", "schema", "table"):
+        i = plain.get_field_index(column)
+        table = table.set_column(i, plain.field(i), table.column(i).cast(plain.field(i).type))
     return table, FileHeader(got.header.tables)
 
 
@@ -433,8 +439,12 @@ class PlainBatch:
         # Each row's shape (operation, table, column names and types, key names) as a number:
         # texts as dictionary codes, rows with the same codes the same shape (exact, no hashing).
         def codes(texts: Any) -> tuple[np.ndarray, Any]:
-            encoded = pc.dictionary_encode(texts)
-            return np.asarray(encoded.indices).astype(np.int64), encoded.dictionary
+            encoded = texts if pa.types.is_dictionary(texts.type) else pc.dictionary_encode(texts)
+            indices = np.asarray(encoded.indices.fill_null(0)).astype(np.int64)
+            unique = pc.dictionary_encode(encoded.dictionary)  # a file's dictionary may repeat a text
+            if len(unique.dictionary) < len(encoded.dictionary):
+                return np.asarray(unique.indices).astype(np.int64)[indices], unique.dictionary
+            return indices, encoded.dictionary
 
         op_codes, _ = codes(self.op)
         schema_codes, schemas = codes(schema_col)
