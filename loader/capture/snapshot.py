@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,9 @@ from loader.landing.state import SNAPSHOT_STATE, unfinished_snapshot
 from loader.landing.store import LandingFile, LandingStore, LandingWriter, open_landing
 from loader.lsn import ChangePosition, format_lsn
 from loader.progress import bar
+
+# Character types as format_type spells them: ADBC reads them as utf8 text.
+_CHARACTER_TYPE = re.compile(r"^(text|character varying(\(\d+\))?|character(\(\d+\))?)$")
 
 log = logging.getLogger("loader.capture")
 
@@ -295,8 +299,13 @@ class Snapshot:
         """The table's SELECT: every value as its type's output function prints it, in key order,
         after ``after_key`` when given (``inline``: its values as literals, for a reader without
         psycopg's parameters; ``native``: integer columns as they are, for a reader that receives
-        them as Arrow integers, landing v2's ``NATIVE_TYPES``)."""
+        them as Arrow integers, landing v2's ``NATIVE_TYPES``, and character columns as they are:
+        COPY BINARY sends their text, padding included, as the output function prints it, without
+        the server formatting each value a second time)."""
         from loader.landing.arrowfile import NATIVE_TYPES
+
+        def as_is(t: str) -> bool:
+            return native and (t in NATIVE_TYPES or _CHARACTER_TYPE.match(t) is not None)
 
         types = dict(cols)
         # wal2json prints each value with its type's output function (booleans as true/false).
@@ -305,7 +314,7 @@ class Snapshot:
         select = sql.SQL(", ").join(
             sql.SQL(
                 "_t.{0} AS {1}"
-                if native and t in NATIVE_TYPES
+                if as_is(t)
                 else "_t.{0}::text AS {1}"
                 if t == "boolean"
                 else "CASE WHEN _t.{0} IS NULL THEN NULL ELSE concat(_t.{0}) END AS {1}"
