@@ -358,13 +358,7 @@ class Snapshot:
         cp = pos + 1
         writer = LandingWriter(self.store, self.chunk_rows)
         try:
-            for i, qualified in enumerate(tables):
-                schema, _, name = qualified.partition(".")
-                info = table_info(reader, schema, name)
-                if info is None:
-                    continue  # dropped since the snapshot was planned
-                cols = column_types(reader, schema, name)
-                key = info.key
+            for i, qualified, schema, name, cols, key in _readable(reader, tables):
                 # Every record of this table in the snapshot's one transaction, just before the consistent point.
                 record = partial(
                     ChangeRecord,
@@ -437,13 +431,7 @@ class Snapshot:
         commit_seq: int | None = None
         last_table = len(tables) - 1
         with _adbc_reader(self.settings.source.conninfo(), str(snapshot_name[0])) as cur:
-            for i, qualified in enumerate(tables):
-                schema, _, name = qualified.partition(".")
-                info = table_info(reader, schema, name)
-                if info is None:
-                    continue  # dropped since the snapshot was planned
-                cols = column_types(reader, schema, name)
-                key = info.key
+            for i, qualified, schema, name, cols, key in _readable(reader, tables):
                 query, _ = self._query(
                     reader, schema, name, cols, key, after_key if i == 0 else None, inline=True, native=True
                 )
@@ -693,6 +681,18 @@ def _adbc_reader(conninfo: str, snapshot_name: str) -> Iterator[Any]:
         cur.close()
     finally:
         conn.close()
+
+
+def _readable(
+    reader: psycopg.Connection, tables: list[str]
+) -> Iterator[tuple[int, str, str, str, list[tuple[str, str]], list[str]]]:
+    """The snapshot's tables as the reader sees them: (index, qualified name, schema, name,
+    columns, key); a table dropped since the snapshot was planned is left out."""
+    for i, qualified in enumerate(tables):
+        schema, _, name = qualified.partition(".")
+        info = table_info(reader, schema, name)
+        if info is not None:
+            yield i, qualified, schema, name, column_types(reader, schema, name), info.key
 
 
 def _chunks(batches: Any, rows: int) -> Iterator[tuple[Any, bool]]:

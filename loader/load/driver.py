@@ -607,16 +607,7 @@ class PlainBatch:
             pg_landing_file=pa.array([f.name for f in self.batch], pa.string()).take(pa.array(self.file_of[rows])),
             pg_note=pa.nulls(len(rows), pa.string()),
         )
-        arrays = []
-        for f in target:
-            if f.name not in out:
-                arrays.append(pa.nulls(len(rows), f.type))
-                continue
-            arr = out[f.name]
-            if isinstance(arr, pa.ChunkedArray):
-                arr = arr.combine_chunks()
-            arrays.append(arr.cast(f.type))
-        return pa.Table.from_arrays(arrays, schema=target)
+        return _in_target(out, len(rows), target)
 
     def _old_keys(self, rows: np.ndarray, shape: np.ndarray) -> pa.Array:
         """pg_old_key: the old key as Spark's ``to_json(map(lake name -> text value))`` writes it."""
@@ -662,6 +653,23 @@ class PlainBatch:
             sent = set(info.names)
             lists.append([c.lake for c in columns if not never_toasted(c.pg_type) and c.source not in sent])
         return pa.array(lists, pa.list_(pa.string())).take(pa.array(shape))
+
+
+def _in_target(out: dict[str, Any], n: int, target: pa.Schema) -> pa.Table:
+    """History rows of ``n`` rows: ``out``'s arrays (by lake column) in ``target``'s columns and
+    types, a column ``out`` lacks as nulls (a column dropped before these rows)."""
+    import pyarrow as pa
+
+    arrays = []
+    for f in target:
+        arr = out.get(f.name)
+        if arr is None:
+            arrays.append(pa.nulls(n, f.type))
+            continue
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        arrays.append(arr.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=target)
 
 
 def _operation_names(ops: pa.Array) -> pa.Array:
@@ -1034,13 +1042,4 @@ class SnapshotBatch:
             pg_landing_file=cat(files, pa.string()),
             pg_note=cat(notes, pa.string()),
         )
-        arrays = []
-        for f in target:
-            if f.name not in out:
-                arrays.append(pa.nulls(total, f.type))
-                continue
-            arr = out[f.name]
-            if isinstance(arr, pa.ChunkedArray):
-                arr = arr.combine_chunks()
-            arrays.append(arr.cast(f.type))
-        return pa.Table.from_arrays(arrays, schema=target)
+        return _in_target(out, total, target)
