@@ -5,8 +5,8 @@ most two control records beside them: the table's resync marker (``S``, before t
 snapshot's commit marker (after them). Everything the rows share (table, positions, xid, commit
 time, key, column names and PostgreSQL types) is in a JSON header in the stream schema's metadata;
 the columns are ``pg_seq`` (int64) and ``c0..cN`` (utf8, each value PostgreSQL's text form, NULL
-as null; a column of an integer type may instead hold its values as Arrow integers, see
-``NATIVE_TYPES``). Record batches are compressed with zstd and small enough (``IPC_BATCH_ROWS``) that a file
+as null; a column of an integer or boolean type may instead hold its values as Arrow integers or
+booleans, see ``NATIVE_TYPES``). Record batches are compressed with zstd and small enough (``IPC_BATCH_ROWS``) that a file
 cut short keeps every batch before the damage.
 
 ``records`` turns a file back into exactly the ChangeRecords a v1 file of the same content holds,
@@ -28,10 +28,11 @@ EXTENSION = ".arrows"
 METADATA_KEY = b"loader.landing"
 IPC_BATCH_ROWS = 8192
 COMPRESSION = "zstd"
-# PostgreSQL types whose values a file may hold as Arrow integers instead of text: their text form
-# is exactly the integer's decimal digits with a leading minus, so Arrow's cast gives it back, and
-# nothing is lost (the widths are the types' own). Readers get text unless they ask for these.
-NATIVE_TYPES = {"smallint": "int16", "integer": "int32", "bigint": "int64"}
+# PostgreSQL types whose values a file may hold as Arrow values instead of text: the text is
+# exactly what Arrow's cast to utf8 gives back (an integer's decimal digits with a leading minus;
+# true/false, as the snapshot's boolean::text prints them), and nothing is lost (the widths are the
+# types' own). Readers get text unless they ask for these.
+NATIVE_TYPES = {"smallint": "int16", "integer": "int32", "bigint": "int64", "boolean": "bool"}
 
 
 @dataclass
@@ -143,11 +144,11 @@ class SnapshotHeader:
 
 def _stored(pg_type: str, values: Any) -> Any:
     """The Arrow type a file holds a column of ``pg_type`` in: its native integer type when the
-    values come as integers and the type is one of ``NATIVE_TYPES``, else utf8."""
+    values come as other than text and the type is one of ``NATIVE_TYPES``, else utf8."""
     import pyarrow as pa
 
     native = NATIVE_TYPES.get(pg_type)
-    if native is not None and values is not None and pa.types.is_integer(values.type):
+    if native is not None and values is not None and not pa.types.is_string(values.type):
         return pa.type_for_alias(native)
     return pa.string()
 
@@ -234,7 +235,7 @@ def read_batches(data: bytes, header_from_doc: Any, names: Any, types: Any = Non
 
 
 def _misfit(header: SnapshotHeader, schema: Any) -> str | None:
-    """A column whose Arrow type is neither utf8 nor its PostgreSQL type's native integer."""
+    """A column whose Arrow type is neither utf8 nor its PostgreSQL type's native one."""
     import pyarrow as pa
 
     allowed = (pa.string(),)
@@ -246,7 +247,7 @@ def _misfit(header: SnapshotHeader, schema: Any) -> str | None:
 
 
 def as_text(batch: Any) -> Any:
-    """``batch`` with every native integer column as PostgreSQL's text of its values."""
+    """``batch`` with every native column (``NATIVE_TYPES``) as PostgreSQL's text of its values."""
     import pyarrow as pa
 
     if all(batch.column(j).type == pa.string() for j in range(1, batch.num_columns)):
@@ -263,7 +264,7 @@ def as_text(batch: Any) -> Any:
 
 def salvage(data: bytes, native: bool = False) -> Salvage:
     """Read a v2 snapshot file batch by batch, keeping every batch before any damage. Values come
-    as text (``as_text``) unless ``native``: then integer columns may come as Arrow integers."""
+    as text (``as_text``) unless ``native``: then the columns of ``NATIVE_TYPES`` come as held."""
     header, batches, damage = read_batches(
         data, SnapshotHeader.from_doc, lambda h: ["pg_seq"] + [f"c{j}" for j in range(len(h.columns))], _misfit
     )

@@ -689,6 +689,11 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array
 
     st = spark_type(col.pg_type)
     sql = st.sql
+    if pa.types.is_boolean(values.type):
+        # Booleans as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
+        if sql != "BOOLEAN":
+            raise NotPlain(f"{table.qualified}.{col.source}: booleans landed for a {col.pg_type} column")
+        return values
     if pa.types.is_integer(values.type):
         # Integers as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
         if sql not in ("INT", "BIGINT"):
@@ -1016,11 +1021,18 @@ class SnapshotBatch:
             return pa.concat_arrays([a.cast(t) for a in arrays]) if arrays else pa.array([], t)
 
         def values_of(arrays: list[Any]) -> Any:
-            # A file's integer column as it holds it (landing v2 NATIVE_TYPES; the markers' nulls
-            # beside it), else as text.
-            native = [a for a in arrays if pa.types.is_integer(a.type)]
-            if native and all(pa.types.is_integer(a.type) or a.null_count == len(a) for a in arrays):
-                return cat(arrays, pa.int64())
+            # A file's integer or boolean column as it holds it (landing v2 NATIVE_TYPES; the
+            # markers' nulls beside it), else as text.
+            native = [a for a in arrays if not pa.types.is_string(a.type)]
+            if not native:
+                return cat(arrays, pa.string())
+            boolean = pa.types.is_boolean(native[0].type)
+
+            def held(a: Any) -> bool:
+                return pa.types.is_boolean(a.type) if boolean else pa.types.is_integer(a.type)
+
+            if all(held(a) or a.null_count == len(a) for a in arrays):
+                return cat(arrays, pa.bool_() if boolean else pa.int64())
             return cat(arrays, pa.string())
 
         out: dict[str, Any] = {c.lake: _typed(values_of(values[c.lake]), c, table) for c in columns}

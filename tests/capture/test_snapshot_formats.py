@@ -101,12 +101,13 @@ def test_v1_and_v2_snapshots_read_the_same_everywhere(source: LoaderSettings, tm
     assert {f.format for f in files1} == {JSONL} and {f.format for f in files2} == {ARROW}
     for f in files2:
         assert (v2.path / f.name).stat().st_mode & 0o777 == 0o600  # type: ignore[attr-defined]
-    # Integer columns are held as Arrow integers (landing v2 NATIVE_TYPES), everything else as text.
+    # Integer and boolean columns are held as Arrow values (landing v2 NATIVE_TYPES), the rest as text.
     kinds = next(f for f in files2 if next(iter(v2.read_records(f.name))).table == "kinds")
     got = arrowfile.salvage(v2.open_bytes(kinds.name), native=True)
     assert got.header is not None
     held = {c: str(got.batches[0].schema.field(j + 1).type) for j, (c, _) in enumerate(got.header.columns)}
-    assert (held["id"], held["sm"], held["bg"], held["t"], held["n"]) == ("int32", "int16", "int64", "string", "string")
+    assert (held["id"], held["sm"], held["bg"], held["b"]) == ("int32", "int16", "int64", "bool")
+    assert held["t"] == held["n"] == held["c"] == "string"
     recs1 = [r for f in files1 for r in v1.read_records(f.name)]
     recs2 = [r for f in files2 for r in v2.read_records(f.name)]
     assert len(recs1) == 1234 + 300 + 200 + 4 + 1

@@ -129,12 +129,19 @@ def _column_name(pg_type: str) -> str:
 
 
 def _held(rnd: random.Random, texts: list[str | None], pg_type: str) -> Any:
-    """A column of a v2 file: text, or (at random) Arrow integers for an integer type whose values
-    all are integers of its width, as capture lands them (landing v2 NATIVE_TYPES)."""
+    """A column of a v2 file: text, or (at random) Arrow values for an integer type whose values
+    all are integers of its width, or a boolean one whose values are all true/false, as capture
+    lands them (landing v2 NATIVE_TYPES)."""
     import pyarrow as pa
 
     native = arrowfile.NATIVE_TYPES.get(pg_type)
-    if native is not None and rnd.random() < 0.5 and all(v is None or re.fullmatch(r"-?[0-9]+", v) for v in texts):
+    if native == "bool" and rnd.random() < 0.5 and all(v in (None, "true", "false") for v in texts):
+        return pa.array([None if v is None else v == "true" for v in texts], pa.bool_())
+    if (
+        native not in (None, "bool")
+        and rnd.random() < 0.5
+        and all(v is None or re.fullmatch(r"-?[0-9]+", v) for v in texts)
+    ):
         try:
             return pa.array([None if v is None else int(v) for v in texts], pa.type_for_alias(native))
         except (OverflowError, pa.ArrowInvalid):
