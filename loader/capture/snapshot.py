@@ -298,11 +298,10 @@ class Snapshot:
     ) -> tuple[sql.Composed, list[Any]]:
         """The table's SELECT: every value as its type's output function prints it, in key order,
         after ``after_key`` when given (``inline``: its values as literals, for a reader without
-        psycopg's parameters; ``native``: integer columns as they are, for a reader that receives
-        them as Arrow values, landing v2's ``NATIVE_TYPES`` (integers, booleans), and character
-        columns as they are:
-        COPY BINARY sends their text, padding included, as the output function prints it, without
-        the server formatting each value a second time)."""
+        psycopg's parameters; ``native``: the columns of landing v2's ``NATIVE_TYPES`` (integers,
+        booleans) as they are, for a reader that receives them as Arrow values, and character
+        columns as they are: COPY BINARY sends their text, padding included, as the output function
+        prints it, without the server formatting each value a second time)."""
         from loader.landing.arrowfile import NATIVE_TYPES
 
         def as_is(t: str) -> bool:

@@ -142,20 +142,28 @@ class SnapshotHeader:
         )
 
 
-def _stored(pg_type: str, values: Any) -> Any:
-    """The Arrow type a file holds a column of ``pg_type`` in: its native integer type when the
-    values come as other than text and the type is one of ``NATIVE_TYPES``, else utf8."""
+def _native(pg_type: str) -> Any:
+    """The Arrow type a file may hold a column of ``pg_type`` in instead of text (None if none)."""
     import pyarrow as pa
 
-    native = NATIVE_TYPES.get(pg_type)
+    alias = NATIVE_TYPES.get(pg_type)
+    return pa.type_for_alias(alias) if alias is not None else None
+
+
+def _stored(pg_type: str, values: Any) -> Any:
+    """The Arrow type a file holds a column of ``pg_type`` in: its native type (``_native``) when
+    the values come as other than text, else utf8."""
+    import pyarrow as pa
+
+    native = _native(pg_type)
     if native is not None and values is not None and not pa.types.is_string(values.type):
-        return pa.type_for_alias(native)
+        return native
     return pa.string()
 
 
 def arrow_schema(header: SnapshotHeader, columns: list[Any] | None = None) -> Any:
     """The stream schema of a file with ``header``; ``columns`` (its arrays) decide which
-    integer columns are held natively (none when not given)."""
+    columns of ``NATIVE_TYPES`` are held natively (none when not given)."""
     import pyarrow as pa
 
     fields = [pa.field("pg_seq", pa.int64(), nullable=False)]
@@ -238,10 +246,9 @@ def _misfit(header: SnapshotHeader, schema: Any) -> str | None:
     """A column whose Arrow type is neither utf8 nor its PostgreSQL type's native one."""
     import pyarrow as pa
 
-    allowed = (pa.string(),)
     for j, (_, t) in enumerate(header.columns):
         got = schema.field(j + 1).type
-        if got not in allowed and (t not in NATIVE_TYPES or got != pa.type_for_alias(NATIVE_TYPES[t])):
+        if got != pa.string() and got != _native(t):
             return f"c{j} ({got}, {t})"
     return None
 
