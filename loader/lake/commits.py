@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from loader.errors import WarehouseUnavailableError
+from loader.lake.files import beyond_python, counts_only
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,6 +106,9 @@ def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter:
     from pyiceberg.table import TableProperties, WriteTask
     from pyiceberg.utils.properties import property_as_int
 
+    beyond = beyond_python(rows)
+    if beyond:
+        metadata = metadata.model_copy(update={"properties": counts_only(metadata.properties, beyond)})
     spec, schema = metadata.spec(), metadata.schema()
     if len(spec.fields) != 1 or not rows.num_rows:
         return _dataframe_to_data_files(metadata, rows, io, write_uuid, counter)

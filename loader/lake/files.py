@@ -21,6 +21,41 @@ def parquet_bytes(table: Any) -> bytes:
     return sink.getvalue()
 
 
+# pyiceberg reads a data file's column bounds back through Python's date and datetime, which end at
+# years 1 and 9999. The lake keeps dates and timestamps beyond them (+/-infinity, BC, years past
+# 9999: lake.types), so a column holding one is written with counts only: Iceberg then reads its
+# bounds in that file as unknown (no pruning on it; nothing is wrong). Spark's writer, in Java,
+# writes such bounds; the data is the same either way.
+_PYTHON_DAYS = (-719162, 2932896)  # 0001-01-01 and 9999-12-31
+_PYTHON_MICROS = (-62135596800000000, 253402300799999999)
+_METRICS_COLUMN = "write.metadata.metrics.column."
+
+
+def beyond_python(rows: Any) -> list[str]:
+    """The top-level date and timestamp columns of Arrow table ``rows`` holding a value beyond
+    Python's date and datetime (nested columns get counts only from pyiceberg anyway)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = []
+    for field in rows.schema:
+        if pa.types.is_date32(field.type):
+            (lo, hi), storage = _PYTHON_DAYS, pa.int32()
+        elif pa.types.is_timestamp(field.type):
+            (lo, hi), storage = _PYTHON_MICROS, pa.int64()
+        else:
+            continue
+        bounds = pc.min_max(rows.column(field.name).cast(storage))
+        if bounds["min"].is_valid and (bounds["min"].as_py() < lo or bounds["max"].as_py() > hi):
+            out.append(field.name)
+    return out
+
+
+def counts_only(properties: dict[str, str], columns: list[str]) -> dict[str, str]:
+    """A table's ``properties`` with ``columns`` written with value and null counts only."""
+    return {**properties, **{_METRICS_COLUMN + c: "counts" for c in columns}}
+
+
 def iceberg_arrow_schema(spark: SparkSession, table: Any) -> Any:
     """The table's schema as Arrow, with Iceberg field ids (pyiceberg does the mapping)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow

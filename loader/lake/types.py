@@ -40,10 +40,10 @@ _TEXT_ELEMENT_RE = re.compile(
 )
 
 # A PostgreSQL array literal's elements: a double-quoted element (backslash escapes) or a bare one.
-_ARRAY_ELEMENT_REGEX = r'"(?:[^"\\]|\\.)*"|[^,{}"]+'
+ARRAY_ELEMENT_REGEX = r'"(?:[^"\\]|\\.)*"|[^,{}"]+'
 # Java regexes used inside Spark SQL string literals (see sql_string).
-_UNESCAPE_REGEX = r"(?s)\\(.)"
-_BYTEA_REGEX = r"^(\\x)?([0-9a-fA-F]{2})*$"
+UNESCAPE_REGEX = r"(?s)\\(.)"
+BYTEA_REGEX = r"^(\\x)?([0-9a-fA-F]{2})*$"
 _BYTEA_PREFIX_REGEX = r"^\\x"
 _TZ_HOURS_REGEX = r"([+-][0-9]{2})$"
 _DATE_REGEX = r"^-?[0-9]{4,}-[0-9]{2}-[0-9]{2}$"
@@ -191,7 +191,7 @@ _SIMPLE: dict[str, SparkType] = {
     "bytea": SparkType(
         "BINARY",
         "IF({v} RLIKE "
-        + sql_regex(_BYTEA_REGEX)
+        + sql_regex(BYTEA_REGEX)
         + ", unhex(regexp_replace({v}, "
         + sql_regex(_BYTEA_PREFIX_REGEX)
         + ", '')), NULL)",
@@ -247,10 +247,10 @@ def _array_type(element: str) -> SparkType | None:
             return None
     else:
         return None
-    items = "regexp_extract_all({v}, " + sql_regex(_ARRAY_ELEMENT_REGEX) + ", 0)"
+    items = "regexp_extract_all({v}, " + sql_regex(ARRAY_ELEMENT_REGEX) + ", 0)"
     raw_elem = (
         "IF(substr(_e, 1, 1) = '\"', regexp_replace(substr(_e, 2, length(_e) - 2), "
-        + sql_regex(_UNESCAPE_REGEX)
+        + sql_regex(UNESCAPE_REGEX)
         + ", '$1'), IF(_e = 'NULL', NULL, _e))"
     )
     typed_elem = elem.cast.replace("{v}", "_x")
@@ -292,7 +292,7 @@ def never_toasted(pg_type: str) -> bool:
     return bool(_FIXED_LENGTH_RE.match(pg_type.strip().lower()))
 
 
-_DECIMAL_SQL_RE = re.compile(r"^DECIMAL\((\d+),\s*(\d+)\)$")
+DECIMAL_SQL_RE = re.compile(r"^DECIMAL\((\d+),\s*(\d+)\)$")
 
 
 def iceberg_type(sql: str) -> Any:
@@ -317,7 +317,7 @@ def iceberg_type(sql: str) -> Any:
     }
     if t in simple:
         return simple[t]
-    m = _DECIMAL_SQL_RE.match(t)
+    m = DECIMAL_SQL_RE.match(t)
     if m:
         return it.DecimalType(int(m.group(1)), int(m.group(2)))
     if t.startswith("ARRAY<") and t.endswith(">"):

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 from loader.errors import LandingUnavailableError
 from loader.faults import checkpoint
 from loader.lake.tables import SourceTable
-from loader.lake.types import UTC_TEXT, never_toasted, plain_text, spark_type
+from loader.lake.types import UTC_TEXT, never_toasted
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
 from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
+from loader.load.values import Misfit, typed
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 
@@ -53,7 +54,6 @@ class NotPlain(Exception):
 _KINDS = {"I": ROW, "R": ROW, "U": UPDATE, "D": OTHER}
 # Separators of the per-row shape key; names holding them are not plain.
 _SEP_FIELD, _SEP_ITEM = "\x1e", "\x1f"
-_DECIMAL_RE = re.compile(r"^DECIMAL\((\d+),(\d+)\)$")
 # What Spark's to_json escapes in a string (Jackson): quote, backslash, control characters.
 _JSON_ESCAPED = r'["\\\x00-\x1f]'
 
@@ -682,64 +682,12 @@ def _operation_names(ops: pa.Array) -> pa.Array:
 
 
 def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array:
-    """A column's text values typed as the Spark path types them; NotPlain for anything it would
-    reject or that Arrow might read differently from Spark."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    st = spark_type(col.pg_type)
-    sql = st.sql
-    if pa.types.is_boolean(values.type):
-        # Booleans as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
-        if sql != "BOOLEAN":
-            raise NotPlain(f"{table.qualified}.{col.source}: booleans landed for a {col.pg_type} column")
-        return values
-    if pa.types.is_integer(values.type):
-        # Integers as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
-        if sql not in ("INT", "BIGINT"):
-            raise NotPlain(f"{table.qualified}.{col.source}: integers landed for a {col.pg_type} column")
-        try:
-            return values.cast(pa.int32() if sql == "INT" else pa.int64())
-        except pa.ArrowInvalid:
-            raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
-    if st.lossless_text:
-        return values
-    form = plain_text(sql)
-    if form is None:
-        raise NotPlain(f"{table.qualified}.{col.source}: {col.pg_type} is typed by Spark only")
-    present = values.drop_null()
-    if len(present) and not pc.all(pc.match_substring_regex(present, form)).as_py():
-        raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value outside the plain form")
-    if sql == "TIMESTAMP":  # '...+00': the UTC instant of the local date-time before the offset
-        try:
-            naive = pc.utf8_slice_codeunits(values, 0, -3).cast(pa.timestamp("us"))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise NotPlain(f"{table.qualified}.{col.source}: a timestamp Arrow cannot read") from None
-        return naive.cast(pa.timestamp("us", tz="UTC"))
-    target = _arrow_target(sql)
+    """A column's values typed by the load's rules (loader.load.values); a misfit sends the batch to
+    the Spark path, which rejects it."""
     try:
-        return values.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise NotPlain(f"{table.qualified}.{col.source}: a {col.pg_type} value that does not fit") from None
-
-
-def _arrow_target(sql: str) -> Any:
-    """The Arrow type the driver casts a column of plain text (lake.types.plain_text) of Spark SQL
-    type ``sql`` to (timestamps with a zone aside: see _typed)."""
-    import pyarrow as pa
-
-    m = _DECIMAL_RE.match(sql)
-    if m:
-        return pa.decimal128(int(m.group(1)), int(m.group(2)))
-    return {
-        "INT": pa.int32(),
-        "BIGINT": pa.int64(),
-        "FLOAT": pa.float32(),
-        "DOUBLE": pa.float64(),
-        "BOOLEAN": pa.bool_(),
-        "DATE": pa.date32(),
-        "TIMESTAMP_NTZ": pa.timestamp("us"),
-    }[sql]
+        return typed(values, col.pg_type, f"{table.qualified}.{col.source}")
+    except Misfit as exc:
+        raise NotPlain(str(exc)) from None
 
 
 # A driver append writes its rows once this many bytes of Arrow rows are held: a streamed batch's

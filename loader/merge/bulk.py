@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.lake.buckets import bucket_ints, key_hashes
 from loader.lake.catalog import scan_batches
-from loader.lake.files import RollingParquet, iceberg_arrow_schema, parquet_data_file, prefetched
+from loader.lake.files import RollingParquet, counts_only, iceberg_arrow_schema, parquet_data_file, prefetched
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
@@ -505,15 +505,21 @@ def write_first_bulk(
 
     def finish(bucket: int, data: bytes) -> None:
         pkey = PartitionKey(field_values=[PartitionFieldValue(fields[0], bucket)], partition_spec=spec, schema=schema)
+        footer = pq.read_metadata(pa.BufferReader(data))
         try:
             stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
-                stats_columns=stats_plan,
+                parquet_metadata=footer, stats_columns=stats_plan, parquet_column_mapping=id_mapping
+            )
+        except OverflowError:
+            # A date or time beyond Python's range (lake.files.beyond_python): this file's date and
+            # timestamp columns with counts only.
+            temporal = [f.name for f in target if pa.types.is_date32(f.type) or pa.types.is_timestamp(f.type)]
+            stats = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=footer,
+                stats_columns=compute_statistics_plan(schema, counts_only(table.properties, temporal)),
                 parquet_column_mapping=id_mapping,
             )
-        except (OverflowError, ValueError) as exc:
-            # pyiceberg turns column bounds into Python values: a date or time beyond Python's range
-            # (the lake's stand-ins for infinity, BC dates) cannot be one. Iceberg's Java API can.
+        except ValueError as exc:
             raise NotPlainBulk(f"pyiceberg cannot take this table's column bounds ({exc})") from exc
         path = locations.new_data_location(f"{stem}-bulk-{bucket}-{len(written):05d}.parquet", pkey)
         written.append(path)

@@ -1,0 +1,279 @@
+"""The load's typing of values, in Arrow: a column of PostgreSQL's text (or of a snapshot file's
+native Arrow values, landing v2 ``NATIVE_TYPES``) into its storage type (:mod:`loader.lake.types`).
+
+This is the Arrow implementation of the type map, the one the load kernel runs. It gives a value
+exactly what the type map's Spark SQL expressions give it, for every text PostgreSQL prints, and
+raises :class:`Misfit` for a value that does not fit (where the SQL yields NULL, which the load
+makes a reject): the engine decides what a misfit means.
+
+Most values take a vectorized road: a column whose texts all have their storage type's plain form
+(``lake.types.plain_text``) is cast by Arrow. Values outside it that PostgreSQL does print are
+typed one by one here, by the same rules as the SQL: +/-infinity of dates and timestamps to
+``NON_FINITE``, BC to astronomical years, years past 9999, offsets other than UTC. bytea (hex,
+with or without ``\\x``) and one-dimensional arrays (their elements parsed with the SQL's own
+regular expressions, then typed as a column of the element type) are typed here too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from loader.lake.types import (
+    ARRAY_ELEMENT_REGEX,
+    BYTEA_REGEX,
+    DECIMAL_SQL_RE,
+    NON_FINITE,
+    UNESCAPE_REGEX,
+    SparkType,
+    plain_text,
+    spark_type,
+)
+
+
+class Misfit(ValueError):
+    """A value that does not fit its column's storage type (the SQL types it NULL: a reject)."""
+
+
+def typed(values: Any, pg_type: str, where: str) -> Any:
+    """``values`` (an Arrow string array, or a snapshot file's native integers or booleans) as
+    PostgreSQL type ``pg_type``'s storage type; :class:`Misfit` naming ``where`` (table.column)
+    for a value that does not fit."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    st = spark_type(pg_type)
+    sql = st.sql
+    if pa.types.is_boolean(values.type):
+        # Booleans as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
+        if sql != "BOOLEAN":
+            raise Misfit(f"{where}: booleans landed for a {pg_type} column")
+        return values
+    if pa.types.is_integer(values.type):
+        # Integers as the snapshot file held them (landing v2 NATIVE_TYPES): no text to check.
+        if sql not in ("INT", "BIGINT"):
+            raise Misfit(f"{where}: integers landed for a {pg_type} column")
+        try:
+            return values.cast(pa.int32() if sql == "INT" else pa.int64())
+        except pa.ArrowInvalid:
+            raise Misfit(f"{where}: a {pg_type} value that does not fit") from None
+    if st.lossless_text:
+        return values
+    if st.array_of is not None:
+        return _array(values, st, pg_type.strip().lower()[:-2], where)
+    if sql == "BINARY":
+        return _bytea(values, where)
+    if sql in NON_FINITE:
+        return _temporal(values, sql, pg_type, where)
+    form = plain_text(sql)
+    if form is None:  # pragma: no cover - every storage type is handled above or has a plain form
+        raise Misfit(f"{where}: no typing for {pg_type}")
+    present = values.drop_null()
+    if len(present) and not pc.all(pc.match_substring_regex(present, form)).as_py():
+        raise Misfit(f"{where}: a {pg_type} value outside its plain form")
+    try:
+        return values.cast(arrow_type(sql))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise Misfit(f"{where}: a {pg_type} value that does not fit") from None
+
+
+def arrow_type(sql: str) -> Any:
+    """The Arrow type of Spark SQL storage type ``sql`` (scalars)."""
+    import pyarrow as pa
+
+    m = DECIMAL_SQL_RE.match(sql)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    return {
+        "INT": pa.int32(),
+        "BIGINT": pa.int64(),
+        "FLOAT": pa.float32(),
+        "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(),
+        "DATE": pa.date32(),
+        "TIMESTAMP_NTZ": pa.timestamp("us"),
+        "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+        "BINARY": pa.binary(),
+    }[sql]
+
+
+# --- dates and timestamps -------------------------------------------------------------------
+
+# A plain value of each temporal type, standing in for the others during the vectorized cast.
+_STAND_IN = {"DATE": "1970-01-01", "TIMESTAMP_NTZ": "1970-01-01 00:00:00", "TIMESTAMP": "1970-01-01 00:00:00+00"}
+
+# PostgreSQL's ISO output of date, timestamp and timestamptz (DateStyle ISO): years of four or more
+# digits, microseconds without trailing zeros, an offset of hours[:minutes[:seconds]], ' BC'.
+_DATE_TEXT = r"(\d{4,})-(\d{2})-(\d{2})"
+_TIME_TEXT = r" (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?"
+_OFFSET_TEXT = r"([+-])(\d{2})(?::(\d{2})(?::(\d{2}))?)?"
+_PG_TEMPORAL = {
+    "DATE": re.compile(_DATE_TEXT + r"( BC)?\Z"),
+    "TIMESTAMP_NTZ": re.compile(_DATE_TEXT + _TIME_TEXT + r"( BC)?\Z"),
+    "TIMESTAMP": re.compile(_DATE_TEXT + _TIME_TEXT + _OFFSET_TEXT + r"( BC)?\Z"),
+}
+_DAY_US = 86_400_000_000
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_MAX_OFFSET_S = 18 * 3600  # java.time.ZoneOffset's range, which Spark's cast applies
+
+
+def days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date of astronomical ``year`` (any year):
+    the calendar of PostgreSQL and of Spark (H. Hinnant's algorithm)."""
+    y = year - (month <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _month_days(year: int, month: int) -> int:
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def temporal_number(text: str, sql: str) -> int | None:
+    """PostgreSQL's text of a date (``sql`` DATE: days since 1970-01-01), a timestamp
+    (TIMESTAMP_NTZ: microseconds since 1970-01-01 00:00) or a timestamptz (TIMESTAMP: microseconds
+    since the epoch, UTC) as the lake stores it; None if it does not fit."""
+    if text in ("infinity", "-infinity"):
+        return NON_FINITE[sql][0 if text == "infinity" else 1]
+    m = _PG_TEMPORAL[sql].match(text)
+    if m is None:
+        return None
+    g = m.groups()
+    year, month, day = int(g[0]), int(g[1]), int(g[2])
+    if g[-1]:  # ' BC': 1 BC is year 0
+        if year == 0:
+            return None
+        year = 1 - year
+    if not 1 <= month <= 12 or not 1 <= day <= _month_days(year, month):
+        return None
+    days = days_from_civil(year, month, day)
+    if sql == "DATE":
+        return days if _INT32[0] <= days <= _INT32[1] else None
+    hour, minute, second = int(g[3]), int(g[4]), int(g[5])
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    us = days * _DAY_US + ((hour * 60 + minute) * 60 + second) * 1_000_000 + int((g[6] or "").ljust(6, "0"))
+    if sql == "TIMESTAMP":
+        oh, om, os_ = int(g[8]), int(g[9] or 0), int(g[10] or 0)
+        if om > 59 or os_ > 59:
+            return None
+        offset = (oh * 60 + om) * 60 + os_
+        if offset > _MAX_OFFSET_S:
+            return None
+        us -= (offset if g[7] == "+" else -offset) * 1_000_000
+    return us if _INT64[0] <= us <= _INT64[1] else None
+
+
+def _temporal(values: Any, sql: str, pg_type: str, where: str) -> Any:
+    """Dates and timestamps: plain texts cast by Arrow, the rest (infinity, BC, long years,
+    offsets) one by one with :func:`temporal_number`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    odd = pc.fill_null(pc.invert(pc.match_substring_regex(values, plain_text(sql))), False)
+    n_odd = pc.sum(odd).as_py() or 0
+    plain = values if not n_odd else pc.if_else(odd, pa.scalar(_STAND_IN[sql]), values)
+    try:
+        if sql == "TIMESTAMP":  # '...+00': the UTC instant of the local date-time before the offset
+            base = pc.utf8_slice_codeunits(plain, 0, -3).cast(pa.timestamp("us")).cast(arrow_type(sql))
+        else:
+            base = plain.cast(arrow_type(sql))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        # A plain-looking text Arrow refuses (2024-02-30): every value one by one, to name it.
+        odd, n_odd, base = pc.is_valid(values), len(values) - values.null_count, pa.nulls(len(values), arrow_type(sql))
+    if not n_odd:
+        return base
+    numbers = []
+    for text in values.filter(odd).to_pylist():
+        number = temporal_number(text, sql)
+        if number is None:
+            raise Misfit(f"{where}: a {pg_type} value that does not fit ({text[:40]!r})")
+        numbers.append(number)
+    storage = pa.int32() if sql == "DATE" else pa.int64()
+    return pc.replace_with_mask(base, odd, pa.array(numbers, storage).cast(arrow_type(sql)))
+
+
+# --- bytea ----------------------------------------------------------------------------------
+
+_HEX_DIGITS = [0] * 256
+for _i, _c in enumerate("0123456789abcdef"):
+    _HEX_DIGITS[ord(_c)] = _HEX_DIGITS[ord(_c.upper())] = _i
+
+
+def _bytea(values: Any, where: str) -> Any:
+    """bytea's hex text (wal2json prints it bare, PostgreSQL's own text starts with ``\\x``) as
+    its bytes, vectorized: every text checked against the SQL's pattern, then the digits of all
+    values decoded at once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    present = values.drop_null()
+    if len(present) and not pc.all(pc.match_substring_regex(present, BYTEA_REGEX)).as_py():
+        raise Misfit(f"{where}: a bytea value that is not hex")
+    digits = pc.replace_substring_regex(pc.fill_null(values, ""), r"^\\x", "").cast(pa.string())
+    digits = pa.concat_arrays([digits])  # offset 0, buffers of its own
+    offsets = np.frombuffer(digits.buffers()[1], np.int32)[: len(digits) + 1]
+    data = np.frombuffer(digits.buffers()[2] or b"", np.uint8)[offsets[0] : offsets[-1]]
+    nibbles = np.asarray(_HEX_DIGITS, np.uint8)[data]
+    raw = (nibbles[0::2] << 4) | nibbles[1::2]
+    out = pa.BinaryArray.from_buffers(
+        pa.binary(),
+        len(digits),
+        [None, pa.py_buffer(((offsets - offsets[0]) // 2).astype(np.int32)), pa.py_buffer(raw)],
+    )
+    return pc.if_else(values.is_null(), pa.scalar(None, pa.binary()), out)
+
+
+# --- one-dimensional arrays -----------------------------------------------------------------
+
+_ARRAY_ITEMS = re.compile(ARRAY_ELEMENT_REGEX)
+_UNESCAPE = re.compile(UNESCAPE_REGEX)
+_ELEMENT_BOOLEANS = {"t": "true", "f": "false"}
+
+
+def array_elements(text: str) -> list[str | None] | None:
+    """The elements of a one-dimensional PostgreSQL array literal as texts (None: a NULL element),
+    read with the type map's own patterns; None for a literal that does not fit (more dimensions,
+    explicit bounds, not an array)."""
+    if not (text.startswith("{") and not text.startswith("{{") and text.endswith("}")):
+        return None
+    out: list[str | None] = []
+    for item in _ARRAY_ITEMS.findall(text):
+        if item.startswith('"'):
+            out.append(_UNESCAPE.sub(r"\1", item[1:-1]))
+        else:
+            out.append(None if item == "NULL" else item)
+    return out
+
+
+def _array(values: Any, st: SparkType, element_type: str, where: str) -> Any:
+    """A 1-D array column: every literal split into its elements, the elements typed as one
+    column of ``element_type`` (a misfit element is a misfit value, as in the SQL)."""
+    import pyarrow as pa
+
+    flat: list[str | None] = []
+    offsets = [0]
+    nulls = []
+    for text in values.to_pylist():
+        if text is not None:
+            elements = array_elements(text)
+            if elements is None:
+                raise Misfit(f"{where}: a {element_type}[] value that is not a one-dimensional array")
+            flat.extend(elements)
+        offsets.append(len(flat))
+        nulls.append(text is None)
+    if spark_type(element_type).sql == "BOOLEAN":  # PostgreSQL prints booleans in arrays as t and f
+        flat = [_ELEMENT_BOOLEANS.get(e, e) if e is not None else None for e in flat]
+    items = typed(pa.array(flat, pa.string()), element_type, where)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items, mask=pa.array(nulls, pa.bool_()))
