@@ -1258,7 +1258,7 @@ class _Lander:
         kept = np.flatnonzero(keep)
         at = pa.array(which[kept])
         names = pa.array(qualified, pa.string()).take(at)
-        out = batch.take(pa.array(kept))
+        out = wal2json_arrow.rows_at(batch, kept)
         if any(r is not None and (r[0], r[1]) != where for r, where in zip(routes, wheres, strict=True)):
             schemas = pa.array([r[0] if r else "" for r in routes] + [""], pa.string()).take(at)
             names_only = pa.array([r[1] if r else "" for r in routes] + [""], pa.string()).take(at)

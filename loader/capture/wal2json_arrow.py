@@ -9,10 +9,11 @@ directly; the transaction bookkeeping (commit position, sequence numbers, commit
 confirm position) is done on whole columns with numpy.
 
 Arrow's JSON reader types a field once per block, and wal2json prints numbers and booleans bare
-(``"value":12.50``), strings quoted. Before the read, every bare value is quoted (one RE2 pass),
-so a value arrives as its exact source text: numeric digits, exponent and all, as the row decoder
-keeps them. The pattern can only match the ``value`` key: inside a JSON string every quote is
-escaped, so ``"value":`` never occurs there.
+(``"value":12.50``), strings quoted. Before the read, every bare value is quoted
+(:func:`quote_bare_values`, on whole numpy arrays of the block's bytes), so a value arrives as its
+exact source text: numeric digits, exponent and all, as the row decoder keeps them. Only values of
+the ``value`` key are quoted: inside a JSON string every quote is escaped, so ``"value":`` never
+occurs there.
 
 Anything else (logical messages, truncates, a JSON object as a value, invalid UTF-8, a row of
 another shape, a transaction out of order) makes :func:`decode_block` return None, and the block
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +35,9 @@ from loader.landing.records import OpenTransaction
 
 log = logging.getLogger("loader.capture")
 
-_BARE_VALUE = r'"value":(-?[0-9][0-9.eE+-]*|true|false)'
-_QUOTED_VALUE = r'"value":"\1"'
+# What quote_bare_values quotes, as a regular expression (its specification; tested against it).
+BARE_VALUE = r'"value":(-?[0-9][0-9.eE+-]*|true|false)'
+QUOTED_VALUE = r'"value":"\1"'
 _ACTIONS = ("B", "C", "I", "U", "D")
 
 
@@ -86,7 +89,7 @@ class Block:
 # Rows of the kinds the columnar decoder leaves to the row decoder (logical messages, truncates).
 # wal2json starts every row with its action, and a JSON string holds no bare quote, so these bytes
 # only ever start such a row.
-_SPECIAL_ROWS = (b'{"action":"M"', b'{"action":"T"')
+_SPECIAL_ROW = re.compile(rb'\{"action":"[MT]"')
 
 
 def runs(data: bytes) -> Iterator[tuple[bytes, bool]]:
@@ -95,10 +98,11 @@ def runs(data: bytes) -> Iterator[tuple[bytes, bool]]:
     at = 0
     n = len(data)
     while at < n:
-        special = min((i for i in (data.find(s, at) for s in _SPECIAL_ROWS) if i >= 0), default=-1)
-        if special < 0:
+        found = _SPECIAL_ROW.search(data, at)  # one pass for both kinds
+        if found is None:
             yield data[at:], True
             return
+        special = found.start()
         if special > at:
             yield data[at:special], True
         end = data.find(b"\n", special) + 1 or n
@@ -114,21 +118,93 @@ def commit_end(data: bytes) -> int:
     return data.find(b"\n", start) + 1 or len(data)
 
 
+@functools.cache
+def _byte_classes() -> tuple[Any, Any]:
+    import numpy as np
+
+    first = np.zeros(256, bool)  # the first byte of a match
+    first[list(b"-0123456789tf")] = True
+    number = np.zeros(256, bool)  # the bytes of a number
+    number[list(b"0123456789.eE+-")] = True
+    return first, number
+
+
+def quote_bare_values(data: bytes) -> Any:
+    """``data`` (wal2json rows) with every bare number or boolean of a ``value`` key quoted, exactly
+    as replacing ``BARE_VALUE`` with ``QUOTED_VALUE`` would (an Arrow buffer), three times faster
+    than RE2's replacement, which scanned every byte for the pattern (a quarter of capture's
+    decoding). The colons are found in one vectorized pass; those before a match's first byte and
+    after ``"value"`` are kept; the numbers' ends are found by stepping all of them at once."""
+    import numpy as np
+    import pyarrow as pa
+
+    first, number_byte = _byte_classes()
+    n = len(data)
+    a = np.frombuffer(data + bytes(8), np.uint8)  # room to look a few bytes past the end
+    colons = np.flatnonzero(a[7:n] == ord(":")) + 7  # after room for '"value"'
+    colons = colons[first[a[colons + 1]]]
+    keyed = np.ones(len(colons), bool)
+    for k, byte in enumerate(b'"value"'):
+        keyed &= a[colons - 7 + k] == byte
+    starts = colons[keyed] + 1
+    lead = a[starts]
+    ends = starts + 1
+    matched = (lead != ord("-")) | ((a[starts + 1] >= ord("0")) & (a[starts + 1] <= ord("9")))
+    for word in (b"true", b"false"):
+        at = np.flatnonzero(lead == word[0])
+        spelled = np.ones(len(at), bool)
+        for k, byte in enumerate(word[1:], 1):
+            spelled &= a[starts[at] + k] == byte
+        matched[at] = spelled
+        ends[at] += len(word) - 1
+    if not matched.any():
+        return pa.py_buffer(data)
+    starts, ends, lead = starts[matched], ends[matched], lead[matched]
+    moving = np.flatnonzero((lead != ord("t")) & (lead != ord("f")))
+    while len(moving):
+        moving = moving[number_byte[a[ends[moving]]] & (ends[moving] < n)]
+        ends[moving] += 1
+    quotes = np.empty(2 * len(starts), np.int64)
+    quotes[0::2], quotes[1::2] = starts, ends
+    return pa.py_buffer(np.insert(a[:n], quotes, ord('"')))
+
+
+def rows_at(table: Any, index: Any) -> Any:
+    """The rows of Arrow ``table`` (or record batch) at the increasing positions ``index``: the
+    runs of consecutive positions copied range by range when they are few (a block's rows but
+    its begin markers, say), a take otherwise (which gathers value by value: several times the
+    CPU on nested columns)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(index) == table.num_rows:
+        return table
+    if not len(index):
+        return table.slice(0, 0)
+    breaks = np.flatnonzero(np.diff(index) != 1) + 1
+    if len(breaks) > 64:
+        return table.take(pa.array(index))
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(index)]])
+    parts = [table.slice(int(index[a]), int(e - a)) for a, e in zip(starts, ends, strict=True)]
+    if isinstance(table, pa.RecordBatch):
+        return pa.concat_batches(parts)
+    return pa.concat_tables(parts).combine_chunks()
+
+
 def read_rows(data: bytes) -> Any | None:
     """The rows of ``data`` (newline-terminated wal2json rows) as an Arrow table, or None when
     they are not all of the plain shape (see the module docstring)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.json as pj
 
     try:
         data.decode("utf-8")  # Arrow's reader does not check; the row decoder quarantines such rows
     except UnicodeDecodeError:
         return None
-    quoted = pc.replace_substring_regex(pa.array([data], pa.binary()), pattern=_BARE_VALUE, replacement=_QUOTED_VALUE)
     try:
         return pj.read_json(
-            pa.BufferReader(quoted.buffers()[2]),
+            pa.BufferReader(quote_bare_values(data)),
             read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1024)),
             parse_options=pj.ParseOptions(explicit_schema=_row_schema(), unexpected_field_behavior="error"),
         )
@@ -202,7 +278,7 @@ def _records(rows: Any, open_txn: OpenTransaction | None, confirm_lsn: int | Non
         return None
     if rows.column("table").take(pa.array(np.flatnonzero(change))).null_count:
         return None
-    recs = rows.take(pa.array(out))
+    recs = rows_at(rows, out)
     k = opened[out]
     is_commit = commit[out]
     change_lsn = np.where(is_commit, 0, lsn_array(recs.column("lsn").fill_null("0/0")).astype(np.int64))

@@ -312,16 +312,18 @@ class Spool:
             self._take_batcher()
         if self._pending_rows < BATCH_RECORDS and not (final and self._pending_rows):
             return
-        import numpy as np
-
         pending = pa.Table.from_batches(self._pending)
         at = 0
         while self._pending_rows - at >= BATCH_RECORDS or (final and at < self._pending_rows):
             n = min(BATCH_RECORDS, self._pending_rows - at)
-            # Taken, not sliced: fresh compact arrays, so the bytes written do not depend on where
+            # Copied, not sliced: fresh compact arrays, so the bytes written do not depend on where
             # the records sat in the batches they came in (a slice's buffers can reach past it).
-            rows = pending.take(pa.array(np.arange(at, at + n))).combine_chunks()
-            self._writer.write_batch(encode(rows.to_batches()[0]))
+            # Concatenation copies ranges of buffers (a take gathered every value: 3x the CPU).
+            part = pending.slice(at, n)
+            rows = pa.RecordBatch.from_arrays(
+                [pa.concat_arrays(column.chunks) for column in part.columns], schema=part.schema
+            )
+            self._writer.write_batch(encode(rows))
             at += n
         rest = pending.slice(at)
         self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []

@@ -240,3 +240,40 @@ def test_spooled_bytes_do_not_depend_on_how_records_arrived() -> None:
     assert spool([batch]) == ref
     assert spool([rec[:100], batch.slice(100, 4000), rec[4100:]]) == ref
     assert spool([batch.slice(0, 7), batch.slice(7)]) == ref
+
+
+# Text around and inside values: keys, strings holding "value": and colons, malformed bare tokens.
+_fragment = st.sampled_from(
+    [
+        '{"value":',
+        '"value":',
+        '"xvalue":',
+        ",",
+        "}",
+        '"',
+        ":",
+        "-",
+        "tru",
+        "true",
+        "falsey",
+        "1ae",
+        "--1",
+        '\\"value\\":1',
+        "e+5",
+        " ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_fragment, _value), max_size=40))
+def test_bare_values_are_quoted_as_the_pattern_says(parts: list[str]) -> None:
+    """quote_bare_values against its specification, the regular expression (RE2's replacement),
+    on any text: rows as wal2json prints them and bytes it never prints."""
+    import pyarrow.compute as pc
+
+    data = "".join(parts).encode()
+    expected = pc.replace_substring_regex(
+        pa.array([data], pa.binary()), pattern=wal2json_arrow.BARE_VALUE, replacement=wal2json_arrow.QUOTED_VALUE
+    )
+    assert wal2json_arrow.quote_bare_values(data).to_pybytes() == expected[0].as_py()
