@@ -140,33 +140,39 @@ def quote_bare_values(data: bytes) -> Any:
 
     first, number_byte = _byte_classes()
     n = len(data)
-    a = np.frombuffer(data + bytes(8), np.uint8)  # room to look a few bytes past the end
-    colons = np.flatnonzero(a[7:n] == ord(":")) + 7  # after room for '"value"'
+    a = np.frombuffer(data, np.uint8)
+    colons = np.flatnonzero(a[7 : n - 1] == ord(":")) + 7  # room for '"value"' before, a byte after
     colons = colons[first[a[colons + 1]]]
     keyed = np.ones(len(colons), bool)
     for k, byte in enumerate(b'"value"'):
         keyed &= a[colons - 7 + k] == byte
     starts = colons[keyed] + 1
+    last = n - 1  # reads past the end read the last byte instead: it cannot complete a match there
+
+    def at(offset: int, where: Any = None) -> Any:
+        return a[np.minimum((starts if where is None else starts[where]) + offset, last)]
+
     lead = a[starts]
     ends = starts + 1
-    matched = (lead != ord("-")) | ((a[starts + 1] >= ord("0")) & (a[starts + 1] <= ord("9")))
+    matched = (lead != ord("-")) | ((at(1) >= ord("0")) & (at(1) <= ord("9")))
     for word in (b"true", b"false"):
-        at = np.flatnonzero(lead == word[0])
-        spelled = np.ones(len(at), bool)
+        which = np.flatnonzero(lead == word[0])
+        spelled = np.ones(len(which), bool)
         for k, byte in enumerate(word[1:], 1):
-            spelled &= a[starts[at] + k] == byte
-        matched[at] = spelled
-        ends[at] += len(word) - 1
+            spelled &= at(k, which) == byte
+        matched[which] = spelled
+        ends[which] += len(word) - 1
     if not matched.any():
         return pa.py_buffer(data)
     starts, ends, lead = starts[matched], ends[matched], lead[matched]
     moving = np.flatnonzero((lead != ord("t")) & (lead != ord("f")))
     while len(moving):
-        moving = moving[number_byte[a[ends[moving]]] & (ends[moving] < n)]
+        moving = moving[ends[moving] < n]
+        moving = moving[number_byte[a[ends[moving]]]]
         ends[moving] += 1
     quotes = np.empty(2 * len(starts), np.int64)
     quotes[0::2], quotes[1::2] = starts, ends
-    return pa.py_buffer(np.insert(a[:n], quotes, ord('"')))
+    return pa.py_buffer(np.insert(a, quotes, ord('"')))
 
 
 def rows_at(table: Any, index: Any) -> Any:
