@@ -180,7 +180,7 @@ def _temporal(values: Any, sql: str, pg_type: str, where: str) -> Any:
         values = values.combine_chunks()
     odd = pc.fill_null(pc.invert(pc.match_substring_regex(values, plain_text(sql))), False)
     n_odd = pc.sum(odd).as_py() or 0
-    plain = values if not n_odd else pc.if_else(odd, pa.scalar(_STAND_IN[sql]), values)
+    plain = values if not n_odd else pc.if_else(odd, pa.scalar(_STAND_IN[sql], values.type), values)
     try:
         if sql == "TIMESTAMP":  # '...+00': the UTC instant of the local date-time before the offset
             base = pc.utf8_slice_codeunits(plain, 0, -3).cast(pa.timestamp("us")).cast(arrow_type(sql))
