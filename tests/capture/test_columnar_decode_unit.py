@@ -266,14 +266,18 @@ _fragment = st.sampled_from(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(_fragment, _value), max_size=40))
-def test_bare_values_are_quoted_as_the_pattern_says(parts: list[str]) -> None:
+@given(st.lists(st.one_of(_fragment, _value, st.just("\n")), max_size=40), st.sampled_from([1 << 20, 1, 16, 64]))
+def test_bare_values_are_quoted_as_the_pattern_says(parts: list[str], piece: int) -> None:
     """quote_bare_values against its specification, the regular expression (RE2's replacement),
-    on any text: rows as wal2json prints them and bytes it never prints."""
+    on any text: rows as wal2json prints them and bytes it never prints, in pieces of any size."""
     import pyarrow.compute as pc
 
     data = "".join(parts).encode()
     expected = pc.replace_substring_regex(
         pa.array([data], pa.binary()), pattern=wal2json_arrow.BARE_VALUE, replacement=wal2json_arrow.QUOTED_VALUE
     )
-    assert wal2json_arrow.quote_bare_values(data).to_pybytes() == expected[0].as_py()
+    default, wal2json_arrow._QUOTE_PIECE = wal2json_arrow._QUOTE_PIECE, piece
+    try:
+        assert wal2json_arrow.quote_bare_values(data).to_pybytes() == expected[0].as_py()
+    finally:
+        wal2json_arrow._QUOTE_PIECE = default
