@@ -419,6 +419,10 @@ class CurrentMerge:
             inc = self.spark.table(hist)
         else:
             # Read the snapshot the watermark was taken against, not whatever a concurrent load adds.
+            # It came from the catalog (pyiceberg): a session whose cached table is older (a load by
+            # another process, or on the driver) does not know it until the table is refreshed
+            # (fuzz seed 141: "Cannot find snapshot with ID").
+            self._refresh(hist)
             inc = self.spark.sql(f"SELECT * FROM {hist} VERSION AS OF {hist_snapshot}")
         inc = inc.where(F.col("pg_lsn") <= cut.commit_lsn).where(position_before_sql("pg_lsn", "pg_seq", cut))
         if since is not None:
