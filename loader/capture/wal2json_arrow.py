@@ -142,23 +142,14 @@ def quote_bare_values(data: bytes) -> Any:
     spans rows), each piece's result copied into Arrow's memory before the next."""
     import pyarrow as pa
 
-    if not data:
-        return pa.py_buffer(data)
-    import numpy as np
-
     view = memoryview(data)
-    parts = []
-    at = size = 0
+    sink = pa.BufferOutputStream()  # Arrow's memory: each piece is copied once, then freed
+    at = 0
     while at < len(data):
         end = data.find(b"\n", at + _QUOTE_PIECE) + 1 or len(data)
-        piece = pa.py_buffer(_quoted(view[at:end]))
-        one = pa.Array.from_buffers(
-            pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, piece.size], np.int64)), piece]
-        )
-        parts.append(pa.concat_arrays([one]))  # copied into Arrow's memory; the piece is freed
-        size += piece.size
+        sink.write(_quoted(view[at:end]))
         at = end
-    return pa.concat_arrays(parts).buffers()[2].slice(0, size)
+    return sink.getvalue()
 
 
 def _quoted(view: memoryview) -> Any:
@@ -250,10 +241,11 @@ def read_rows(data: bytes) -> Any | None:
 
     if not valid_utf8(data):  # Arrow's reader does not check; the row decoder quarantines such rows
         return None
+    quoted = quote_bare_values(data)
     try:
         return pj.read_json(
-            pa.BufferReader(quote_bare_values(data)),
-            read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1024)),
+            pa.BufferReader(quoted),
+            read_options=pj.ReadOptions(block_size=max(1 << 20, quoted.size + 1024)),  # one block
             parse_options=pj.ParseOptions(explicit_schema=_row_schema(), unexpected_field_behavior="error"),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:

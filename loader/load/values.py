@@ -25,7 +25,6 @@ from loader.lake.types import (
     DECIMAL_SQL_RE,
     NON_FINITE,
     UNESCAPE_REGEX,
-    SparkType,
     plain_text,
     spark_type,
 )
@@ -60,7 +59,7 @@ def typed(values: Any, pg_type: str, where: str) -> Any:
     if st.lossless_text:
         return values
     if st.array_of is not None:
-        return _array(values, st, pg_type.strip().lower()[:-2], where)
+        return _array(values, pg_type.strip().lower()[:-2], where)
     if sql == "BINARY":
         return _bytea(values, where)
     if sql in NON_FINITE:
@@ -257,7 +256,7 @@ def array_elements(text: str) -> list[str | None] | None:
     return out
 
 
-def _array(values: Any, st: SparkType, element_type: str, where: str) -> Any:
+def _array(values: Any, element_type: str, where: str) -> Any:
     """A 1-D array column: every literal split into its elements, the elements typed as one
     column of ``element_type`` (a misfit element is a misfit value, as in the SQL)."""
     import pyarrow as pa

@@ -507,19 +507,20 @@ def write_first_bulk(
         pkey = PartitionKey(field_values=[PartitionFieldValue(fields[0], bucket)], partition_spec=spec, schema=schema)
         footer = pq.read_metadata(pa.BufferReader(data))
         try:
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=footer, stats_columns=stats_plan, parquet_column_mapping=id_mapping
-            )
-        except OverflowError:
-            # A date or time beyond Python's range (lake.files.beyond_python): this file's date and
-            # timestamp columns with counts only.
-            temporal = [f.name for f in target if pa.types.is_date32(f.type) or pa.types.is_timestamp(f.type)]
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=footer,
-                stats_columns=compute_statistics_plan(schema, counts_only(table.properties, temporal)),
-                parquet_column_mapping=id_mapping,
-            )
-        except ValueError as exc:
+            try:
+                stats = data_file_statistics_from_parquet_metadata(
+                    parquet_metadata=footer, stats_columns=stats_plan, parquet_column_mapping=id_mapping
+                )
+            except OverflowError:
+                # A date or time beyond Python's range (lake.files.beyond_python): this file's date
+                # and timestamp columns with counts only.
+                temporal = [f.name for f in target if pa.types.is_date32(f.type) or pa.types.is_timestamp(f.type)]
+                stats = data_file_statistics_from_parquet_metadata(
+                    parquet_metadata=footer,
+                    stats_columns=compute_statistics_plan(schema, counts_only(table.properties, temporal)),
+                    parquet_column_mapping=id_mapping,
+                )
+        except (OverflowError, ValueError) as exc:
             raise NotPlainBulk(f"pyiceberg cannot take this table's column bounds ({exc})") from exc
         path = locations.new_data_location(f"{stem}-bulk-{bucket}-{len(written):05d}.parquet", pkey)
         written.append(path)
