@@ -219,6 +219,7 @@ class Capture:
         self._ddl_token: str | None = None
         self._ddl_known: dict[int, TableFacts] = {}
         self._ddl_names: dict[int, str] = {}  # the last name of each table by oid (renames)
+        self._ddl_held: dict[str, int] = {}  # the oid that last had each name (created again)
         self._ddl_in_stream = False
         self._before: dict[str, TableFacts] | None = None  # the previous run's catalog picture
         self._first_seen: set[str] = set()  # tables that picture did not have (by oid)
@@ -614,6 +615,7 @@ class Capture:
         )
         self._ddl_known = ddl.known_from(before or {})
         self._ddl_names = {f.oid: t for t, f in (before or {}).items()}
+        self._ddl_held = {t: f.oid for t, f in (before or {}).items()}
         self._ddl_in_stream, self._before = ddl_in_stream, before
         self._first_seen = first_seen(before, self.facts)
         pending = dict(state.get("pending_resyncs", {})) if state else {}
@@ -673,7 +675,7 @@ class Capture:
                     f"({msg.error}): this run compares catalogs only"
                 )
                 continue
-            plan = ddl.plan_message(msg, self._ddl_known, self._landed_as, self._ddl_names)
+            plan = ddl.plan_message(msg, self._ddl_known, self._landed_as, self._ddl_names, self._ddl_held)
             result.notes += plan.notes
             for table, why in plan.resync.items():
                 if not self._captured(table) or (self.watch and table in self._pending_resyncs):
@@ -707,14 +709,16 @@ class Capture:
             self.controls.pending.append((table, parked))
             result.parked[table] = parked
 
-    def _check_stream_table(self, qualified: str, columns: list[tuple[str, str]], result: CaptureResult) -> None:
+    def _check_stream_table(
+        self, qualified: str, columns: list[tuple[str, str]], xid: int | None, result: CaptureResult
+    ) -> None:
         """The first change of a table in this run, by the names the stream carries: what the
         catalog's pictures cannot explain (a table created since the last run, then renamed or
         dropped, or with a column renamed) parks and resyncs (``watch.plan_stream_table``)."""
         if not self.watch or not self.facts or not self._captured(qualified):
             return
         plan = plan_stream_table(
-            qualified, columns, self._before, self.facts, self._first_seen, self._captured, self._ddl_in_stream
+            qualified, columns, self._before, self.facts, self._first_seen, self._captured, self._ddl_in_stream, xid
         )
         for table, why in plan.park.items():
             if table not in result.parked:
@@ -1158,7 +1162,7 @@ class _Lander:
                         self.checked.add((rec.schema, rec.table))
                         rec = capture._to_root(self.conn, rec, result)
                         capture._check_stream_table(
-                            rec.qualified_table, [(c.name, c.type) for c in rec.columns], result
+                            rec.qualified_table, [(c.name, c.type) for c in rec.columns], rec.xid or None, result
                         )
                 return
             self.landed = None  # records come in commit order: every later one is past it too
@@ -1300,7 +1304,9 @@ class _Lander:
         qualified = rec.qualified_table
         route: _Route | None = None
         if capture._wanted(self.conn, rec, qualified, self.result):
-            capture._check_stream_table(qualified, [(c.name, c.type) for c in rec.columns], self.result)
+            capture._check_stream_table(
+                qualified, [(c.name, c.type) for c in rec.columns], rec.xid or None, self.result
+            )
             stream_pk = rec.pk
             capture._complete_key(rec, qualified, self.result)
             capture._note_exposed(qualified, rec, self.result)

@@ -266,6 +266,9 @@ def parse(prefix: Any, text: Any, lsn: int) -> Message | None:
     return Message(lsn, doc)
 
 
+_CREATES = ("CREATE TABLE", "CREATE TABLE AS", "SELECT INTO")
+
+
 @dataclass
 class DdlPlan:
     resync: dict[str, str] = field(default_factory=dict)  # table -> reason
@@ -277,6 +280,7 @@ def plan_message(
     known: dict[int, TableFacts],
     landed_as: Callable[[str, str | None, int], str | None],
     names: dict[int, str] | None = None,
+    held: dict[str, int] | None = None,
 ) -> DdlPlan:
     """What one DDL message means for each table it pictures, against the last picture ``known``
     (by oid; updated with the message's). ``landed_as(table, root, oid)``: the table capture lands
@@ -286,9 +290,16 @@ def plan_message(
     ``names``: the last name of each table by oid (updated with the message's). A table pictured
     under another name than its last one was renamed (or moved by SET SCHEMA): the stream gave its
     earlier changes the old name, so the table under its name now is resynced. This is the only
-    trace of a rename of a table created since the last run (no earlier catalog picture has it)."""
+    trace of a rename of a table created since the last run (no earlier catalog picture has it).
+
+    ``held``: the oid that last had each name (updated with the message's). A table created under
+    a name another table had (dropped or renamed away since) gets a fresh state: the stream gave
+    that name the other table's rows, and a DROP emits no message (``ddl_command_end`` lists no
+    dropped object), so its CREATE is the only trace where the lake never saw the other table (fuzz
+    seed 159: created, filled, dropped and created again between two captures)."""
     plan = DdlPlan()
     names = {} if names is None else names
+    held = {} if held is None else held
     doc = msg.doc
     tag = str(doc.get("tag", "?"))
     try:
@@ -300,10 +311,15 @@ def plan_message(
         target = landed_as(table, root, facts.oid)
         why = _meaning(doc, tag, facts, known.get(facts.oid))
         was = names.get(facts.oid)
-        if was is not None and was != table and tag not in ("CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"):
+        if was is not None and was != table and tag not in _CREATES:
             renamed = f"renamed from {was}: its earlier changes in the stream carry the old name"
             why = f"{renamed}; {why}" if why else renamed
         names[facts.oid] = table
+        earlier = held.get(table)
+        if earlier is not None and earlier != facts.oid and tag in _CREATES:
+            again = "created again under the name of a table dropped or renamed away since: the old rows are gone"
+            why = f"{again}; {why}" if why else again
+        held[table] = facts.oid
         if doc.get("event") != "table_rewrite":  # its picture is the one before the rewrite
             known[facts.oid] = facts
         if why and target is not None:
@@ -323,7 +339,7 @@ def _meaning(doc: dict[str, Any], tag: str, now: TableFacts, before: TableFacts 
         if reason & REWRITE_COLUMN:
             whys.append("a column was retyped and the table rewritten (every stored value converted)")
         return "; ".join(whys) or None
-    if tag in ("CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"):
+    if tag in _CREATES:
         return None  # its first picture (an earlier one by this oid is from before a wraparound)
     if before is None:
         filled = [c.name for c in now.columns.values() if c.has_missing]

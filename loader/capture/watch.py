@@ -59,6 +59,11 @@ class TableFacts:
     columns: dict[str, Column]  # attnum (text) -> column
     partitions: list[str] = field(default_factory=list)  # a partitioned table's leaf partitions
     identity_ok: bool = True  # see SourceTableInfo.identity_ok
+    # The transaction that created the table (the xmin of its row type's pg_type row, which ADD
+    # COLUMN, keys, indexes and grants leave alone; a rename, SET SCHEMA or OWNER TO rewrites it):
+    # a change in the stream from an older transaction was a change of another table under this
+    # name (see plan_stream_table). None in a picture an older version of the loader saved.
+    created_xid: int | None = None
 
     @property
     def info(self) -> SourceTableInfo:
@@ -95,6 +100,7 @@ class TableFacts:
             },
             partitions=list(doc.get("partitions", [])),
             identity_ok=bool(doc.get("identity_ok", True)),
+            created_xid=None if doc.get("created_xid") is None else int(doc["created_xid"]),
         )
 
 
@@ -349,7 +355,8 @@ SELECT n.nspname AS nspname, c.relname AS relname, c.oid::bigint AS oid, c.relfi
        c.relkind AS relkind, c.relispartition AS is_partition,
        (SELECT rn.nspname || '.' || r.relname FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace
          WHERE c.relispartition AND r.oid = pg_partition_root(c.oid)) AS root,
-       {IDENTITY_OK_SQL} AS identity_ok
+       {IDENTITY_OK_SQL} AS identity_ok,
+       (SELECT ct.xmin::text::bigint FROM pg_type ct WHERE ct.oid = c.reltype) AS created_xid
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND c.relpersistence IN ('p', 'u')
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_'"""
@@ -367,6 +374,7 @@ FACTS_FIELDS = (
     "is_partition",
     "root",
     "identity_ok",
+    "created_xid",
 )
 _FACTS_SQL = FACTS_SELECT
 
@@ -376,8 +384,9 @@ def facts_from_rows(rows: Any) -> list[tuple[str, TableFacts, str, bool, str | N
     as a query returns them, or objects keyed by :data:`FACTS_FIELDS` as the DDL trigger sends them."""
     out = []
     for row in rows:
-        r = [row[k] for k in FACTS_FIELDS] if isinstance(row, dict) else list(row)
-        schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root, ident_ok = r
+        # (A message of an older trigger function has no created_xid.)
+        r: list[Any] = [row.get(k) for k in FACTS_FIELDS] if isinstance(row, dict) else list(row)
+        schema, name, oid, filenode, persistence, ident, pk, idx, cols, kind, is_partition, root, ident_ok, xid = r
         f = TableFacts(
             oid=int(oid),
             relfilenode=int(filenode),
@@ -387,6 +396,7 @@ def facts_from_rows(rows: Any) -> list[tuple[str, TableFacts, str, bool, str | N
             identity_index_columns=list(idx or []),
             columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None) for a in cols},
             identity_ok=bool(ident_ok),
+            created_xid=None if xid is None else int(xid),
         )
         out.append((f"{schema}.{name}", f, str(kind), bool(is_partition), root))
     return out
@@ -457,6 +467,7 @@ def plan_stream_table(
     new: set[str],
     included: Callable[[str], bool],
     ddl_in_stream: bool = False,
+    xid: int | None = None,
 ) -> WatchPlan:
     """What the stream's own names say where the catalog's pictures cannot explain them, for the
     first change of ``table`` (its name, and its columns' names and types, as the stream carries
@@ -476,7 +487,13 @@ def plan_stream_table(
     - a table first seen in this run whose change carries a column the catalog no longer has
       (renamed or dropped since), or one retyped since in a way the lake cannot apply in place
       (``numeric(10,2)`` to ``numeric`` rewrites nothing, so no other trace tells): resynced,
-      without the DDL trigger (its messages compare the pictures themselves).
+      without the DDL trigger (its messages compare the pictures themselves);
+    - a table first seen in this run whose change (of transaction ``xid``) is older than the table
+      under its name now (``TableFacts.created_xid``): a table created, filled, dropped and created
+      again under the name since the last run, its columns the same or not (fuzz seed 159 with the
+      trigger; :func:`loader.capture.ddl.plan_message` sees the second CREATE there): resynced,
+      without the DDL trigger. A table first seen after a rename, SET SCHEMA or OWNER TO of it is
+      resynced too (they rewrite the row type's catalog row), which is correct and rare.
     """
     plan = WatchPlan()
     facts = now.get(table)
@@ -513,6 +530,20 @@ def plan_stream_table(
             whys.append(
                 f"column {name} changed type from {typ} to {now_type} since it was created, {RETYPE_NOT_IN_PLACE}"
             )
+    created = facts.created_xid
+    if xid is not None and created is not None and created >= FIRST_NORMAL_XID and xid_precedes(xid, created):
+        whys.append(
+            f"first seen in this run with a change of transaction {xid}, older than the table under this name "
+            f"now (created by transaction {created}): a table dropped (or renamed away) since had the name"
+        )
     if whys:
         plan.resync[table] = "; ".join(whys)
     return plan
+
+
+FIRST_NORMAL_XID = 3  # below it: invalid, bootstrap and frozen transaction ids
+
+
+def xid_precedes(a: int, b: int) -> bool:
+    """PostgreSQL's TransactionIdPrecedes for two normal 32-bit transaction ids (modulo 2^32)."""
+    return ((a - b) & 0xFFFFFFFF) >= 0x80000000

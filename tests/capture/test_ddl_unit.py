@@ -196,3 +196,22 @@ def test_a_table_created_then_renamed_is_resynced_under_its_name_now() -> None:
     moved = message("ALTER TABLE", {**picture(oid=7, name="rn"), "nspname": "other"})
     now[7] = "other.rn"
     assert "renamed from public.rn" in ddl.plan_message(moved, known, landed_as, names).resync["other.rn"]
+
+
+def test_a_table_created_under_a_name_another_table_had_is_resynced() -> None:
+    """Found by make fuzz (seed 159): created, filled, dropped and created again between two captures.
+    A DROP emits no message; the second CREATE under the name is the trace. A renamed-away table's
+    name taken by a new table counts too; the first CREATE of a name, or one ALTERed, does not."""
+    names: dict[int, str] = {}
+    held: dict[str, int] = {}
+    known: dict[int, TableFacts] = {}
+
+    def plan(tag: str, oid: int, name: str) -> dict[str, str]:
+        return ddl.plan_message(message(tag, picture(oid=oid, name=name)), known, lambda t, r, o: t, names, held).resync
+
+    assert plan("CREATE TABLE", 7, "t") == {}
+    assert plan("ALTER TABLE", 7, "t") == {}
+    assert "created again" in plan("CREATE TABLE", 8, "t")["public.t"]  # 7 was dropped
+    assert "renamed from public.t" in plan("ALTER TABLE", 8, "moved")["public.moved"]
+    assert "created again" in plan("CREATE TABLE AS", 9, "t")["public.t"]  # 8 had it
+    assert plan("CREATE TABLE", 10, "fresh") == {}
