@@ -4,9 +4,11 @@ stop ends the producer; RollingParquet cuts files and row groups by bytes and lo
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,7 +53,9 @@ def test_a_consumer_that_stops_early_stops_the_producer() -> None:
 def test_rolling_parquet_cuts_by_bytes_and_keeps_every_row() -> None:
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
     done: list[tuple[int, bytes]] = []
-    roller = RollingParquet(schema, lambda key, data: done.append((key, data)), file_bytes=20_000, group_bytes=5_000)
+    roller = RollingParquet(
+        schema, lambda key, data: done.append((key, b"".join(data.chunks()))), file_bytes=20_000, group_bytes=5_000
+    )
     for i in range(40):
         part = pa.table(
             {"k": pa.array(range(i * 100, i * 100 + 100), pa.int64()), "v": ["x" * 10] * 100}, schema=schema
@@ -66,3 +70,41 @@ def test_rolling_parquet_cuts_by_bytes_and_keeps_every_row() -> None:
         rows[key] += f.read().column("k").to_pylist()
     for key in range(3):
         assert rows[key] == [k for i in range(40) if i % 3 == key for k in range(i * 100, i * 100 + 100)]
+
+
+def test_rolling_parquet_bounds_the_rows_it_buffers_over_all_keys_and_keeps_no_local_file() -> None:
+    """Many keys, each under its row-group size: the rows buffered for all of them together stay
+    within ``buffer_bytes`` (the fullest key is written as a row group first); the files live on
+    local disk until finished, and nothing is left there after close, or after a failure."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    done: dict[int, list[bytes]] = {}
+
+    def finish(key: int, data: Any) -> None:
+        assert os.path.exists(data.path) and data.size == os.path.getsize(data.path)
+        assert data.footer().num_rows > 0
+        done.setdefault(key, []).append(b"".join(data.chunks()))
+
+    roller = RollingParquet(schema, finish, file_bytes=1 << 30, group_bytes=1 << 30, buffer_bytes=30_000)
+    spill = roller._dir.name
+    most = 0
+    for i in range(200):
+        part = pa.table({"k": pa.array(range(i * 50, i * 50 + 50), pa.int64()), "v": ["y" * 20] * 50}, schema=schema)
+        roller.add(i % 16, part)
+        buffered = sum(f.buffered_bytes for f in roller._open.values())
+        assert buffered <= 30_000
+        most = max(most, buffered)
+        assert len(os.listdir(spill)) == len(roller._open)
+    roller.close()
+    assert most > 10_000 and not os.path.exists(spill)
+    for key in range(16):
+        (data,) = done[key]
+        f = pq.ParquetFile(io.BytesIO(data))
+        assert f.metadata.num_row_groups > 1
+        assert f.read().column("k").to_pylist() == [
+            k for i in range(200) if i % 16 == key for k in range(i * 50, i * 50 + 50)
+        ]
+    failing = RollingParquet(schema, finish, file_bytes=1 << 30, group_bytes=1 << 30)
+    failing.add(1, pa.table({"k": [1], "v": ["z"]}, schema=schema))
+    spill = failing._dir.name
+    failing.discard()
+    assert not os.path.exists(spill)

@@ -3,7 +3,9 @@ the Arrow schema carrying a table's Iceberg field ids."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -89,44 +91,106 @@ def parquet_data_file(
 class RollingParquet:
     """Parquet files written from Arrow parts in bounded memory, one open file per partition key.
 
-    Parts of a key go into that key's open file (its bytes in memory); a row group is written
-    once ``group_bytes`` of Arrow rows are buffered, and the file is finished (``finish(key,
-    data)``, which uploads and registers it) once ``file_bytes`` of Arrow rows went in. Memory:
-    one file's Parquet bytes and one row group's rows per open key."""
+    Parts of a key go into that key's open file, which is written to local disk (``spill_dir``,
+    else the system's temporary directory), never held in memory. A key's buffered rows become a
+    row group once ``group_bytes`` of Arrow rows are buffered, or earlier when the rows buffered
+    for all keys together pass ``buffer_bytes`` (the key holding most is written first); a file is
+    finished once ``file_bytes`` of Arrow rows went in: ``finish(key, written)`` uploads and
+    registers it (:class:`LocalParquet`: its path, size, footer, chunks) and the local copy is
+    removed. Memory: ``buffer_bytes`` of rows and one writer's column buffers per open key, whatever
+    the number of keys or rows (a bulk build of 10M rows over 16 buckets held a row group and a
+    whole file's bytes per bucket: 1.3 GB)."""
 
-    def __init__(self, schema: Any, finish: Any, file_bytes: int, group_bytes: int) -> None:
+    def __init__(
+        self,
+        schema: Any,
+        finish: Any,
+        file_bytes: int,
+        group_bytes: int,
+        buffer_bytes: int = 128 << 20,
+        spill_dir: str | None = None,
+    ) -> None:
+        import tempfile
+
         self.schema = schema
         self.finish = finish
         self.file_bytes = file_bytes
         self.group_bytes = group_bytes
+        self.buffer_bytes = buffer_bytes
         self.files = 0
         self._open: dict[Any, _OpenFile] = {}
+        self._dir = tempfile.TemporaryDirectory(prefix="loader-parquet-", dir=spill_dir)
+        self._made = 0
 
     def add(self, key: Any, rows: Any) -> None:
         f = self._open.get(key)
         if f is None:
-            f = self._open[key] = _OpenFile(self.schema)
+            self._made += 1
+            f = self._open[key] = _OpenFile(self.schema, f"{self._dir.name}/{self._made:06d}.parquet")
         f.add(rows, self.group_bytes)
         if f.arrow_bytes >= self.file_bytes:
             self._finish(key)
+        buffered = sum(o.buffered_bytes for o in self._open.values())
+        while buffered > self.buffer_bytes:
+            fullest = max(self._open.values(), key=lambda o: o.buffered_bytes)
+            buffered -= fullest.buffered_bytes
+            fullest.flush()
 
     def close(self) -> None:
-        """Finish every open file, in key order."""
-        for key in sorted(self._open):
-            self._finish(key)
+        """Finish every open file, in key order, and remove the local directory."""
+        try:
+            for key in sorted(self._open):
+                self._finish(key)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Forget every open file and remove the local copies (after a failure)."""
+        for f in self._open.values():
+            f.abandon()
+        self._open.clear()
+        self._dir.cleanup()
 
     def _finish(self, key: Any) -> None:
-        data = self._open.pop(key).close()
-        self.files += 1
-        self.finish(key, data)
+        written = self._open.pop(key).close()
+        try:
+            self.files += 1
+            self.finish(key, written)
+        finally:
+            written.remove()
+
+
+class LocalParquet:
+    """A finished Parquet file on local disk, before it is uploaded."""
+
+    CHUNK = 8 << 20
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = os.path.getsize(path)
+
+    def footer(self) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(self.path)
+
+    def chunks(self) -> Iterator[bytes]:
+        """Its bytes in pieces of at most ``CHUNK`` (an upload holds one at a time)."""
+        with open(self.path, "rb") as src:
+            while chunk := src.read(self.CHUNK):
+                yield chunk
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 class _OpenFile:
-    def __init__(self, schema: Any) -> None:
+    def __init__(self, schema: Any, path: str) -> None:
         import pyarrow.parquet as pq
 
-        self.sink = io.BytesIO()
-        self.writer = pq.ParquetWriter(self.sink, schema, compression="zstd", write_statistics=True)
+        self.path = path
+        self.writer = pq.ParquetWriter(path, schema, compression="zstd", write_statistics=True)
         self.buffered: list[Any] = []
         self.buffered_bytes = 0
         self.arrow_bytes = 0
@@ -145,10 +209,15 @@ class _OpenFile:
             self.writer.write_table(pa.concat_tables(self.buffered), row_group_size=1 << 30)
             self.buffered, self.buffered_bytes = [], 0
 
-    def close(self) -> bytes:
+    def close(self) -> LocalParquet:
         self.flush()
         self.writer.close()
-        return self.sink.getvalue()
+        return LocalParquet(self.path)
+
+    def abandon(self) -> None:
+        self.buffered = []
+        with contextlib.suppress(Exception):
+            self.writer.close()
 
 
 def prefetched(parts: Iterator[Any], depth: int) -> Iterator[Any]:

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 from loader.lake.buckets import bucket_ints, key_hashes
 from loader.lake.catalog import scan_batches
-from loader.lake.files import RollingParquet, counts_only, iceberg_arrow_schema, parquet_data_file, prefetched
+from loader.lake.files import (
+    LocalParquet,
+    RollingParquet,
+    counts_only,
+    iceberg_arrow_schema,
+    parquet_data_file,
+    prefetched,
+)
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
@@ -355,13 +362,17 @@ def _write_parts(
 
     rows = 0
     last_seq = at.seq
-    # Read and bucketed on a thread of their own while the parts before them are encoded.
-    for sorted_out, sorted_buckets, batch_last in prefetched(parts, depth=2):
-        rows += sorted_out.num_rows
-        last_seq = max(last_seq, batch_last)
-        bounds = [0, *(np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()]
-        for start, stop in zip(bounds, [*bounds[1:], len(sorted_buckets)]):
-            files.add(int(sorted_buckets[start]), sorted_out.slice(start, stop - start))
+    try:
+        # Read and bucketed on a thread of their own while the parts before them are encoded.
+        for sorted_out, sorted_buckets, batch_last in prefetched(parts, depth=2):
+            rows += sorted_out.num_rows
+            last_seq = max(last_seq, batch_last)
+            bounds = [0, *(np.flatnonzero(np.diff(sorted_buckets)) + 1).tolist()]
+            for start, stop in zip(bounds, [*bounds[1:], len(sorted_buckets)]):
+                files.add(int(sorted_buckets[start]), sorted_out.slice(start, stop - start))
+    except BaseException:
+        files.discard()
+        raise
     files.close()
     return rows, ChangePosition(at.commit_lsn, last_seq)
 
@@ -412,17 +423,18 @@ def write_bulk(
     written: list[str] = []
     built: list[Any] = []
 
-    def finish(bucket: int, data: bytes) -> None:
+    def finish(bucket: int, data: LocalParquet) -> None:
         partition = data_files.data(spec, f"{part_name}={bucket}")
         path = str(locations.newDataLocation(spec, partition, f"{stem}-bulk-{bucket}-{len(written):05d}.parquet"))
         written.append(path)
         out = fio.newOutputFile(path)
         stream = out.createOrOverwrite()
         try:
-            stream.write(bytearray(data))
+            for chunk in data.chunks():
+                stream.write(bytearray(chunk))
         finally:
             stream.close()
-        built.append(parquet_data_file(spark, table, partition, path, len(data), out.toInputFile()))
+        built.append(parquet_data_file(spark, table, partition, path, data.size, out.toInputFile()))
 
     files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
     parts = _parts(hist, hist_snapshot, bulk, columns, target, key, n, rows_source)
@@ -466,7 +478,6 @@ def write_first_bulk(
     An append onto a table without a snapshot is the overwrite ``write_bulk`` commits; a table
     that gained a snapshot meanwhile fails the commit (nothing of it is kept)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
     from pyiceberg.io.pyarrow import (
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
@@ -503,9 +514,9 @@ def write_first_bulk(
     written: list[str] = []
     built: list[Any] = []
 
-    def finish(bucket: int, data: bytes) -> None:
+    def finish(bucket: int, data: LocalParquet) -> None:
         pkey = PartitionKey(field_values=[PartitionFieldValue(fields[0], bucket)], partition_spec=spec, schema=schema)
-        footer = pq.read_metadata(pa.BufferReader(data))
+        footer = data.footer()
         try:
             try:
                 stats = data_file_statistics_from_parquet_metadata(
@@ -525,14 +536,15 @@ def write_first_bulk(
         path = locations.new_data_location(f"{stem}-bulk-{bucket}-{len(written):05d}.parquet", pkey)
         written.append(path)
         with table.io.new_output(path).create(overwrite=True) as out:
-            out.write(data)
+            for chunk in data.chunks():
+                out.write(chunk)
         built.append(
             DataFile.from_args(
                 content=DataFileContent.DATA,
                 file_path=path,
                 file_format=FileFormat.PARQUET,
                 partition=Record(bucket),
-                file_size_in_bytes=len(data),
+                file_size_in_bytes=data.size,
                 sort_order_id=None,
                 spec_id=spec.spec_id,
                 equality_ids=None,
