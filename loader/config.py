@@ -345,7 +345,7 @@ class LoadSettings(_Section):
     # group in memory; one transaction longer than this is read again file by file as its rows
     # are written (StreamedPlainBatch). A group that is not plain goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
     # a driver load are the same transient errors (exit 75) as on the Spark path.
-    driver_max_bytes: int = Field(default=256 << 20, ge=0)
+    driver_max_bytes: int = Field(default=128 << 20, ge=0)
 
 
 class DbtSettings(_Section):
