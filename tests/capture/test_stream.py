@@ -253,6 +253,9 @@ def test_fetcher_reads_rows_whatever_bytes_they_hold(src: Src, tmp_path: Path) -
     assert modes == {("dir", 0o700), ("log", 0o600), ("round", 0o600)}
     assert fetched == peeked
     assert fetcher.rounds > 2
+    # Five transactions of three rows: a round that came back full doubles the next (the copy's
+    # every round decodes again from its restart_lsn: fixed rounds cost the square of a backlog).
+    assert fetcher.asked == [2, 4, 8, 8]
     assert copies_left(src) == []
 
 
