@@ -115,7 +115,8 @@ class SourceSettings(_Redacted):
     # next round while this process lands the last; smaller backlogs peek (the fetcher takes ~0.3 s
     # to start). Negative: always peek.
     pipeline_min_lag_mb: float = 16.0
-    # Plugin rows per round of the pipelined read (whole transactions: a round may hold more).
+    # Plugin rows of the first round of the pipelined read (whole transactions: a round may hold
+    # more); a round that comes back full doubles the next, up to 16 times this (stream.py).
     pipeline_round_rows: int = 100_000
     # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot
     # restarts at most this much work.
