@@ -108,3 +108,16 @@ def test_rolling_parquet_bounds_the_rows_it_buffers_over_all_keys_and_keeps_no_l
     spill = failing._dir.name
     failing.discard()
     assert not os.path.exists(spill)
+
+
+def test_rolling_parquet_buffers_a_slice_without_the_table_it_was_cut_from() -> None:
+    schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    big = pa.table({"k": pa.array(range(200_000), pa.int64()), "v": ["w" * 30] * 200_000}, schema=schema)
+    done: list[Any] = []
+    roller = RollingParquet(schema, lambda key, data: done.append(pq.read_table(data.path)), 1 << 30, 1 << 30)
+    for key in range(4):
+        roller.add(key, big.slice(key * 10, 10))
+    held = [t for f in roller._open.values() for t in f.buffered]
+    assert len(held) == 4 and all(t.get_total_buffer_size() < 10_000 for t in held)
+    roller.close()
+    assert [t.column("k").to_pylist() for t in done] == [list(range(k * 10, k * 10 + 10)) for k in range(4)]

@@ -94,7 +94,8 @@ class RollingParquet:
     Parts of a key go into that key's open file, which is written to local disk (``spill_dir``,
     else the system's temporary directory), never held in memory. A key's buffered rows become a
     row group once ``group_bytes`` of Arrow rows are buffered, or earlier when the rows buffered
-    for all keys together pass ``buffer_bytes`` (the key holding most is written first); a file is
+    for all keys together pass ``buffer_bytes`` (the key holding most is written first; a slice of a
+    larger table is buffered as a compact copy, so it does not hold the table); a file is
     finished once ``file_bytes`` of Arrow rows went in: ``finish(key, written)`` uploads and
     registers it (:class:`LocalParquet`: its path, size, footer, chunks) and the local copy is
     removed. Memory: ``buffer_bytes`` of rows and one writer's column buffers per open key, whatever
@@ -107,7 +108,7 @@ class RollingParquet:
         finish: Any,
         file_bytes: int,
         group_bytes: int,
-        buffer_bytes: int = 128 << 20,
+        buffer_bytes: int = 64 << 20,
         spill_dir: str | None = None,
     ) -> None:
         import tempfile
@@ -123,6 +124,10 @@ class RollingParquet:
         self._made = 0
 
     def add(self, key: Any, rows: Any) -> None:
+        if rows.get_total_buffer_size() > 2 * rows.nbytes + (64 << 10):
+            # A slice of a larger table (one bucket's rows of a batch) would keep the whole
+            # table's buffers alive while it waits here: buffered as a compact copy.
+            rows = _compact(rows)
         f = self._open.get(key)
         if f is None:
             self._made += 1
@@ -158,6 +163,13 @@ class RollingParquet:
             self.finish(key, written)
         finally:
             written.remove()
+
+
+def _compact(rows: Any) -> Any:
+    """``rows`` in buffers of their own (a slice's columns copied out of its table's)."""
+    import pyarrow as pa
+
+    return pa.Table.from_arrays([pa.concat_arrays(c.chunks) for c in rows.columns], schema=rows.schema)
 
 
 class LocalParquet:

@@ -153,7 +153,7 @@ def plan_bulk(
 
 
 # A table's first state from changes is reduced in partitions of about this many history rows.
-FIRST_STATE_PARTITION_ROWS = 1 << 20
+FIRST_STATE_PARTITION_ROWS = 1 << 18
 
 
 def first_state_rows(
