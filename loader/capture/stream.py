@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ log = logging.getLogger("loader.capture")
 DELIMITER, QUOTE = b"\x01", b"\x02"
 _COPY_OPTIONS = "FORMAT csv, DELIMITER E'\\x01', QUOTE E'\\x02'"
 _READ_CHUNK = 4 << 20
+_QUOTED_LIST = 10_000
 # What makes the copy impossible here rather than broken (the caller peeks either way).
 _UNAVAILABLE = {
     "42883",  # undefined_function: PostgreSQL before 12
@@ -187,7 +189,10 @@ class RoundFetcher:
                 if rows == 0:
                     return
                 if msg["quoted"]:
-                    yield list(_quoted_lines(path))
+                    # In lists of at most _QUOTED_LIST rows: rounds grow to 16 times the first.
+                    lines = _quoted_lines(path)
+                    while chunk := list(itertools.islice(lines, _QUOTED_LIST)):
+                        yield chunk
                 else:
                     yield from _blocks(path)
             finally:
