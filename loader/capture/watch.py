@@ -493,7 +493,10 @@ def plan_stream_table(
       again under the name since the last run, its columns the same or not (fuzz seed 159 with the
       trigger; :func:`loader.capture.ddl.plan_message` sees the second CREATE there): resynced,
       without the DDL trigger. A table first seen after a rename, SET SCHEMA or OWNER TO of it is
-      resynced too (they rewrite the row type's catalog row), which is correct and rare.
+      resynced too (they rewrite the row type's catalog row; ADD/DROP/RENAME COLUMN, ALTER TYPE,
+      keys, indexes, grants, REPLICA IDENTITY, TRUNCATE, VACUUM FULL, SET (UN)LOGGED do not:
+      checked on PostgreSQL 15), as is one whose first change comes from a transaction that began
+      before the one that created it (or created it in a subtransaction): correct, and rare.
     """
     plan = WatchPlan()
     facts = now.get(table)
