@@ -121,3 +121,26 @@ def test_rolling_parquet_buffers_a_slice_without_the_table_it_was_cut_from() -> 
     assert len(held) == 4 and all(t.get_total_buffer_size() < 10_000 for t in held)
     roller.close()
     assert [t.column("k").to_pylist() for t in done] == [list(range(k * 10, k * 10 + 10)) for k in range(4)]
+
+
+def test_spill_directories_of_killed_merges_are_removed_by_the_next_build(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from loader.lake.files import SPILL_PREFIX, remove_orphan_spills
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{SPILL_PREFIX}{int(gone.stdout)}-abc"
+    alive = tmp_path / f"{SPILL_PREFIX}1-def"  # init never exits
+    mine = tmp_path / f"{SPILL_PREFIX}{os.getpid()}-ghi"
+    other = tmp_path / "loader-rounds-123-x"
+    for d in (dead, alive, mine, other):
+        d.mkdir()
+        (d / "000001.parquet").write_bytes(b"rows")
+    schema = pa.schema([("k", pa.int64())])
+    roller = RollingParquet(schema, lambda key, data: None, 1 << 30, 1 << 30, spill_dir=str(tmp_path))
+    assert not dead.exists() and alive.exists() and mine.exists() and other.exists()
+    assert roller._dir.name.startswith(str(tmp_path / f"{SPILL_PREFIX}{os.getpid()}-"))
+    roller.close()
+    remove_orphan_spills(str(tmp_path))
+    assert alive.exists()

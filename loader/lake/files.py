@@ -88,6 +88,30 @@ def parquet_data_file(
     return builder.withMetrics(parquet_util.fileMetrics(input_file, metrics)).build()
 
 
+# Local directories of the merge's bulk builds (RollingParquet, the first state's partitions):
+# ``<prefix><pid>-<random>``, 0700, removed when the build ends; a killed merge's are removed by
+# the next build (they hold source rows).
+SPILL_PREFIX = "loader-spill-"
+
+
+def remove_orphan_spills(parent: str | None = None) -> None:
+    """Spill directories whose process is gone (a merge killed while building)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    for d in Path(parent or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
+        pid = d.name[len(SPILL_PREFIX) :].split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            continue  # alive, owned by someone else
+
+
 class RollingParquet:
     """Parquet files written from Arrow parts in bounded memory, one open file per partition key.
 
@@ -120,7 +144,8 @@ class RollingParquet:
         self.buffer_bytes = buffer_bytes
         self.files = 0
         self._open: dict[Any, _OpenFile] = {}
-        self._dir = tempfile.TemporaryDirectory(prefix="loader-parquet-", dir=spill_dir)
+        remove_orphan_spills(spill_dir)
+        self._dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=spill_dir)
         self._made = 0
 
     def add(self, key: Any, rows: Any) -> None:

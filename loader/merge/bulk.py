@@ -33,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 from loader.lake.buckets import bucket_ints, key_hashes
 from loader.lake.catalog import scan_batches
 from loader.lake.files import (
+    SPILL_PREFIX,
     LocalParquet,
     RollingParquet,
     counts_only,
     iceberg_arrow_schema,
     parquet_data_file,
     prefetched,
+    remove_orphan_spills,
 )
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
@@ -181,6 +183,7 @@ def first_state_rows(
         raise NotPlainBulk("no changes to build from")
 
     def source(target: Any, n_buckets: int) -> Iterator[tuple[Any, Any, int]]:
+        import os
         import tempfile
 
         import numpy as np
@@ -194,7 +197,8 @@ def first_state_rows(
         data = [f.name for f in target]
         wanted = [*dict.fromkeys([*data, "pg_operation", "pg_absent_columns", "pg_old_key"])]
         key_types = {k: target.field(k).type for k in pk}
-        with tempfile.TemporaryDirectory(prefix="loader-first-state-", dir=spill_dir) as tmp:
+        remove_orphan_spills(spill_dir)
+        with tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=spill_dir) as tmp:
             writers: dict[int, Any] = {}
             try:
                 for batch in scan_batches(
