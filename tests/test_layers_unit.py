@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, list[str]]] = [
     (
         "foundation",
-        ["loader", "errors", "lsn", "names", "faults", "logs", "metrics", "progress", "workload"],
+        ["loader", "errors", "lsn", "names", "faults", "logs", "metrics", "progress", "spills", "workload"],
     ),
     ("settings", ["config"]),
     ("services", ["retry", "spark", "embedded"]),

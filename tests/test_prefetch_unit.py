@@ -85,7 +85,7 @@ def test_rolling_parquet_bounds_the_rows_it_buffers_over_all_keys_and_keeps_no_l
         done.setdefault(key, []).append(b"".join(data.chunks()))
 
     roller = RollingParquet(schema, finish, file_bytes=1 << 30, group_bytes=1 << 30, buffer_bytes=30_000)
-    spill = roller._dir.name
+    spill = str(roller._dir)
     most = 0
     for i in range(200):
         part = pa.table({"k": pa.array(range(i * 50, i * 50 + 50), pa.int64()), "v": ["y" * 20] * 50}, schema=schema)
@@ -105,7 +105,7 @@ def test_rolling_parquet_bounds_the_rows_it_buffers_over_all_keys_and_keeps_no_l
         ]
     failing = RollingParquet(schema, finish, file_bytes=1 << 30, group_bytes=1 << 30)
     failing.add(1, pa.table({"k": [1], "v": ["z"]}, schema=schema))
-    spill = failing._dir.name
+    spill = str(failing._dir)
     failing.discard()
     assert not os.path.exists(spill)
 
@@ -127,7 +127,8 @@ def test_spill_directories_of_killed_merges_are_removed_by_the_next_build(tmp_pa
     import subprocess
     import sys
 
-    from loader.lake.files import SPILL_PREFIX, remove_orphan_spills
+    from loader.lake.files import SPILL_PREFIX
+    from loader.spills import remove_orphans
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = tmp_path / f"{SPILL_PREFIX}{int(gone.stdout)}-abc"
@@ -140,7 +141,8 @@ def test_spill_directories_of_killed_merges_are_removed_by_the_next_build(tmp_pa
     schema = pa.schema([("k", pa.int64())])
     roller = RollingParquet(schema, lambda key, data: None, 1 << 30, 1 << 30, spill_dir=str(tmp_path))
     assert not dead.exists() and alive.exists() and mine.exists() and other.exists()
-    assert roller._dir.name.startswith(str(tmp_path / f"{SPILL_PREFIX}{os.getpid()}-"))
+    assert str(roller._dir).startswith(str(tmp_path / f"{SPILL_PREFIX}{os.getpid()}-"))
     roller.close()
-    remove_orphan_spills(str(tmp_path))
+    assert not roller._dir.exists()
+    remove_orphans(SPILL_PREFIX, tmp_path)
     assert alive.exists()

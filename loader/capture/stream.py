@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +44,7 @@ import psycopg
 from loader.errors import SourceError, TransientError
 from loader.landing.private import open_private
 from loader.lsn import format_lsn
+from loader.spills import private_dir
 
 log = logging.getLogger("loader.capture")
 
@@ -52,6 +52,7 @@ DELIMITER, QUOTE = b"\x01", b"\x02"
 _COPY_OPTIONS = "FORMAT csv, DELIMITER E'\\x01', QUOTE E'\\x02'"
 _READ_CHUNK = 4 << 20
 _QUOTED_LIST = 10_000
+SPOOL_PREFIX = "loader-rounds-"
 # What makes the copy impossible here rather than broken (the caller peeks either way).
 _UNAVAILABLE = {
     "42883",  # undefined_function: PostgreSQL before 12
@@ -116,9 +117,8 @@ class RoundFetcher:
 
     def launch(self) -> None:
         """Start the fetcher process; it connects and copies the slot while the caller goes on."""
-        _remove_orphan_spools(self._spool_parent)
         # mode 0700; its round files hold the source's rows, each 0600
-        self._spool = Path(tempfile.mkdtemp(prefix=f"loader-rounds-{os.getpid()}-", dir=self._spool_parent))
+        self._spool = private_dir(SPOOL_PREFIX, self._spool_parent)
         self._job["spool"] = str(self._spool)
         # Its stderr goes to a file: a pipe nobody reads while rows flow could fill and stall it.
         with open_private(self._spool / "fetcher.log") as log_file:
@@ -239,22 +239,6 @@ class RoundFetcher:
             )
         doc: dict[str, Any] = json.loads(line)
         return doc
-
-
-def _remove_orphan_spools(parent: Path | None) -> None:
-    """Spool directories of captures that were killed (their process is gone): a killed capture
-    leaves up to two rounds on disk, and nothing else would ever remove them."""
-    root = Path(parent or tempfile.gettempdir())
-    for d in root.glob("loader-rounds-*-*"):
-        pid = d.name.split("-")[2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            continue  # alive, owned by someone else
 
 
 # --- the fetcher process ------------------------------------------------------------------------

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from loader.spark import jvm_class
+from loader.spills import private_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -88,28 +90,8 @@ def parquet_data_file(
     return builder.withMetrics(parquet_util.fileMetrics(input_file, metrics)).build()
 
 
-# Local directories of the merge's bulk builds (RollingParquet, the first state's partitions):
-# ``<prefix><pid>-<random>``, 0700, removed when the build ends; a killed merge's are removed by
-# the next build (they hold source rows).
+# The merge's bulk-build spill directories (loader.spills): RollingParquet's, a first state's.
 SPILL_PREFIX = "loader-spill-"
-
-
-def remove_orphan_spills(parent: str | None = None) -> None:
-    """Spill directories whose process is gone (a merge killed while building)."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    for d in Path(parent or tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
-        pid = d.name[len(SPILL_PREFIX) :].split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except OSError:
-            continue  # alive, owned by someone else
 
 
 class RollingParquet:
@@ -135,8 +117,6 @@ class RollingParquet:
         buffer_bytes: int = 64 << 20,
         spill_dir: str | None = None,
     ) -> None:
-        import tempfile
-
         self.schema = schema
         self.finish = finish
         self.file_bytes = file_bytes
@@ -144,8 +124,7 @@ class RollingParquet:
         self.buffer_bytes = buffer_bytes
         self.files = 0
         self._open: dict[Any, _OpenFile] = {}
-        remove_orphan_spills(spill_dir)
-        self._dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=spill_dir)
+        self._dir = private_dir(SPILL_PREFIX, spill_dir)
         self._made = 0
 
     def add(self, key: Any, rows: Any) -> None:
@@ -156,7 +135,7 @@ class RollingParquet:
         f = self._open.get(key)
         if f is None:
             self._made += 1
-            f = self._open[key] = _OpenFile(self.schema, f"{self._dir.name}/{self._made:06d}.parquet")
+            f = self._open[key] = _OpenFile(self.schema, str(self._dir / f"{self._made:06d}.parquet"))
         f.add(rows, self.group_bytes)
         if f.arrow_bytes >= self.file_bytes:
             self._finish(key)
@@ -179,7 +158,7 @@ class RollingParquet:
         for f in self._open.values():
             f.abandon()
         self._open.clear()
-        self._dir.cleanup()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _finish(self, key: Any) -> None:
         written = self._open.pop(key).close()

@@ -40,11 +40,11 @@ from loader.lake.files import (
     iceberg_arrow_schema,
     parquet_data_file,
     prefetched,
-    remove_orphan_spills,
 )
 from loader.lsn import ChangePosition
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
+from loader.spills import private_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -183,8 +183,7 @@ def first_state_rows(
         raise NotPlainBulk("no changes to build from")
 
     def source(target: Any, n_buckets: int) -> Iterator[tuple[Any, Any, int]]:
-        import os
-        import tempfile
+        import shutil
 
         import numpy as np
         import pyarrow as pa
@@ -197,8 +196,8 @@ def first_state_rows(
         data = [f.name for f in target]
         wanted = [*dict.fromkeys([*data, "pg_operation", "pg_absent_columns", "pg_old_key"])]
         key_types = {k: target.field(k).type for k in pk}
-        remove_orphan_spills(spill_dir)
-        with tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=spill_dir) as tmp:
+        tmp = private_dir(SPILL_PREFIX, spill_dir)
+        try:
             writers: dict[int, Any] = {}
             try:
                 for batch in scan_batches(
@@ -232,6 +231,8 @@ def first_state_rows(
                     # partition p of n_buckets * k: its keys' hashes are p modulo n_buckets * k,
                     # so their bucket (hash modulo n_buckets) is p modulo n_buckets.
                     yield rows, np.full(rows.num_rows, p % n_buckets, np.int32), cut.seq
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     return total, source
 

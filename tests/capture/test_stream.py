@@ -271,7 +271,8 @@ def test_a_pipelined_run_splits_files_and_keeps_commit_order(src: Src) -> None:
 
 
 def test_spools_of_killed_captures_are_removed_by_the_next(tmp_path: Path) -> None:
-    from loader.capture.stream import _remove_orphan_spools
+    from loader.capture.stream import SPOOL_PREFIX
+    from loader.spills import remove_orphans
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = tmp_path / f"loader-rounds-{int(gone.stdout)}-abc"
@@ -281,7 +282,7 @@ def test_spools_of_killed_captures_are_removed_by_the_next(tmp_path: Path) -> No
     for d in (dead, alive, mine, other):
         d.mkdir()
         (d / "round-00000001.csv").write_bytes(b"{}\n")
-    _remove_orphan_spools(tmp_path)
+    remove_orphans(SPOOL_PREFIX, tmp_path)
     assert not dead.exists() and alive.exists() and mine.exists() and other.exists()
 
 
