@@ -10,10 +10,14 @@ SQLite catalog, an OS file lock beside the database file. Capture has its own lo
 
 The second process waits up to ``locks.wait_seconds`` (0: not at all), then fails with
 ``StageBusyError`` naming the holder (host, pid, since when); exit status 75 (try again later).
+A holder that was a process of this host which no longer exists (killed, or just ended) is not
+a running stage: the server ends its session asynchronously after the client has gone, so the
+next run waits up to ``LOCK_GRACE_S`` for that instead of failing.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -26,7 +30,13 @@ from urllib.parse import urlparse
 from loader.config import LoaderSettings
 from loader.errors import StageBusyError
 
+log = logging.getLogger(__name__)
+
 STAGES = ("load", "merge")
+#: How long a lock whose holder is gone may take to be released by the server (the backend of a
+#: killed client exits when it notices the closed socket, usually within milliseconds, later on
+#: a loaded machine). A live holder keeps its lock past it and is reported.
+LOCK_GRACE_S = 5.0
 # Stages this process holds (a follower holds its stages for its whole life; the stages it runs
 # take them again): a lock taken twice by one process is taken once.
 _held: dict[str, int] = {}
@@ -39,6 +49,26 @@ def _lock_name(settings: LoaderSettings, stage: str) -> str:
 
 def _holder_label(stage: str) -> str:
     return f"lakehouse-loader {stage} {socket.gethostname()}:{os.getpid()}"
+
+
+def holder_gone(application_name: str) -> bool:
+    """Whether a lock holder's ``application_name`` (a loader's label, ``... <host>:<pid>``) names
+    a process of this host that no longer runs. Labels of other hosts, truncated ones and foreign
+    sessions say nothing: False."""
+    host, sep, pid = application_name.rpartition(" ")[2].rpartition(":")
+    if not sep or not pid.isdigit() or not application_name.startswith("lakehouse-loader "):
+        return False
+    if len(application_name) >= 63:  # cut to PostgreSQL's NAMEDATALEN: the pid may be cut too
+        return False
+    if host != socket.gethostname() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
 
 
 @contextmanager
@@ -86,8 +116,14 @@ def _pg_lock(settings: LoaderSettings, stage: str, wait: float) -> Iterator[None
         ) from exc
     try:
         key = advisory_key(conn, name)
-        if not try_advisory_lock(conn, key, wait):
+        got = try_advisory_lock(conn, key, wait)
+        if not got:
             holder = advisory_holder(conn, key)
+            if holder and holder_gone(holder[1]):
+                log.info("the %s lock's holder %s has ended; waiting for the server to release it", stage, holder[1])
+                got = try_advisory_lock(conn, key, LOCK_GRACE_S)
+                holder = None if got else advisory_holder(conn, key)
+        if not got:
             who = (
                 f"{holder[1] or f'pid {holder[0]}'} since {holder[2]:%Y-%m-%d %H:%M:%S %Z}"
                 if holder and holder[2] is not None
