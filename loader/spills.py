@@ -4,8 +4,8 @@ partitions, each bucket's Parquet file before its upload).
 
 Each is named ``<prefix><pid>-<random>`` (``tempfile.mkdtemp``: mode 0700) and removed when its
 work ends; a process killed meanwhile cannot remove its own, so the next process of the same kind
-removes those whose process is gone (:func:`remove_orphans`, called by :func:`private_dir`). They hold source rows: nothing else
-would ever remove them.
+removes those whose process is gone (:func:`remove_orphans`, called by :func:`private_dir`). They
+hold source rows: nothing else would ever remove them.
 """
 
 from __future__ import annotations

@@ -709,16 +709,23 @@ class Capture:
             self.controls.pending.append((table, parked))
             result.parked[table] = parked
 
-    def _check_stream_table(
-        self, qualified: str, columns: list[tuple[str, str]], xid: int | None, result: CaptureResult
-    ) -> None:
-        """The first change of a table in this run, by the names the stream carries: what the
-        catalog's pictures cannot explain (a table created since the last run, then renamed or
-        dropped, or with a column renamed) parks and resyncs (``watch.plan_stream_table``)."""
+    def _check_stream_table(self, rec: ChangeRecord, result: CaptureResult) -> None:
+        """The first change of a table in this run (``rec``, routed to its root), by the names and
+        transaction the stream carries: what the catalog's pictures cannot explain (a table created
+        since the last run, then renamed, dropped or created again, or with a column renamed) parks
+        and resyncs (``watch.plan_stream_table``)."""
+        qualified = rec.qualified_table
         if not self.watch or not self.facts or not self._captured(qualified):
             return
         plan = plan_stream_table(
-            qualified, columns, self._before, self.facts, self._first_seen, self._captured, self._ddl_in_stream, xid
+            qualified,
+            [(c.name, c.type) for c in rec.columns],
+            self._before,
+            self.facts,
+            self._first_seen,
+            self._captured,
+            self._ddl_in_stream,
+            rec.xid or None,
         )
         for table, why in plan.park.items():
             if table not in result.parked:
@@ -1161,9 +1168,7 @@ class _Lander:
                         # Landed by a run that may have stopped before acting on its names.
                         self.checked.add((rec.schema, rec.table))
                         rec = capture._to_root(self.conn, rec, result)
-                        capture._check_stream_table(
-                            rec.qualified_table, [(c.name, c.type) for c in rec.columns], rec.xid or None, result
-                        )
+                        capture._check_stream_table(rec, result)
                 return
             self.landed = None  # records come in commit order: every later one is past it too
         op = rec.op
@@ -1304,9 +1309,7 @@ class _Lander:
         qualified = rec.qualified_table
         route: _Route | None = None
         if capture._wanted(self.conn, rec, qualified, self.result):
-            capture._check_stream_table(
-                qualified, [(c.name, c.type) for c in rec.columns], rec.xid or None, self.result
-            )
+            capture._check_stream_table(rec, self.result)
             stream_pk = rec.pk
             capture._complete_key(rec, qualified, self.result)
             capture._note_exposed(qualified, rec, self.result)
