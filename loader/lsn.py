@@ -8,7 +8,7 @@ restores exact commit order across tables.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # The largest seq a position token can hold: (lsn, END_OF_TRANSACTION) sorts after every change of
 # the transaction committed at lsn and before every later transaction.
@@ -112,6 +112,12 @@ def position_after_sql(lsn_col: str, seq_col: str, position: SqlPosition, inclus
     lsn, seq = _sql_operands(position)
     op = ">=" if inclusive else ">"
     return f"({lsn_col} > {lsn} OR ({lsn_col} = {lsn} AND {seq_col} {op} {seq}))"
+
+
+def positions_after(lsn: Any, seq: Any, position: ChangePosition, inclusive: bool = False) -> Any:
+    """numpy: which of the changes at (``lsn``, ``seq``) (arrays) come after ``position`` (or are it)."""
+    at = lsn == position.commit_lsn
+    return (lsn > position.commit_lsn) | (at & ((seq >= position.seq) if inclusive else (seq > position.seq)))
 
 
 def position_before_sql(lsn_col: str, seq_col: str, position: SqlPosition, inclusive: bool = True) -> str:

@@ -100,12 +100,6 @@ def lake_column(source_column: str) -> str:
     return RESERVED_PREFIX + source_column if is_reserved_column(source_column) else source_column
 
 
-def lake_column_sql(expr: str) -> str:
-    """Spark SQL computing :func:`lake_column` of a string expression (for names held in data)."""
-    reserved = ", ".join(f"'{c}'" for c in sorted(METADATA_COLUMNS))
-    return f"IF(lower({expr}) IN ({reserved}) OR startswith(lower({expr}), '{RESERVED_PREFIX}'), concat('{RESERVED_PREFIX}', {expr}), {expr})"
-
-
 def source_column(lake: str) -> str:
     """Inverse of :func:`lake_column`."""
     if lake.lower().startswith(RESERVED_PREFIX):

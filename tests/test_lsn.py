@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from loader.lsn import (
     parse_position,
     position_after_sql,
     position_before_sql,
+    positions_after,
 )
 
 positions = st.tuples(st.integers(1, (1 << 63) - 1), st.integers(0, 10**9)).map(lambda t: ChangePosition(*t))
@@ -70,6 +72,10 @@ def test_position_sql_agrees_with_tuple_order(row: ChangePosition, bound: Change
     assert ev(position_after_sql("l", "s", bound, inclusive=True)) == (row >= bound)
     assert ev(position_before_sql("l", "s", bound)) == (row <= bound)
     assert ev(position_before_sql("l", "s", bound, inclusive=False)) == (row < bound)
+    # numpy's spelling (the load kernel's): the same order
+    lsn, seq = np.array([row[0]], np.int64), np.array([row[1]], np.int64)
+    assert bool(positions_after(lsn, seq, ChangePosition(*bound))[0]) == (row > bound)
+    assert bool(positions_after(lsn, seq, ChangePosition(*bound), inclusive=True)[0]) == (row >= bound)
 
 
 @pytest.mark.parametrize(

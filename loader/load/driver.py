@@ -35,11 +35,11 @@ from loader.lake.types import UTC_TEXT, never_toasted
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
 from loader.load.decode import _TIMESTAMP, _shape_problem
+from loader.load.kernel import json_objects
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
 from loader.load.values import Misfit, typed
 from loader.lsn import ChangePosition
-from loader.names import lake_column
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,7 +55,6 @@ _KINDS = {"I": ROW, "R": ROW, "U": UPDATE, "D": OTHER}
 # Separators of the per-row shape key; names holding them are not plain.
 _SEP_FIELD, _SEP_ITEM = "\x1e", "\x1f"
 # What Spark's to_json escapes in a string (Jackson): quote, backslash, control characters.
-_JSON_ESCAPED = r'["\\\x00-\x1f]'
 
 
 def _landing_schema() -> pa.Schema:
@@ -610,36 +609,23 @@ class PlainBatch:
         return _in_target(out, len(rows), target)
 
     def _old_keys(self, rows: np.ndarray, shape: np.ndarray) -> pa.Array:
-        """pg_old_key: the old key as Spark's ``to_json(map(lake name -> text value))`` writes it."""
+        """pg_old_key: the rows' old keys (names from their shapes, texts from the batch) as the
+        load kernel writes them (``loader.load.kernel.json_objects``)."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        pieces, places = [], []
-        for s in np.unique(shape).tolist():
-            info = self.shapes[s]
-            at = np.flatnonzero(shape == s)
-            if not info.key_names:
-                pieces.append(pa.nulls(len(at), pa.string()))
-                places.append(at)
-                continue
-            base = self.id_offsets[rows[at]]
-            items = []
-            for j, name in enumerate(info.key_names):
-                lake = lake_column(name)
-                value = self.id_values.take(pa.array(base + j))
-                for text in (pa.array([lake]), value.drop_null()):
-                    if len(text) and pc.any(pc.match_substring_regex(text, _JSON_ESCAPED)).as_py():
-                        raise NotPlain("an old key that JSON must escape")
-                quoted = pc.fill_null(pc.binary_join_element_wise('"', value, '"', ""), "null")
-                items.append(pc.binary_join_element_wise(f'"{lake}":', quoted, ""))
-            joined = pc.binary_join_element_wise(*items, ",") if len(items) > 1 else items[0]
-            pieces.append(pc.binary_join_element_wise("{", joined, "}", ""))
-            places.append(at)
-        if not pieces:
-            return pa.nulls(0, pa.string())
-        values = pa.concat_arrays([p.cast(pa.string()) for p in pieces])
-        return values.take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
+        key_names = [info.key_names if info is not None else [] for info in self.shapes]
+        per_shape = np.array([len(k) for k in key_names], np.int64)
+        starts = np.concatenate([[0], np.cumsum(per_shape)])
+        width = per_shape[shape]
+        offsets = np.concatenate([[0], np.cumsum(width)])
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], width)
+        names = pa.array([n for k in key_names for n in k], pa.string()).take(
+            pa.array(np.repeat(starts[shape], width) + within)
+        )
+        texts = self.id_values.take(pa.array(np.repeat(self.id_offsets[rows], width) + within))
+        lists = pa.array(offsets.astype(np.int32))
+        return json_objects(pa.ListArray.from_arrays(lists, names), pa.ListArray.from_arrays(lists, texts))
 
     def _absent(self, shape: np.ndarray, columns: list[HistoryColumn]) -> pa.Array:
         """pg_absent_columns: per update, the varlena columns it did not send (unchanged TOAST)."""

@@ -24,7 +24,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -65,7 +65,7 @@ from loader.lake.types import quote_ident, spark_type, sql_string
 from loader.landing.store import LandingFile, LandingStore, open_landing
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
-from loader.load.sql import LINE, RAW, REASON, VALUES_MAP, HistoryColumn, rejects_select, typed_select
+from loader.load.sql import LINE, RAW, REASON, HistoryColumn, rejects_select
 from loader.load.survey import PARK, BatchSurvey, survey
 from loader.lsn import ChangePosition
 from loader.names import lake_column
@@ -692,9 +692,8 @@ class HistoryLoad:
         parks = one_park_per_position(extra_parks + damage_parks + retype_parks)
         if parks:
             rows = rows.unionByName(self.spark.createDataFrame(parks, CHANGE_ROW_DDL))
-        rows = rows.withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
         dropped = self._dropped_columns(ident, table, batch_survey, hist_columns)
-        typed = rows.selectExpr(*typed_select(hist_columns, dropped)).persist()
+        typed = history_rows(rows, hist_columns, dropped).persist()
         try:
             self._append_typed(table, ident, typed, hist_columns, dropped, last_file, result, parks)
         finally:
@@ -751,8 +750,8 @@ class HistoryLoad:
                     typed = typed.where(~(at & (F.col(LINE) == 0)))
                 park = self.spark.createDataFrame(
                     [park_row("", table.schema, table.table, first[0], first[1], reason, seq)], CHANGE_ROW_DDL
-                ).withColumn(VALUES_MAP, F.map_from_arrays("col_names", "col_values"))
-                typed = typed.unionByName(park.selectExpr(*typed_select(hist_columns, dropped)))
+                )
+                typed = typed.unionByName(history_rows(park, hist_columns, dropped))
         ok = typed.where(f"{REASON} = ''").drop(LINE, REASON, RAW)
         # Read more than once only on the rarer paths (misfits or park rows: bounds again, the park
         # markers, the append); otherwise the append is its one reader, and caching it would copy
@@ -1015,6 +1014,18 @@ class HistoryLoad:
 
 
 _LEDGER_COLUMNS = ("file", "first_position", "last_position", "changes", "rejects", "loaded_at")
+
+
+def history_rows(rows: DataFrame, columns: list[HistoryColumn], dropped: dict[str, ChangePosition]) -> DataFrame:
+    """A table's change rows as history rows by the load kernel (``loader.load.kernel``), run by
+    Spark in its executors: the same function the driver's load runs on its own batches."""
+    from loader.load.kernel import history_batch, history_ddl
+
+    def kernel(batches: Iterable[Any]) -> Iterator[Any]:
+        for batch in batches:
+            yield history_batch(batch, columns, dropped)
+
+    return rows.mapInArrow(kernel, history_ddl(columns))
 
 
 def park_seq(rows: DataFrame, lsn: int, lsn_col: str, seq_col: str, op_col: str) -> int:

@@ -76,6 +76,36 @@ def typed(values: Any, pg_type: str, where: str) -> Any:
         raise Misfit(f"{where}: a {pg_type} value that does not fit") from None
 
 
+def typed_or_misfits(values: Any, pg_type: str) -> tuple[Any, Any]:
+    """``values`` typed as :func:`typed` types them, with the misfits as data: (typed values with
+    NULL where a value does not fit, a boolean mask of those values, or None when every value
+    fits). The vectorized typing runs first; a column it refuses is typed value by value by the
+    same function, so a misfit costs only its own column's batch."""
+    import pyarrow as pa
+
+    try:
+        return typed(values, pg_type, ""), None
+    except Misfit:
+        pass
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    out, misfit = [], []
+    for i in range(len(values)):
+        one = values.slice(i, 1)
+        try:
+            out.append(typed(one, pg_type, ""))
+            misfit.append(False)
+        except Misfit:
+            out.append(None)
+            misfit.append(True)
+    storage = next((a.type for a in out if a is not None), None)
+    if storage is None:
+        storage = typed(pa.nulls(0, values.type), pg_type, "").type
+    arrays = [a if a is not None else pa.nulls(1, storage) for a in out]
+    joined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, storage)
+    return joined, pa.array(misfit, pa.bool_())
+
+
 def arrow_type(sql: str) -> Any:
     """The Arrow type of Spark SQL storage type ``sql`` (scalars)."""
     import pyarrow as pa

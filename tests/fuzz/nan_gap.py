@@ -49,7 +49,7 @@ def flagged_tables(output: str) -> set[str]:
 
 
 # A reject of a NaN that a numeric(p,s) column (a lake decimal) cannot hold: the load's reason for it
-# (loader.load.sql.typed_select), one part per column that does not fit.
+# (loader.load.kernel), one part per column that does not fit.
 _NAN_MISFIT = re.compile(r"^column .+ \(numeric\(\d+,\s*\d+\)\): value NaN does not fit$")
 _QUARANTINE_PARK = "changes quarantined in the rejects table"
 

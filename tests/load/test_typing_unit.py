@@ -1,4 +1,4 @@
-"""The load's pure parts: type mapping, evolution plans, typing SQL, and decoding (damaged) landing files."""
+"""The load's pure parts: type mapping, evolution plans, and decoding (damaged) landing files."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from loader.landing.records import ChangeRecord, Column
 from loader.landing.store import LandingWriter, LocalLandingStore
 from loader.load.decode import decode_file, gunzip_salvage
 from loader.load.evolution import plan_evolution, retired_name
-from loader.load.sql import HistoryColumn, absent_columns_sql, typed_select
-from loader.lsn import ChangePosition
 
 
 @pytest.mark.parametrize(
@@ -51,23 +49,6 @@ def test_fixed_length_types_are_never_toasted() -> None:
     assert never_toasted("integer") and never_toasted("timestamp(3) with time zone") and never_toasted("uuid")
     assert not never_toasted("text") and not never_toasted("numeric(10,2)") and not never_toasted("integer[]")
     assert quote_ident("we`ird") == "`we``ird`"
-
-
-def test_absent_columns_exclude_fixed_length_and_dropped() -> None:
-    cols = [HistoryColumn("id", "integer"), HistoryColumn("body", "text"), HistoryColumn("gone", "jsonb")]
-    sql = absent_columns_sql(cols, {"gone": ChangePosition(5, 2)})
-    assert "'id'" not in sql and "'body'" in sql
-    assert "NOT (commit_lsn > 5 OR (commit_lsn = 5 AND seq >= 2))" in sql
-
-
-def test_typed_select_uses_lake_names_and_reserved_aliases() -> None:
-    cols = [HistoryColumn("pg_lsn", "integer"), HistoryColumn("_reason", "text")]
-    sql = ", ".join(typed_select(cols, {}))
-    assert "AS `pg__pg_lsn`" in sql and "AS `_reason`" in sql
-    assert "AS pg__reason" in sql and "AS pg__line" in sql and "AS pg__raw" in sql
-    assert "pg__m['pg_lsn']" in sql
-    # Names held in metadata are lake names too: the old key's JSON maps source names through the rule.
-    assert "concat('pg__', k)" in sql
 
 
 def test_evolution_adds_widens_and_retires_incompatible_retypes() -> None:

@@ -1,0 +1,83 @@
+"""The load kernel's row rules (loader.load.kernel) on change rows built by hand: lake names,
+typing with misfits as data, unchanged TOAST, the old key's JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from loader.load.decode import CHANGE_ROW_DDL
+from loader.load.kernel import history_batch, history_ddl, json_string
+from loader.load.sql import LINE, RAW, REASON, HistoryColumn
+from loader.lsn import ChangePosition
+
+_LIST = pa.list_(pa.string())
+_TYPES = {"STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64()}
+
+
+def _changes(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    """Change rows (CHANGE_ROW_DDL) with defaults for what a row leaves out."""
+    fields = []
+    for item in CHANGE_ROW_DDL.split(", "):
+        name, sql = item.strip().split(" ", 1)
+        fields.append(pa.field(name, _LIST if sql.startswith("ARRAY") else _TYPES[sql]))
+    schema = pa.schema(fields)
+    base = {"landing_file": "f", "line": 1, "op": "update", "commit_lsn": 10, "seq": 1, "change_lsn": 9, "xid": 7}
+    base |= {"ts": "2024-03-01 10:00:00+00", "src_schema": "public", "src_table": "t"}
+    base |= {"col_names": [], "col_types": [], "col_values": [], "key_names": [], "key_values": [], "pk": []}
+    return pa.RecordBatch.from_pylist([base | r for r in rows], schema=schema)
+
+
+def test_values_are_typed_under_lake_names_and_misfits_become_reasons() -> None:
+    cols = [HistoryColumn("pg_lsn", "integer"), HistoryColumn("note", "text"), HistoryColumn("d", "date")]
+    out = history_batch(
+        _changes(
+            [
+                {"op": "insert", "col_names": ["pg_lsn", "note", "d"], "col_values": ["5", "x", "2024-02-29"]},
+                {"op": "insert", "col_names": ["pg_lsn", "note", "d"], "col_values": ["five", "y", "2024-02-30"]},
+            ]
+        ),
+        cols,
+        {},
+    )
+    assert out.schema.names[:3] == ["pg__pg_lsn", "note", "d"]
+    assert history_ddl(cols).startswith("`pg__pg_lsn` INT, `note` STRING, `d` DATE, pg_lsn BIGINT")
+    assert out.column("pg__pg_lsn").to_pylist() == [5, None]
+    assert out.column(REASON).to_pylist() == [
+        "",
+        "column pg_lsn (integer): value five does not fit; column d (date): value 2024-02-30 does not fit",
+    ]
+    raw = out.column(RAW).to_pylist()
+    assert raw[0] is None and raw[1].startswith('{"op":"insert","commit_lsn":10,') and '"five"' in raw[1]
+    assert out.column(LINE).to_pylist() == [1, 1]
+    assert str(out.column("pg_txn_timestamp").type) == "timestamp[us, tz=UTC]"
+
+
+def test_absent_columns_are_unsent_varlena_columns_of_updates_not_dropped_ones() -> None:
+    cols = [HistoryColumn("id", "integer"), HistoryColumn("body", "text"), HistoryColumn("gone", "jsonb")]
+    rows = [
+        {"col_names": ["id"], "col_values": ["1"], "commit_lsn": 5, "seq": 1},  # before the drop
+        {"col_names": ["id"], "col_values": ["1"], "commit_lsn": 5, "seq": 2},  # at it
+        {"op": "insert", "col_names": ["id"], "col_values": ["1"]},
+        {"col_names": ["id", "body", "gone"], "col_values": ["1", None, None]},
+    ]
+    out = history_batch(_changes(rows), cols, {"gone": ChangePosition(5, 2)})
+    assert out.column("pg_absent_columns").to_pylist() == [["body", "gone"], ["body"], [], []]
+    assert out.column("body").to_pylist() == [None, None, None, None]
+
+
+def test_old_keys_are_json_of_lake_names_escaped_as_spark_writes_them() -> None:
+    cols = [HistoryColumn("id", "text")]
+    rows = [
+        {"key_names": ["id", "pg_seq"], "key_values": ['a"b\\c\n\x01/é', None]},
+        {"key_names": [], "key_values": []},
+        {"op": "delete", "key_names": ["id"], "key_values": ["k"]},
+    ]
+    out = history_batch(_changes(rows), cols, {})
+    assert out.column("pg_old_key").to_pylist() == [
+        '{"id":"a\\"b\\\\c\\n\\u0001/é","pg__pg_seq":null}',
+        None,
+        '{"id":"k"}',
+    ]
+    assert json_string("\x1f\t") == '"\\u001F\\t"'
