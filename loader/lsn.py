@@ -114,10 +114,30 @@ def position_after_sql(lsn_col: str, seq_col: str, position: SqlPosition, inclus
     return f"({lsn_col} > {lsn} OR ({lsn_col} = {lsn} AND {seq_col} {op} {seq}))"
 
 
-def positions_after(lsn: Any, seq: Any, position: ChangePosition, inclusive: bool = False) -> Any:
-    """numpy: which of the changes at (``lsn``, ``seq``) (arrays) come after ``position`` (or are it)."""
-    at = lsn == position.commit_lsn
-    return (lsn > position.commit_lsn) | (at & ((seq >= position.seq) if inclusive else (seq > position.seq)))
+def positions_after(lsn: Any, seq: Any, position: ChangePosition | tuple[Any, Any], inclusive: bool = False) -> Any:
+    """numpy: which of the changes at (``lsn``, ``seq``) (arrays) come after ``position`` (or are
+    it); ``position`` one position, or arrays of positions compared element by element."""
+    p_lsn, p_seq = position
+    return (lsn > p_lsn) | ((lsn == p_lsn) & ((seq >= p_seq) if inclusive else (seq > p_seq)))
+
+
+def arrow_positions_after(
+    lsn: Any, seq: Any, position: ChangePosition | tuple[Any, Any], inclusive: bool = False
+) -> Any:
+    """Arrow: which of the changes at (``lsn``, ``seq``) come after ``position`` (or are it), as
+    :func:`positions_after`; NULL where a position is NULL."""
+    import pyarrow.compute as pc
+
+    p_lsn, p_seq = position
+    later_seq = pc.greater_equal(seq, p_seq) if inclusive else pc.greater(seq, p_seq)
+    return pc.or_(pc.greater(lsn, p_lsn), pc.and_(pc.equal(lsn, p_lsn), later_seq))
+
+
+def arrow_positions_at_or_before(lsn: Any, seq: Any, position: ChangePosition | tuple[Any, Any]) -> Any:
+    """Arrow: which of the changes at (``lsn``, ``seq``) come before ``position`` or are it."""
+    import pyarrow.compute as pc
+
+    return pc.invert(arrow_positions_after(lsn, seq, position))
 
 
 def position_before_sql(lsn_col: str, seq_col: str, position: SqlPosition, inclusive: bool = True) -> str:

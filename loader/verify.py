@@ -47,7 +47,7 @@ from loader.lake.tables import (
     SourceTable,
 )
 from loader.lake.types import NON_FINITE, spark_type
-from loader.lsn import ChangePosition, format_lsn
+from loader.lsn import ChangePosition, arrow_positions_after, format_lsn
 from loader.names import lake_column
 
 
@@ -589,9 +589,7 @@ def _history_state(hist: Any, columns: dict[str, str], cut: int | None) -> Any:
     for batch in scan_batches(hist.scan(row_filter=before_cut, selected_fields=fields)):
         if start is not None:
             lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
-            batch = batch.filter(
-                pc.or_(pc.greater(lsn, start[0]), pc.and_(pc.equal(lsn, start[0]), pc.greater(seq, start[1])))
-            )
+            batch = batch.filter(arrow_positions_after(lsn, seq, start))
         ops = batch.column("pg_operation")
         added = batch.filter(pc.is_in(ops, pa.array(["insert", "read"])))
         if added.num_rows:
@@ -911,7 +909,6 @@ def _keys_in_flight(
 
 def _keys_in_history(hist: Any, keys: dict[str, str], low: ChangePosition | None) -> set[tuple[str, ...]] | None:
     """Keys (old and new) of the history rows after ``low`` (all rows without one)."""
-    import pyarrow.compute as pc
     from pyiceberg.expressions import AlwaysTrue, GreaterThanOrEqual
 
     fields = (*(lake_column(k) for k in keys), "pg_lsn", "pg_seq", "pg_old_key")
@@ -924,11 +921,7 @@ def _keys_in_history(hist: Any, keys: dict[str, str], low: ChangePosition | None
     for batch in scan_batches(hist.scan(row_filter=where, selected_fields=fields)):
         if low is not None:
             lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
-            later = pc.or_(
-                pc.greater(lsn, low.commit_lsn),
-                pc.and_(pc.equal(lsn, low.commit_lsn), pc.greater(seq, low.seq)),
-            )
-            batch = batch.filter(later)
+            batch = batch.filter(arrow_positions_after(lsn, seq, low))
         pieces = [
             canonical.lake_pieces(batch.column(lake_column(k)), spark_type(t)).to_pylist() for k, t in keys.items()
         ]

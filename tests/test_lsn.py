@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.lsn import (
     END_OF_TRANSACTION,
     ChangePosition,
+    arrow_positions_after,
+    arrow_positions_at_or_before,
     format_lsn,
     parse_lsn,
     parse_position,
@@ -51,6 +54,7 @@ def test_parse_lsn_rejects_garbage() -> None:
         parse_lsn("16-B374")
 
 
+@settings(deadline=None)  # the first example imports pyarrow.compute
 @given(positions, positions)
 def test_position_sql_agrees_with_tuple_order(row: ChangePosition, bound: ChangePosition) -> None:
     env = {"l": row.commit_lsn, "s": row.seq}
@@ -76,6 +80,12 @@ def test_position_sql_agrees_with_tuple_order(row: ChangePosition, bound: Change
     lsn, seq = np.array([row[0]], np.int64), np.array([row[1]], np.int64)
     assert bool(positions_after(lsn, seq, ChangePosition(*bound))[0]) == (row > bound)
     assert bool(positions_after(lsn, seq, ChangePosition(*bound), inclusive=True)[0]) == (row >= bound)
+    # Arrow's (the merge's and verify's), against one position and against columns of positions
+    a_lsn, a_seq = pa.array([row[0]], pa.int64()), pa.array([row[1]], pa.int64())
+    for position in (ChangePosition(*bound), (pa.array([bound[0]], pa.int64()), pa.array([bound[1]], pa.int64()))):
+        assert arrow_positions_after(a_lsn, a_seq, position).to_pylist() == [row > bound]
+        assert arrow_positions_after(a_lsn, a_seq, position, inclusive=True).to_pylist() == [row >= bound]
+        assert arrow_positions_at_or_before(a_lsn, a_seq, position).to_pylist() == [row <= bound]
 
 
 @pytest.mark.parametrize(

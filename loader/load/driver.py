@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 from loader.errors import LandingUnavailableError
 from loader.faults import checkpoint
 from loader.lake.tables import SourceTable
-from loader.lake.types import UTC_TEXT, never_toasted
+from loader.lake.types import UTC_TEXT
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
 from loader.load.decode import _TIMESTAMP, _shape_problem
-from loader.load.kernel import json_objects
+from loader.load.kernel import absent_columns, json_objects
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
 from loader.load.values import Misfit, typed
-from loader.lsn import ChangePosition
+from loader.lsn import ChangePosition, positions_after
 
 if TYPE_CHECKING:
     import numpy as np
@@ -405,15 +405,15 @@ class PlainBatch:
         # Positions: strictly increasing within each file, inside the file's name range.
         c_lsn, c_seq, c_file = lsn[change], seq[change], file_of[change]
         same = c_file[1:] == c_file[:-1]
-        up = (c_lsn[1:] > c_lsn[:-1]) | ((c_lsn[1:] == c_lsn[:-1]) & (c_seq[1:] > c_seq[:-1]))
+        up = positions_after(c_lsn[1:], c_seq[1:], (c_lsn[:-1], c_seq[:-1]))
         if not up[same].all():
             raise NotPlain("positions not strictly increasing in a file")
         lo_l = np.array([f.first.commit_lsn for f in batch], np.int64)[c_file]
         lo_s = np.array([f.first.seq for f in batch], np.int64)[c_file]
         hi_l = np.array([f.last.commit_lsn for f in batch], np.int64)[c_file]
         hi_s = np.array([f.last.seq for f in batch], np.int64)[c_file]
-        below = (c_lsn < lo_l) | ((c_lsn == lo_l) & (c_seq < lo_s))
-        above = (c_lsn > hi_l) | ((c_lsn == hi_l) & (c_seq > hi_s))
+        below = ~positions_after(c_lsn, c_seq, (lo_l, lo_s), inclusive=True)
+        above = positions_after(c_lsn, c_seq, (hi_l, hi_s))
         if below.any() or above.any():
             raise NotPlain("a position outside its file's range")
         self.batch, self.headers = batch, headers
@@ -579,6 +579,7 @@ class PlainBatch:
         rows = self.table_rows(table)
         shape = self.shape[rows]
         out: dict[str, Any] = {}
+        sent: dict[str, np.ndarray] = {}
         row_offsets = self.col_offsets[rows]
         for col in columns:
             where = np.full(len(self.shapes), -1, np.int64)
@@ -590,6 +591,7 @@ class PlainBatch:
                         raise NotPlain(f"{table.qualified}: column {col.source} changes type in the batch")
                     where[s] = info.names.index(col.source)
             j = where[shape]
+            sent[col.source] = j >= 0
             idx = pa.array(row_offsets + j, pa.int64(), mask=j < 0)
             out[col.lake] = _typed(self.values.take(idx), col, table)
         ts = _typed(self.ts.take(pa.array(rows)), HistoryColumn("", "timestamp with time zone"), table)
@@ -602,7 +604,8 @@ class PlainBatch:
             pg_txn_timestamp=ts,
             pg_change_lsn=self.change_lsn.take(pa.array(rows)),
             pg_old_key=self._old_keys(rows, shape),
-            pg_absent_columns=self._absent(shape, columns),
+            # (a batch with columns dropped at the source goes to the Spark path: no drops here)
+            pg_absent_columns=absent_columns(columns, sent, self._updates(shape), self.lsn[rows], self.seq[rows], {}),
             pg_landing_file=pa.array([f.name for f in self.batch], pa.string()).take(pa.array(self.file_of[rows])),
             pg_note=pa.nulls(len(rows), pa.string()),
         )
@@ -627,18 +630,11 @@ class PlainBatch:
         lists = pa.array(offsets.astype(np.int32))
         return json_objects(pa.ListArray.from_arrays(lists, names), pa.ListArray.from_arrays(lists, texts))
 
-    def _absent(self, shape: np.ndarray, columns: list[HistoryColumn]) -> pa.Array:
-        """pg_absent_columns: per update, the varlena columns it did not send (unchanged TOAST)."""
-        import pyarrow as pa
+    def _updates(self, shape: np.ndarray) -> np.ndarray:
+        """Which rows (of shapes ``shape``) are updates."""
+        import numpy as np
 
-        lists: list[list[str]] = []
-        for info in self.shapes:
-            if info is None or info.op != "U":
-                lists.append([])
-                continue
-            sent = set(info.names)
-            lists.append([c.lake for c in columns if not never_toasted(c.pg_type) and c.source not in sent])
-        return pa.array(lists, pa.list_(pa.string())).take(pa.array(shape))
+        return np.array([info is not None and info.op == "U" for info in self.shapes], bool)[shape]
 
 
 def _in_target(out: dict[str, Any], n: int, target: pa.Schema) -> pa.Table:

@@ -81,7 +81,7 @@ def history_batch(
     seq = batch.column("seq").to_numpy(zero_copy_only=False)
     out: list[pa.Array] = []
     reasons: list[pa.Array] = []
-    absent: list[tuple[str, np.ndarray]] = []
+    sent_of: dict[str, np.ndarray] = {}
     for col in columns:
         hit = np.flatnonzero(pc.fill_null(pc.equal(flat_names, col.source), False).to_numpy(zero_copy_only=False))
         at = np.full(n, -1, np.int64)
@@ -97,11 +97,7 @@ def history_batch(
                     misfit, pc.binary_join_element_wise(label, text, " does not fit", ""), pa.scalar(None, pa.string())
                 )
             )
-        if not never_toasted(col.pg_type):
-            gone = ~sent & is_update
-            if col.source in dropped:
-                gone &= ~positions_after(lsn, seq, dropped[col.source], inclusive=True)
-            absent.append((col.lake, gone))
+        sent_of[col.source] = sent
     reason = _joined_reasons(reasons, n) if reasons else None
     ts, _ = typed_or_misfits(batch.column("ts"), "timestamp with time zone")
     out += [
@@ -112,7 +108,7 @@ def history_batch(
         ts,
         batch.column("change_lsn"),
         json_objects(batch.column("key_names"), batch.column("key_values")),
-        _name_lists(absent, n),
+        absent_columns(columns, sent_of, is_update, lsn, seq, dropped),
         batch.column("landing_file"),
         batch.column("note"),
         batch.column("line"),
@@ -129,6 +125,31 @@ def _joined_reasons(reasons: list[pa.Array], n: int) -> pa.Array:
 
     lists = [r.to_pylist() for r in reasons]
     return pa.array(["; ".join(x for x in row if x is not None) for row in zip(*lists, strict=True)], pa.string())
+
+
+def absent_columns(
+    columns: list[HistoryColumn],
+    sent: dict[str, np.ndarray],
+    is_update: np.ndarray,
+    lsn: np.ndarray,
+    seq: np.ndarray,
+    dropped: dict[str, ChangePosition],
+) -> pa.Array:
+    """pg_absent_columns: per update, the lake names of the varlena columns it did not send (their
+    value is unchanged TOAST), in ``columns``' order. Fixed-length columns are never TOASTed (not
+    sent: dropped at the source), and a column dropped at or before the change reads NULL.
+    ``sent``: per source column, which rows carry it."""
+    import numpy as np
+
+    absent = []
+    for col in columns:
+        if never_toasted(col.pg_type):
+            continue
+        gone = ~sent.get(col.source, np.zeros(len(is_update), bool)) & is_update
+        if col.source in dropped:
+            gone &= ~positions_after(lsn, seq, dropped[col.source], inclusive=True)
+        absent.append((col.lake, gone))
+    return _name_lists(absent, len(is_update))
 
 
 def _name_lists(absent: list[tuple[str, np.ndarray]], n: int) -> pa.Array:

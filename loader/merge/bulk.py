@@ -41,7 +41,7 @@ from loader.lake.files import (
     parquet_data_file,
     prefetched,
 )
-from loader.lsn import ChangePosition
+from loader.lsn import ChangePosition, arrow_positions_after, arrow_positions_at_or_before
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
 from loader.spills import private_dir
@@ -97,15 +97,9 @@ def _in_range(batch: Any, since: ChangePosition | None, cut: ChangePosition) -> 
     import pyarrow.compute as pc
 
     lsn, seq = batch.column("pg_lsn"), batch.column("pg_seq")
-    keep = pc.or_(pc.less(lsn, cut.commit_lsn), pc.and_(pc.equal(lsn, cut.commit_lsn), pc.less_equal(seq, cut.seq)))
+    keep = arrow_positions_at_or_before(lsn, seq, cut)
     if since is not None:
-        keep = pc.and_(
-            keep,
-            pc.or_(
-                pc.greater(lsn, since.commit_lsn),
-                pc.and_(pc.equal(lsn, since.commit_lsn), pc.greater(seq, since.seq)),
-            ),
-        )
+        keep = pc.and_(keep, arrow_positions_after(lsn, seq, since))
     return batch.filter(keep)
 
 

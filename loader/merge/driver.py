@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from loader.lake.types import spark_type
-from loader.lsn import ChangePosition
+from loader.lsn import ChangePosition, arrow_positions_after, arrow_positions_at_or_before
 from loader.merge.rowdelta import BUCKET, FILE, POS
 
 log = logging.getLogger("loader.merge")
@@ -43,18 +43,6 @@ _UPSERT_OPS = ("insert", "update", "read")
 
 class NotPlainIncrement(Exception):
     """The increment or the table needs the Spark path (the reason is the message)."""
-
-
-def _after(lsn: Any, seq: Any, pos: ChangePosition) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.or_(pc.greater(lsn, pos.commit_lsn), pc.and_(pc.equal(lsn, pos.commit_lsn), pc.greater(seq, pos.seq)))
-
-
-def _at_or_before(lsn: Any, seq: Any, pos: ChangePosition) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.or_(pc.less(lsn, pos.commit_lsn), pc.and_(pc.equal(lsn, pos.commit_lsn), pc.less_equal(seq, pos.seq)))
 
 
 def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> dict[str, Any]:
@@ -210,9 +198,9 @@ def driver_rows(
         raise NotPlainIncrement("the increment's files hold more rows than merge.driver_max_rows")
     inc = ArrowScan(hist.metadata, hist.io, scan.projection(), row_filter).to_table(tasks)
     read_s = time.perf_counter() - started
-    in_range = _at_or_before(inc.column("pg_lsn"), inc.column("pg_seq"), cut)
+    in_range = arrow_positions_at_or_before(inc.column("pg_lsn"), inc.column("pg_seq"), cut)
     if since is not None:
-        in_range = pc.and_(_after(inc.column("pg_lsn"), inc.column("pg_seq"), since), in_range)
+        in_range = pc.and_(arrow_positions_after(inc.column("pg_lsn"), inc.column("pg_seq"), since), in_range)
     inc = inc.filter(in_range)
     n_rows = inc.num_rows
     if n_rows == 0:
@@ -259,12 +247,8 @@ def driver_rows(
     joined = newest.join(matched, pk, join_type="left outer")
     found = pc.is_valid(joined.column(FILE))
     newer = pc.fill_null(
-        pc.or_(
-            pc.greater(joined.column("pg_lsn"), joined.column("t_lsn")),
-            pc.and_(
-                pc.equal(joined.column("pg_lsn"), joined.column("t_lsn")),
-                pc.greater(joined.column("pg_seq"), joined.column("t_seq")),
-            ),
+        arrow_positions_after(
+            joined.column("pg_lsn"), joined.column("pg_seq"), (joined.column("t_lsn"), joined.column("t_seq"))
         ),
         False,
     )
