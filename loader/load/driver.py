@@ -38,7 +38,7 @@ from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.kernel import absent_columns, json_objects
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
-from loader.load.values import Misfit, typed
+from loader.load.values import Misfit, typed, typed_distinct
 from loader.lsn import ChangePosition, positions_after
 
 if TYPE_CHECKING:
@@ -594,7 +594,7 @@ class PlainBatch:
             sent[col.source] = j >= 0
             idx = pa.array(row_offsets + j, pa.int64(), mask=j < 0)
             out[col.lake] = _typed(self.values.take(idx), col, table)
-        ts = _typed(self.ts.take(pa.array(rows)), HistoryColumn("", "timestamp with time zone"), table)
+        ts = _typed(self.ts.take(pa.array(rows)), HistoryColumn("", "timestamp with time zone"), table, distinct=True)
         ops = self.op.take(pa.array(rows))
         out.update(
             pg_lsn=pa.array(self.lsn[rows]),
@@ -663,11 +663,11 @@ def _operation_names(ops: pa.Array) -> pa.Array:
     return names.take(encoded.indices)
 
 
-def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable) -> pa.Array:
+def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable, distinct: bool = False) -> pa.Array:
     """A column's values typed by the load's rules (loader.load.values); a misfit sends the batch to
-    the Spark path, which rejects it."""
+    the Spark path, which rejects it. ``distinct``: a column of few distinct values."""
     try:
-        return typed(values, col.pg_type, f"{table.qualified}.{col.source}")
+        return (typed_distinct if distinct else typed)(values, col.pg_type, f"{table.qualified}.{col.source}")
     except Misfit as exc:
         raise NotPlain(str(exc)) from None
 
@@ -971,7 +971,7 @@ class SnapshotBatch:
         def const(value: Any, t: Any) -> Any:
             return constant_array(value, t, total)
 
-        ts = _typed(const(header.ts, pa.string()), HistoryColumn("", "timestamp with time zone"), table)
+        ts = _typed(const(header.ts, pa.string()), HistoryColumn("", "timestamp with time zone"), table, distinct=True)
         out.update(
             pg_lsn=const(header.commit_lsn, pa.int64()),
             pg_seq=cat(seqs, pa.int64()),

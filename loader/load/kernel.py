@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.lake.types import never_toasted, quote_ident, spark_type
 from loader.load.sql import LINE, RAW, REASON, HistoryColumn
-from loader.load.values import typed_or_misfits
+from loader.load.values import Misfit, typed_distinct, typed_or_misfits
 from loader.lsn import ChangePosition, positions_after
 from loader.names import lake_column
 
@@ -99,7 +99,10 @@ def history_batch(
             )
         sent_of[col.source] = sent
     reason = _joined_reasons(reasons, n) if reasons else None
-    ts, _ = typed_or_misfits(batch.column("ts"), "timestamp with time zone")
+    try:
+        ts = typed_distinct(batch.column("ts"), "timestamp with time zone", "")
+    except Misfit:
+        ts, _ = typed_or_misfits(batch.column("ts"), "timestamp with time zone")
     out += [
         batch.column("commit_lsn"),
         batch.column("seq"),

