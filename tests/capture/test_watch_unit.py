@@ -138,3 +138,16 @@ def test_a_first_change_older_than_the_table_under_its_name_resyncs_it() -> None
     # Modulo 2^32, as PostgreSQL compares them: just before a wraparound precedes just after it.
     assert xid_precedes(2**32 - 10, 5) and not xid_precedes(5, 2**32 - 10)
     assert xid_precedes(3, 4) and not xid_precedes(4, 4)
+
+
+def test_a_table_without_a_key_whose_identity_starts_carrying_deletes_is_resynced_once() -> None:
+    """Deletes of a keyless table without a usable identity are not decoded: history's state keeps
+    the deleted rows until a resync re-reads the table, which REPLICA IDENTITY FULL calls for."""
+    nothing = replace(facts(pk=()), replica_identity="default")
+    full = replace(nothing, replica_identity="full")
+    got = plan({"public.t": nothing}, {"public.t": full})
+    assert "history's state restarts" in got.resync["public.t"] and not got.park
+    assert not plan({"public.t": full}, {"public.t": full}).resync  # once, not on every look
+    # A keyed table regaining its identity keeps its own reason (its current table is rebuilt).
+    keyed = replace(facts(), replica_identity="nothing")
+    assert "again" in plan({"public.k": keyed}, {"public.k": facts()}).resync["public.k"]

@@ -86,6 +86,8 @@ def test_old_keys_are_json_of_lake_names_escaped_as_spark_writes_them() -> None:
 def test_typing_distinct_texts_once_gives_what_typing_each_gives() -> None:
     from loader.load.values import typed, typed_distinct
 
-    texts = pa.array(["2024-03-01 10:00:00+00", None, "infinity", "2024-03-01 10:00:00+00", "0044-03-15 10:00:00+01 BC"])
+    texts = pa.array(
+        ["2024-03-01 10:00:00+00", None, "infinity", "2024-03-01 10:00:00+00", "0044-03-15 10:00:00+01 BC"]
+    )
     for pg_type in ("timestamp with time zone", "text"):
         assert typed_distinct(texts, pg_type, "t.c").equals(typed(texts, pg_type, "t.c"))
