@@ -120,6 +120,23 @@ def test_a_keyless_table_truncated_or_rewritten_is_not_copied_again(env: Env) ->
 
 
 @pytest.mark.parametrize("trigger", [True, False], ids=["ddl-trigger", "catalog-only"])
+def test_a_keyless_table_whose_identity_becomes_full_is_resynced(env: Env, trigger: bool) -> None:
+    """Deletes of a table without a key or a replica identity are not decoded (a server WARNING
+    only): when REPLICA IDENTITY FULL makes its deletes decodable, history's state must lose the
+    rows deleted before, which only a re-read gives (make fuzz seed 324)."""
+    env.configure("source", ddl_trigger=trigger)
+    env.sql("CREATE TABLE public.kl (a int, b text)")
+    env.sql("INSERT INTO public.kl SELECT g, 'x' || g FROM generate_series(1, 8) g")
+    env.run_all()
+    env.sql("DELETE FROM public.kl WHERE a <= 3")  # not decoded: no replica identity
+    env.sql("ALTER TABLE public.kl REPLICA IDENTITY FULL")
+    env.sql("DELETE FROM public.kl WHERE a = 8")  # decoded: the old row
+    cap, _, _ = env.run_all()
+    assert "history's state restarts" in cap.resynced.get("public.kl", ""), (cap.resynced, cap.notes)
+    env.assert_reconciled()
+
+
+@pytest.mark.parametrize("trigger", [True, False], ids=["ddl-trigger", "catalog-only"])
 def test_a_keyless_table_set_unlogged_then_logged_is_resynced(env: Env, trigger: bool) -> None:
     """A table without a key has no current table, but its history's state is its rows: rows deleted
     while it was unlogged (not in the WAL) must not stay in the lake. With the DDL trigger its SET
