@@ -92,8 +92,9 @@ def typed_distinct(values: Any, pg_type: str, where: str) -> Any:
 def typed_or_misfits(values: Any, pg_type: str) -> tuple[Any, Any]:
     """``values`` typed as :func:`typed` types them, with the misfits as data: (typed values with
     NULL where a value does not fit, a boolean mask of those values, or None when every value
-    fits). The vectorized typing runs first; a column it refuses is typed value by value by the
-    same function, so a misfit costs only its own column's batch."""
+    fits). The vectorized typing runs first; a column it refuses is halved until each misfit is
+    alone (typing is per value, so a part types alike on its own), at a cost of about
+    ``misfits x log2(rows)`` typings instead of one per row."""
     import pyarrow as pa
 
     try:
@@ -102,21 +103,25 @@ def typed_or_misfits(values: Any, pg_type: str) -> tuple[Any, Any]:
         pass
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    out, misfit = [], []
-    for i in range(len(values)):
-        one = values.slice(i, 1)
+    parts: list[Any] = []
+    misfit: list[Any] = []
+    pending = [values]
+    while pending:
+        part = pending.pop()
         try:
-            out.append(typed(one, pg_type, ""))
-            misfit.append(False)
+            parts.append(typed(part, pg_type, ""))
+            misfit.append(pa.array([False] * len(part), pa.bool_()))
+            continue
         except Misfit:
-            out.append(None)
-            misfit.append(True)
-    storage = next((a.type for a in out if a is not None), None)
-    if storage is None:
-        storage = typed(pa.nulls(0, values.type), pg_type, "").type
-    arrays = [a if a is not None else pa.nulls(1, storage) for a in out]
-    joined = pa.concat_arrays(arrays) if arrays else pa.nulls(0, storage)
-    return joined, pa.array(misfit, pa.bool_())
+            if len(part) > 1:
+                half = len(part) // 2
+                pending += [part.slice(half), part.slice(0, half)]  # the first half is typed first
+                continue
+        parts.append(None)
+        misfit.append(pa.array([True], pa.bool_()))
+    storage = next((p.type for p in parts if p is not None), None) or typed(values.slice(0, 0), pg_type, "").type
+    typed_parts = [p if p is not None else pa.nulls(1, storage) for p in parts]
+    return pa.concat_arrays(typed_parts), pa.concat_arrays(misfit)
 
 
 def arrow_type(sql: str) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loader.load.decode import CHANGE_ROW_DDL
 from loader.load.kernel import history_batch, history_ddl, json_string
@@ -91,3 +93,37 @@ def test_typing_distinct_texts_once_gives_what_typing_each_gives() -> None:
     )
     for pg_type in ("timestamp with time zone", "text"):
         assert typed_distinct(texts, pg_type, "t.c").equals(typed(texts, pg_type, "t.c"))
+
+
+_TEXTS = {
+    "integer": ["1", "-7", "x", "99999999999", None, "+3"],
+    "date": ["2024-02-29", "2024-02-30", "infinity", "0044-03-15 BC", None, "tomorrow"],
+    "numeric(5,2)": ["1.50", "NaN", "123456.00", "-0.01", None],
+    "integer[]": ["{1,2}", "{{1}}", "{1,x}", "{}", None],
+}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(sorted(_TEXTS)).flatmap(
+        lambda t: st.tuples(st.just(t), st.lists(st.sampled_from(_TEXTS[t]), max_size=40))
+    )
+)
+def test_misfits_as_data_are_the_values_typing_one_by_one_refuses(case: tuple[str, list[str | None]]) -> None:
+    from loader.load.values import Misfit, typed, typed_or_misfits
+
+    def numbers(values: pa.Array) -> list[Any]:  # dates as day numbers (infinity is past Python's)
+        return (values.cast(pa.int32()) if pa.types.is_date32(values.type) else values).to_pylist()
+
+    pg_type, texts = case
+    got, misfit = typed_or_misfits(pa.array(texts, pa.string()), pg_type)
+    expected, refused = [], []
+    for text in texts:
+        try:
+            expected.append(numbers(typed(pa.array([text], pa.string()), pg_type, "t.c"))[0])
+            refused.append(False)
+        except Misfit:
+            expected.append(None)
+            refused.append(True)
+    assert numbers(got) == expected
+    assert (misfit.to_pylist() if misfit is not None else [False] * len(texts)) == refused
