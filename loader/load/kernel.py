@@ -82,10 +82,17 @@ def history_batch(
     out: list[pa.Array] = []
     reasons: list[pa.Array] = []
     sent_of: dict[str, np.ndarray] = {}
-    for col in columns:
-        hit = np.flatnonzero(pc.fill_null(pc.equal(flat_names, col.source), False).to_numpy(zero_copy_only=False))
-        at = np.full(n, -1, np.int64)
-        at[parents[hit]] = hit
+    # Where each column's value sits in the flattened lists, for every row (-1: not sent): the
+    # names numbered once (dictionary), then one scatter for all columns, whatever the width.
+    encoded = pc.dictionary_encode(flat_names)
+    number = {c.source: i for i, c in enumerate(columns)}
+    of_name = np.array([number.get(name, -1) for name in encoded.dictionary.to_pylist()] + [-1], np.int64)
+    column_of = of_name[pc.fill_null(encoded.indices, len(of_name) - 1).to_numpy(zero_copy_only=False)]
+    known = np.flatnonzero(column_of >= 0)
+    where = np.full((len(columns), n), -1, np.int64)
+    where[column_of[known], parents[known]] = known
+    for i, col in enumerate(columns):
+        at = where[i]
         sent = at >= 0
         text = flat_values.take(pa.array(at, pa.int64(), mask=~sent))
         storage, misfit = typed_or_misfits(text, col.pg_type)
