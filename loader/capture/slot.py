@@ -251,7 +251,7 @@ class ExportedSnapshot:
 #: just ended (or was killed) releases its session lock only when its server backend exits, which
 #: PostgreSQL does asynchronously after the client is gone; the next scheduled run must not fail
 #: on that window. A live holder keeps the lock past the grace and is reported.
-CAPTURE_LOCK_GRACE_S = 5.0
+CAPTURE_LOCK_GRACE_S = locks.LOCK_GRACE_S  # the stage locks' grace, for the same reason
 
 
 def capture_lock(conn: psycopg.Connection, slot: str, grace: float = CAPTURE_LOCK_GRACE_S) -> None:

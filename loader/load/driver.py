@@ -54,7 +54,6 @@ class NotPlain(Exception):
 _KINDS = {"I": ROW, "R": ROW, "U": UPDATE, "D": OTHER}
 # Separators of the per-row shape key; names holding them are not plain.
 _SEP_FIELD, _SEP_ITEM = "\x1e", "\x1f"
-# What Spark's to_json escapes in a string (Jackson): quote, backslash, control characters.
 
 
 def _landing_schema() -> pa.Schema:

@@ -105,7 +105,7 @@ def history_batch(
                 )
             )
         sent_of[col.source] = sent
-    reason = _joined_reasons(reasons, n) if reasons else None
+    reason = _joined_reasons(reasons) if reasons else None
     try:
         ts = typed_distinct(batch.column("ts"), "timestamp with time zone", "")
     except Misfit:
@@ -129,7 +129,7 @@ def history_batch(
     return pa.RecordBatch.from_arrays(out, names=names_out)
 
 
-def _joined_reasons(reasons: list[pa.Array], n: int) -> pa.Array:
+def _joined_reasons(reasons: list[pa.Array]) -> pa.Array:
     """Per row, its columns' reasons joined by '; ' ('' where none): ``concat_ws`` of them."""
     import pyarrow as pa
 
