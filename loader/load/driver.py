@@ -14,7 +14,9 @@ files' ranges disjoint, commit times in the UTC form capture writes, every recor
 checks of :func:`loader.load.decode._shape_problem`) valid, no column retyped incompatibly or
 dropped at the source, no erased subject, every change after what history holds (no dedupe
 needed), and every value typed by an Arrow cast that accepts no text Spark's ``try_cast`` would
-read differently (anything else, e.g. arrays or bytea, is not plain). Whatever is not plain raises
+read differently. A value that does not fit leaves its row out of the rows appended and becomes a
+reject, with the park the Spark path writes (:class:`Misfits`, :func:`misfit_rejects`,
+:func:`park_rows`), when the batch is held in memory. Whatever else is not plain raises
 :class:`NotPlain` before anything is committed, and the Spark path loads the batch, with its
 rejects, parks and exact reasons. Both paths write the same history rows (a property test holds
 them to each other on random batches).
@@ -35,7 +37,7 @@ from loader.lake.types import UTC_TEXT
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
 from loader.load.decode import _TIMESTAMP, _shape_problem
-from loader.load.kernel import absent_columns, json_objects
+from loader.load.kernel import absent_columns, json_objects, typed_column
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
 from loader.load.values import Misfit, typed, typed_distinct
@@ -417,6 +419,7 @@ class PlainBatch:
             raise NotPlain("a position outside its file's range")
         self.batch, self.headers = batch, headers
         self.num_rows = rows.num_rows
+        self.misfits: dict[SourceTable, list[Misfits]] = {}
         self.change = change
         self.file_of = file_of
         self.lsn, self.seq = lsn, seq
@@ -567,11 +570,16 @@ class PlainBatch:
         )
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> list[pa.Table]:
-        """The table's history rows, in position order, as one part (the batch is in memory)."""
-        return [self.history_rows(table, columns, target)]
+        """The table's history rows, in position order, as one part (the batch is in memory); rows
+        whose values do not fit are left out and kept in :attr:`misfits`."""
+        return [self.history_rows(table, columns, target, keep_misfits=True)]
 
-    def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
-        """The table's history rows in ``target``'s columns and types (the Iceberg table's schema)."""
+    def history_rows(
+        self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema, keep_misfits: bool = False
+    ) -> pa.Table:
+        """The table's history rows in ``target``'s columns and types (the Iceberg table's schema).
+        A value that does not fit raises NotPlain, or with ``keep_misfits`` leaves its row out of
+        them and in :attr:`misfits`."""
         import numpy as np
         import pyarrow as pa
 
@@ -579,6 +587,7 @@ class PlainBatch:
         shape = self.shape[rows]
         out: dict[str, Any] = {}
         sent: dict[str, np.ndarray] = {}
+        bad: np.ndarray | None = None  # rows holding a value that does not fit
         row_offsets = self.col_offsets[rows]
         for col in columns:
             where = np.full(len(self.shapes), -1, np.int64)
@@ -592,7 +601,9 @@ class PlainBatch:
             j = where[shape]
             sent[col.source] = j >= 0
             idx = pa.array(row_offsets + j, pa.int64(), mask=j < 0)
-            out[col.lake] = _typed(self.values.take(idx), col, table)
+            out[col.lake], misfit = _typed_or_misfit(self.values.take(idx), col, table, keep_misfits)
+            if misfit is not None:
+                bad = misfit if bad is None else bad | misfit
         ts = _typed(self.ts.take(pa.array(rows)), HistoryColumn("", "timestamp with time zone"), table, distinct=True)
         ops = self.op.take(pa.array(rows))
         out.update(
@@ -608,7 +619,13 @@ class PlainBatch:
             pg_landing_file=pa.array([f.name for f in self.batch], pa.string()).take(pa.array(self.file_of[rows])),
             pg_note=pa.nulls(len(rows), pa.string()),
         )
-        return _in_target(out, len(rows), target)
+        history = _in_target(out, len(rows), target)
+        if bad is None:
+            return history
+        self.misfits.setdefault(table, []).append(
+            Misfits(self.file_of[rows][bad], self.lsn[rows][bad], self.seq[rows][bad])
+        )
+        return history.filter(pa.array(~bad))
 
     def _old_keys(self, rows: np.ndarray, shape: np.ndarray) -> pa.Array:
         """pg_old_key: the rows' old keys (names from their shapes, texts from the batch) as the
@@ -669,6 +686,102 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable, distinct: b
         return (typed_distinct if distinct else typed)(values, col.pg_type, f"{table.qualified}.{col.source}")
     except Misfit as exc:
         raise NotPlain(str(exc)) from None
+
+
+def _typed_or_misfit(
+    values: pa.Array, col: HistoryColumn, table: SourceTable, keep: bool
+) -> tuple[pa.Array, np.ndarray | None]:
+    """:func:`_typed`, or with ``keep`` the load kernel's typing (``typed_column``): a value that
+    does not fit as NULL, and a mask of the rows holding one (None when every value fits)."""
+    import pyarrow as pa
+
+    if not keep or not pa.types.is_string(values.type):
+        return _typed(values, col, table), None
+    storage, why = typed_column(values, col)
+    if why is None:
+        return storage, None
+    return storage, why.is_valid().to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class Misfits:
+    """Rows of a table whose values do not fit (``loader.load.kernel.typed_column``), left out of
+    the history rows a batch returns: per row, its file (index in the batch) and position. The
+    load writes them to the rejects table and parks the table (:func:`misfit_rejects`)."""
+
+    files: np.ndarray
+    lsn: np.ndarray
+    seq: np.ndarray
+
+
+def misfit_rejects(
+    store: LandingStore,
+    batch: list[LandingFile],
+    table: SourceTable,
+    columns: list[HistoryColumn],
+    found: list[Misfits],
+) -> pa.Table:
+    """The rejects table's rows (without ``rejected_at``) of the misfits ``found``, plus ``ts``
+    (their commit time's text), in position order: their files decoded again as the Spark path
+    decodes them (``loader.load.decode``) and typed by the load kernel, so the line, reason and
+    raw text are the Spark path's. Rare (a value that does not fit), so the cost of decoding a file
+    row by row is taken only for files holding one. A file that reads differently the second time
+    raises NotPlain (nothing was committed)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from loader.load.decode import _arrow_schema, decode_file, rows_to_batch
+    from loader.load.kernel import history_batch
+    from loader.load.sql import LINE, RAW, REASON
+
+    files = np.concatenate([m.files for m in found])
+    wanted = set(zip(np.concatenate([m.lsn for m in found]).tolist(), np.concatenate([m.seq for m in found]).tolist()))
+    parts = []
+    for i in sorted(set(files.tolist())):
+        f = batch[i]
+        rows = [
+            r
+            for r in decode_file(
+                f.name, store.open_bytes(f.name), f.first.commit_lsn, (f.first, f.last), store.max_decompressed
+            )
+            if r["reject_reason"] is None
+            and (r["src_schema"], r["src_table"]) == (table.schema, table.table)
+            and (r["commit_lsn"], r["seq"]) in wanted
+        ]
+        if len(rows) != int((files == i).sum()):
+            raise NotPlain(f"{f.name}: read differently the second time")
+        typed_rows = history_batch(rows_to_batch(rows, _arrow_schema()), columns, {})
+        if "" in typed_rows.column(REASON).to_pylist():
+            raise NotPlain(f"{f.name}: read differently the second time")
+        parts.append(
+            pa.table(
+                {
+                    "landing_file": typed_rows.column("pg_landing_file"),
+                    "line": typed_rows.column(LINE),
+                    "source_table": pa.array([table.qualified] * len(rows), pa.string()),
+                    "pg_lsn": typed_rows.column("pg_lsn"),
+                    "pg_seq": typed_rows.column("pg_seq"),
+                    "reason": typed_rows.column(REASON),
+                    "raw": typed_rows.column(RAW),
+                    "ts": pa.array([r["ts"] for r in rows], pa.string()),
+                }
+            )
+        )
+    return pa.concat_tables(parts).sort_by([("pg_lsn", "ascending"), ("pg_seq", "ascending")])
+
+
+def park_rows(
+    table: SourceTable, columns: list[HistoryColumn], target: pa.Schema, lsn: int, seq: int, ts: str, note: str
+) -> pa.Table:
+    """A park row the load derives, in ``target``'s columns: the one the Spark path writes
+    (``loader.load.decode.park_row`` through the load kernel)."""
+    from loader.load.decode import _arrow_schema, park_row, rows_to_batch
+    from loader.load.kernel import history_batch
+
+    park = history_batch(
+        rows_to_batch([park_row("", table.schema, table.table, lsn, ts, note, seq)], _arrow_schema()), columns, {}
+    )
+    return _in_target({name: park.column(name) for name in park.schema.names}, 1, target)
 
 
 # A driver append writes its rows once this many bytes of Arrow rows are held: a streamed batch's
@@ -786,6 +899,7 @@ class SnapshotBatch:
         self.files: list[tuple[int, arrowfile.SnapshotHeader, Any]] = []
         self._spans: dict[str, tuple[ChangePosition, ChangePosition]] = {}
         self.num_rows = 0
+        self.misfits: dict[SourceTable, list[Misfits]] = {}
         size = 0
         shapes: list[Shape] = []
         for i, f in enumerate(batch):
@@ -870,9 +984,14 @@ class SnapshotBatch:
         """The positions of the table's first and last change in the batch."""
         return self._spans[table.qualified]
 
-    def resyncs(self, table: SourceTable) -> int:
-        """The table's resync markers in the batch."""
-        return sum(1 for _, h, _ in self.files if h.qualified == table.qualified and h.resync is not None)
+    def resync_markers(self, table: SourceTable) -> list[tuple[int, int, str, str | None]]:
+        """The table's resync markers in the batch: (lsn, seq, 'resync', note), as its history rows
+        hold them (:meth:`_history_rows`)."""
+        return [
+            (h.commit_lsn, int(h.resync["seq"]), "resync", str(h.resync["reason"] or "") or None)
+            for _, h, _ in self.files
+            if h.qualified == table.qualified and h.resync is not None
+        ]
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterable[pa.Table]:
         """The table's history rows in ``target``'s columns and types, as the Spark path writes
@@ -889,14 +1008,20 @@ class SnapshotBatch:
                 self.files[k] = (i, h, None)  # the rows kept are released as they are typed
         if all(rows is not None or not h.rows for _, h, rows in mine):
             # Every file kept (at most SNAPSHOT_KEEP_BYTES): typed now, so a NotPlain comes before
-            # anything of the batch is written.
-            return list(self._history_stream(table, mine, columns, target))
+            # anything of the batch is written, and rows whose values do not fit are left out
+            # (kept in :attr:`misfits`).
+            return list(self._history_stream(table, mine, columns, target, keep_misfits=True))
         # Read and typed on a thread of their own while the caller encodes the parts before them:
         # memory holds the parts in flight, not the table's typed rows.
         return prefetched(self._history_stream(table, mine, columns, target), depth=2)
 
     def _history_stream(
-        self, table: SourceTable, mine: deque[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
+        self,
+        table: SourceTable,
+        mine: deque[tuple[int, Any, Any]],
+        columns: list[HistoryColumn],
+        target: pa.Schema,
+        keep_misfits: bool = False,
     ) -> Iterator[pa.Table]:
         while mine:
             i, h, rows = mine.popleft()
@@ -907,18 +1032,27 @@ class SnapshotBatch:
                         f"landing file {self.batch[i].name} changed while it was loaded",
                         hint="nothing was committed for its table; re-run 'loader load'",
                     )
-            yield self._history_rows(table, [(i, h, rows)], columns, target)
+            yield self._history_rows(table, [(i, h, rows)], columns, target, keep_misfits)
 
     def _history_rows(
-        self, table: SourceTable, parts: list[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
+        self,
+        table: SourceTable,
+        parts: list[tuple[int, Any, Any]],
+        columns: list[HistoryColumn],
+        target: pa.Schema,
+        keep_misfits: bool = False,
     ) -> pa.Table:
-        """History rows of ``parts`` (files of ``table``: index, header, rows)."""
+        """History rows of ``parts`` (files of ``table`` of one transaction: index, header, rows);
+        a value that does not fit raises NotPlain, or with ``keep_misfits`` leaves its row out (in
+        :attr:`misfits`)."""
+        import numpy as np
         import pyarrow as pa
 
         values: dict[str, list[Any]] = {c.lake: [] for c in columns}
         ops: list[Any] = []
         notes: list[Any] = []
         files: list[Any] = []
+        file_index: list[Any] = []
         seqs: list[Any] = []
         for i, h, rows in parts:
             n = rows.num_rows if rows is not None else 0
@@ -944,6 +1078,7 @@ class SnapshotBatch:
                 notes.append(pa.nulls(n, pa.string()))
                 seqs.append(rows.column(0).combine_chunks())
             files.append(constant_array(self.batch[i].name, pa.string(), n + marker))
+            file_index.append(np.full(n + marker, i, np.int64))
         total = sum(len(a) for a in ops)
 
         def cat(arrays: list[Any], t: Any) -> Any:
@@ -964,7 +1099,12 @@ class SnapshotBatch:
                 return cat(arrays, pa.bool_() if boolean else pa.int64())
             return cat(arrays, pa.string())
 
-        out: dict[str, Any] = {c.lake: _typed(values_of(values[c.lake]), c, table) for c in columns}
+        out: dict[str, Any] = {}
+        bad: np.ndarray | None = None  # rows holding a value that does not fit
+        for c in columns:
+            out[c.lake], misfit = _typed_or_misfit(values_of(values[c.lake]), c, table, keep_misfits)
+            if misfit is not None:
+                bad = misfit if bad is None else bad | misfit
         header = parts[0][1]
 
         def const(value: Any, t: Any) -> Any:
@@ -983,4 +1123,10 @@ class SnapshotBatch:
             pg_landing_file=cat(files, pa.string()),
             pg_note=cat(notes, pa.string()),
         )
-        return _in_target(out, total, target)
+        history = _in_target(out, total, target)
+        if bad is None:
+            return history
+        where = np.concatenate(file_index)[bad]
+        seq = out["pg_seq"].to_numpy()[bad]
+        self.misfits.setdefault(table, []).append(Misfits(where, np.full(len(where), header.commit_lsn, np.int64), seq))
+        return history.filter(pa.array(~bad))

@@ -65,6 +65,7 @@ from loader.lake.types import quote_ident, spark_type, sql_string
 from loader.landing.store import LandingFile, LandingStore, open_landing
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
+from loader.load.kernel import misfit_park_note
 from loader.load.sql import LINE, RAW, REASON, HistoryColumn, rejects_select
 from loader.load.survey import PARK, BatchSurvey, survey
 from loader.lsn import ChangePosition
@@ -434,7 +435,7 @@ class HistoryLoad:
         if not self._positions_unique:
             self._spark_reason = "landing files with overlapping positions (redelivered or re-landed changes)"
             return None
-        prepared: list[tuple[SourceTable, str, Any, ChangePosition, ChangePosition]] = []
+        prepared: list[_DriverTable] = []
         started = time.perf_counter()
         formats = {f.format for f in batch}
         if len(formats) > 1:
@@ -460,19 +461,26 @@ class HistoryLoad:
         catalog = open_catalog(self.settings)
         last_file = batch[-1]
 
-        def append_one(item: tuple[SourceTable, str, Any, ChangePosition, ChangePosition]) -> LoadResult:
+        def append_one(item: _DriverTable) -> LoadResult:
             from pyiceberg.exceptions import NoSuchTableError
 
             from loader.lake.catalog import watermark as table_watermark
             from loader.load.driver import append_rows
+            from loader.load.kernel import parked_after
 
-            table, ident, rows, first, last = item
+            table, ident, rows, first, last = item.table, item.ident, item.parts, item.first, item.last
             part = LoadResult()
+            if item.rejects is not None:
+                # Before the history commit, as on the Spark path: a run killed between the two
+                # writes no reject twice (the rows are matched by file and line) and parks again.
+                part.rejects += self._append_rejects(catalog, item.rejects)
             hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
             props = hist.properties
-            # What the Spark path's _note_parks does with resync rows alone: the table is not parked.
-            resynced = isinstance(plain, SnapshotBatch) and plain.resyncs(table)
-            remove = [PROP_PARKED] if resynced and PROP_PARKED in props else []
+            # What the Spark path's _note_parks does with the table's park and resync rows.
+            parked = parked_after(props.get(PROP_PARKED), item.markers) if item.markers else props.get(PROP_PARKED)
+            remove = [PROP_PARKED] if parked is None and PROP_PARKED in props else []
+            if item.markers and parked is not None:
+                part.parked[table.qualified] = json.loads(parked)["reason"]
             cur = (self.names.current_ns, table.iceberg_name)
 
             def merged_through() -> str | None:
@@ -483,6 +491,8 @@ class HistoryLoad:
 
             # The merge's bookkeeping in the append's own commit (see _before_append).
             update = _append_bookkeeping(props, first, last, merged_through)
+            if parked is not None and props.get(PROP_PARKED) != parked:
+                update[PROP_PARKED] = parked
             summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
             part.rows_per_table[table.qualified] = append_rows(hist, rows, summary, update, remove, self.spark, ident)
             checkpoint("load-after-table")
@@ -508,8 +518,9 @@ class HistoryLoad:
 
     def _driver_prepare(
         self, plain: Any, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], result: LoadResult
-    ) -> tuple[SourceTable, str, Any, ChangePosition, ChangePosition]:
-        """One table of a plain batch: its history table created or evolved, its rows typed.
+    ) -> _DriverTable:
+        """One table of a plain batch: its history table created or evolved, its rows typed (rows
+        whose values do not fit as the Spark path leaves them: in the rejects table, with a park).
         NotPlain (nothing appended yet) for what only the Spark path does.
 
         The table is read, and created when missing, with pyiceberg: only a table to evolve goes
@@ -564,7 +575,96 @@ class HistoryLoad:
         if not _all_new(hist.properties, lambda: hist.current_snapshot() is None, first):
             raise NotPlain(f"{table.qualified}: history may hold some of these changes")
         target = schema_to_pyarrow(hist.schema(), include_field_ids=True)
-        return table, ident, plain.history_parts(table, hist_columns, target), first, last
+        parts = plain.history_parts(table, hist_columns, target)
+        markers = plain.resync_markers(table) if hasattr(plain, "resync_markers") else []
+        found = getattr(plain, "misfits", {}).pop(table, None)
+        if not found:
+            return _DriverTable(table, ident, parts, first, last, markers=markers)
+        return self._driver_misfits(plain, table, ident, hist_columns, target, parts, found, first, last)
+
+    def _driver_misfits(
+        self,
+        plain: Any,
+        table: SourceTable,
+        ident: str,
+        columns: list[HistoryColumn],
+        target: Any,
+        parts: list[Any],
+        found: list[Any],
+        first: ChangePosition,
+        last: ChangePosition,
+    ) -> _DriverTable:
+        """A table whose rows in memory (``parts``) left out some whose values do not fit
+        (``found``): those become rejects, and the table gets the park the Spark path writes
+        (where ``loader.load.kernel.park_seq`` puts it, with ``misfit_park_note``'s note)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from loader.load.driver import misfit_rejects, park_rows
+        from loader.load.kernel import park_seq as seq_of_park
+
+        rejects = misfit_rejects(self.store, plain.batch, table, columns, found)
+        lsn = rejects.column("pg_lsn").to_numpy()
+        at = lsn == lsn[0]
+        reasons = rejects.column("reason").to_pylist()
+        k = min(np.flatnonzero(at).tolist(), key=lambda i: reasons[i])  # the Spark path's min(lsn, ts, reason)
+        rows = pa.concat_tables(parts) if parts else target.empty_table()
+        same_txn = rows.filter(pc.equal(rows.column("pg_lsn"), pa.scalar(int(lsn[0]), pa.int64())))
+        seqs = [int(s) for s in rejects.column("pg_seq").to_numpy()[at]] + same_txn.column("pg_seq").to_pylist()
+        resync = "resync" in same_txn.column("pg_operation").to_pylist()
+        park_at = ChangePosition(int(lsn[0]), seq_of_park(max(seqs), resync))
+        note = misfit_park_note(rejects.num_rows, park_at.commit_lsn, reasons[k], table.qualified)
+        park = park_rows(table, columns, target, park_at.commit_lsn, park_at.seq, rejects.column("ts")[k].as_py(), note)
+        rows = pa.concat_tables([rows, park]).sort_by([("pg_lsn", "ascending"), ("pg_seq", "ascending")])
+        markers = [
+            (r["pg_lsn"], r["pg_seq"], r["pg_operation"], r["pg_note"])
+            for r in rows.filter(pc.is_in(rows.column("pg_operation"), pa.array(["park", "resync"])))
+            .select(["pg_lsn", "pg_seq", "pg_operation", "pg_note"])
+            .to_pylist()
+        ]
+        return _DriverTable(
+            table,
+            ident,
+            [rows],
+            min(first, park_at),
+            max(last, park_at),
+            rejects=rejects.drop_columns(["ts"]),
+            markers=markers,
+        )
+
+    def _append_rejects(self, catalog: Any, rows: Any) -> int:
+        """Rows of the rejects table (without ``rejected_at``) not there yet (by file and line)
+        appended with pyiceberg: the rows appended."""
+        from datetime import datetime
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.expressions import In
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        from loader.lake.commits import append_arrow
+
+        rejects = catalog.load_table((self.names.loader_ns, "rejects"))
+        files = sorted(set(rows.column("landing_file").to_pylist()))
+        known = rejects.scan(row_filter=In("landing_file", files), selected_fields=("landing_file", "line")).to_arrow()  # type: ignore[misc,call-arg,arg-type]
+        seen = set(zip(known.column("landing_file").to_pylist(), known.column("line").to_pylist(), strict=True))
+        keys = zip(rows.column("landing_file").to_pylist(), rows.column("line").to_pylist(), strict=True)
+        new = rows.filter(pa.array([k not in seen for k in keys], pa.bool_()))
+        if not new.num_rows:
+            return 0
+        now = pc.cast(pa.array([datetime.now(UTC)] * new.num_rows), pa.timestamp("us", tz="UTC"))
+        target = schema_to_pyarrow(rejects.schema(), include_field_ids=True)
+        columns = {**{n: new.column(n) for n in new.column_names}, "rejected_at": now}
+        append_arrow(
+            rejects,
+            pa.Table.from_arrays([columns[f.name].cast(f.type) for f in target], schema=target),
+            {},
+            spark=self.spark,
+            spark_ident=self.names.rejects,
+            hint="nothing of the batch was marked loaded; re-run 'loader load' once the warehouse answers",
+        )
+        return int(new.num_rows)
 
     def _loaded_through(self, batch: list[LandingFile], ledger: Any) -> str:
         """The watermark never moves back: a late file below it leaves it where it was.
@@ -733,25 +833,26 @@ class HistoryLoad:
         bounds = self._bounds(typed, misfit=F.col(REASON) != "")
         if bounds[4]:
             bad = typed.where(f"{REASON} <> ''")
-            misfits = self._write_rejects(bad.selectExpr(*rejects_select(table.qualified)), result, typed=True)
-            if misfits:
-                earliest = F.min(F.struct("pg_lsn", F.col("pg_txn_timestamp").cast("string"), REASON))
-                first = bad.agg(earliest).collect()[0][0]
-                reason = (
-                    f"{misfits} changes quarantined in the rejects table (first at LSN {ChangePosition(first[0], 0)}: "
-                    f"{first[2]}); {repair_hint(table.qualified)}"
-                )
-                seq = park_seq(typed, first[0], "pg_lsn", "pg_seq", "pg_operation")
-                same = [p["note"] for p in parks if (p["commit_lsn"], p["seq"]) == (first[0], seq)]
-                if same:
-                    # One park row a position (the append keeps one row a position): one note for all.
-                    reason = "; and ".join([*same, reason])
-                    at = (F.col("pg_operation") == "park") & (F.col("pg_lsn") == first[0]) & (F.col("pg_seq") == seq)
-                    typed = typed.where(~(at & (F.col(LINE) == 0)))
-                park = self.spark.createDataFrame(
-                    [park_row("", table.schema, table.table, first[0], first[1], reason, seq)], CHANGE_ROW_DDL
-                )
-                typed = typed.unionByName(history_rows(park, hist_columns, dropped))
+            self._write_rejects(bad.selectExpr(*rejects_select(table.qualified)), result, typed=True)
+            # Every misfit parks the table, those whose rejects an earlier run (killed before
+            # its history commit) wrote too: they are not in history either.
+            # The commit time in capture's UTC form (the session's zone is UTC), as the park's typing
+            # reads it: without the offset it read as no commit time at all.
+            utc = F.concat(F.col("pg_txn_timestamp").cast("string"), F.lit("+00"))
+            earliest = F.min(F.struct("pg_lsn", utc, REASON))
+            first = bad.agg(earliest).collect()[0][0]
+            reason = misfit_park_note(bounds[4], first[0], first[2], table.qualified)
+            seq = park_seq(typed, first[0], "pg_lsn", "pg_seq", "pg_operation")
+            same = [p["note"] for p in parks if (p["commit_lsn"], p["seq"]) == (first[0], seq)]
+            if same:
+                # One park row a position (the append keeps one row a position): one note for all.
+                reason = "; and ".join([*same, reason])
+                at = (F.col("pg_operation") == "park") & (F.col("pg_lsn") == first[0]) & (F.col("pg_seq") == seq)
+                typed = typed.where(~(at & (F.col(LINE) == 0)))
+            park = self.spark.createDataFrame(
+                [park_row("", table.schema, table.table, first[0], first[1], reason, seq)], CHANGE_ROW_DDL
+            )
+            typed = typed.unionByName(history_rows(park, hist_columns, dropped))
         ok = typed.where(f"{REASON} = ''").drop(LINE, REASON, RAW)
         # Read more than once only on the rarer paths (misfits or park rows: bounds again, the park
         # markers, the append); otherwise the append is its one reader, and caching it would copy
@@ -911,17 +1012,14 @@ class HistoryLoad:
         )
         if not markers:
             return
+        from loader.load.kernel import parked_after
+
         props = table_properties(self.spark, ident)
-        state = json.loads(props[PROP_PARKED]) if PROP_PARKED in props else None
-        for m in markers:
-            if m.pg_operation == "resync":
-                state = None
-            elif state is None:
-                state = {"since": ChangePosition(m.pg_lsn, m.pg_seq).token(), "reason": m.pg_note or "parked"}
+        state = parked_after(props.get(PROP_PARKED), [tuple(m) for m in markers])
         if state is not None:
-            result.parked[table.qualified] = state["reason"]
-            if props.get(PROP_PARKED) != json.dumps(state):
-                update_properties(self.spark, ident, {PROP_PARKED: json.dumps(state)})
+            result.parked[table.qualified] = json.loads(state)["reason"]
+            if props.get(PROP_PARKED) != state:
+                update_properties(self.spark, ident, {PROP_PARKED: state})
         elif PROP_PARKED in props:
             update_properties(self.spark, ident, remove=[PROP_PARKED])
 
@@ -1013,6 +1111,21 @@ class HistoryLoad:
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
 
 
+@dataclass
+class _DriverTable:
+    """One table of a batch the driver loads: its rows (``parts``, in position order) and their
+    first and last positions, the rows for the rejects table (values that do not fit) and its park
+    and resync rows ``markers`` ((lsn, seq, operation, note), in position order)."""
+
+    table: SourceTable
+    ident: str
+    parts: Any
+    first: ChangePosition
+    last: ChangePosition
+    rejects: Any = None
+    markers: list[tuple[int, int, str, str | None]] = field(default_factory=list)
+
+
 _LEDGER_COLUMNS = ("file", "first_position", "last_position", "changes", "rejects", "loaded_at")
 
 
@@ -1029,24 +1142,18 @@ def history_rows(rows: DataFrame, columns: list[HistoryColumn], dropped: dict[st
 
 
 def park_seq(rows: DataFrame, lsn: int, lsn_col: str, seq_col: str, op_col: str) -> int:
-    """Where in the transaction committed at ``lsn`` a park for changes of it that could not be
-    taken goes (``rows``: the table's rows of the batch, those changes included).
-
-    At its start (seq 0), so that the current table stops before the whole transaction; but a
-    snapshot or resync is one transaction whose resync marker lifts every park before it (a park
-    the load derives for a retype waits for exactly that resync), so there the park goes right after
-    the table's last row of it: the resync is applied without the rows that did not fit, and the
-    table is parked until a later resync. (At seq 0 the snapshot lifted its own park, and the
-    rejected rows were gone from a current table that was not parked: fuzz, FUZZ_GAPS=all seed 307.)
-    """
+    """:func:`loader.load.kernel.park_seq` of the transaction committed at ``lsn`` (``rows``: the
+    table's rows of the batch, those changes included)."""
     from pyspark.sql import functions as F
+
+    from loader.load.kernel import park_seq as seq_of_park
 
     resyncs, last = (
         rows.where(F.col(lsn_col) == lsn)
         .agg(F.count(F.when(F.col(op_col) == "resync", 1)), F.max(seq_col))
         .collect()[0]
     )
-    return int(last) + 1 if resyncs else 0
+    return seq_of_park(last, bool(resyncs))
 
 
 def one_park_per_position(parks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,10 @@ Spark in its executors (``mapInArrow`` over the decoder's change rows,
   Spark's ``to_json`` of a ``map<string,string>`` writes it (Jackson's escapes);
 - ``pg_absent_columns``: per update, the varlena columns it did not send (unchanged TOAST), except
   columns dropped at the source at or before the change;
-- ``pg_txn_timestamp``: the commit time typed as a timestamptz.
+- ``pg_txn_timestamp``: the commit time typed as a timestamptz;
+- what a table's rows that did not fit leave behind (:func:`misfit_park_note`: one park, where
+  :func:`park_seq` puts it) and the ``loader.parked`` state its park and resync rows give
+  (:func:`parked_after`).
 
 Input rows are ``loader.load.decode.CHANGE_ROW_DDL``'s; :func:`history_ddl` is the output's Spark
 schema, :func:`history_batch` the function.
@@ -94,16 +97,10 @@ def history_batch(
     for i, col in enumerate(columns):
         at = where[i]
         sent = at >= 0
-        text = flat_values.take(pa.array(at, pa.int64(), mask=~sent))
-        storage, misfit = typed_or_misfits(text, col.pg_type)
+        storage, why = typed_column(flat_values.take(pa.array(at, pa.int64(), mask=~sent)), col)
         out.append(storage)
-        if misfit is not None and not spark_type(col.pg_type).lossless_text:
-            label = f"column {col.source} ({col.pg_type}): value "
-            reasons.append(
-                pc.if_else(
-                    misfit, pc.binary_join_element_wise(label, text, " does not fit", ""), pa.scalar(None, pa.string())
-                )
-            )
+        if why is not None:
+            reasons.append(why)
         sent_of[col.source] = sent
     reason = _joined_reasons(reasons) if reasons else None
     try:
@@ -127,6 +124,23 @@ def history_batch(
     ]
     names_out = [c.lake for c in columns] + [f.split(" ")[0] for f in METADATA_DDL.split(", ")]
     return pa.RecordBatch.from_arrays(out, names=names_out)
+
+
+def typed_column(text: pa.Array, col: HistoryColumn) -> tuple[pa.Array, pa.Array | None]:
+    """A column's texts typed by :mod:`loader.load.values`, a value that does not fit as NULL; and
+    per row why (``column c (t): value v does not fit``, NULL where it fits), or None when every
+    value fits."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    storage, misfit = typed_or_misfits(text, col.pg_type)
+    if misfit is None or spark_type(col.pg_type).lossless_text:
+        return storage, None
+    label = f"column {col.source} ({col.pg_type}): value "
+    why = pc.if_else(
+        misfit, pc.binary_join_element_wise(label, text, " does not fit", ""), pa.scalar(None, pa.string())
+    )
+    return storage, why
 
 
 def _joined_reasons(reasons: list[pa.Array]) -> pa.Array:
@@ -255,3 +269,47 @@ def _to_json(value: Any) -> str:
     if isinstance(value, str):
         return json_string(value)
     return json.dumps(value)
+
+
+# --- parks -----------------------------------------------------------------------------------
+
+
+def misfit_park_note(misfits: int, first_lsn: int, first_reason: str, qualified: str) -> str:
+    """The note of the park a table's rows that did not fit leave (``misfits`` of them, the first
+    at ``first_lsn`` with ``first_reason``): they are in the rejects table."""
+    from loader.load.decode import repair_hint
+
+    return (
+        f"{misfits} changes quarantined in the rejects table (first at LSN {ChangePosition(first_lsn, 0)}: "
+        f"{first_reason}); {repair_hint(qualified)}"
+    )
+
+
+def park_seq(last_seq: int | None, resync: bool) -> int:
+    """Where in a transaction a park for changes of it that could not be taken goes
+    (``last_seq``: the last position of the table's rows of that transaction in the batch, those
+    changes included; ``resync``: one of them is a resync marker).
+
+    At its start (seq 0), so that the current table stops before the whole transaction; but a
+    snapshot or resync is one transaction whose resync marker lifts every park before it (a park
+    the load derives for a retype waits for exactly that resync), so there the park goes right after
+    the table's last row of it: the resync is applied without the rows that did not fit, and the
+    table is parked until a later resync. (At seq 0 the snapshot lifted its own park, and the
+    rejected rows were gone from a current table that was not parked: fuzz, FUZZ_GAPS=all seed 307.)
+    """
+    return int(last_seq) + 1 if resync and last_seq is not None else 0
+
+
+def parked_after(state: str | None, markers: list[tuple[int, int, str, str | None]]) -> str | None:
+    """A history table's ``loader.parked`` property (``state``: as it is, JSON or None) after its
+    park and resync rows ``markers`` ((lsn, seq, operation, note), in position order): a resync
+    lifts the park, the first park after it sets one (since its position, its note as reason); a
+    table already parked stays parked since its first park. Display only (status, verify): merges
+    find parks from the rows themselves."""
+    parked = json.loads(state) if state else None
+    for lsn, seq, operation, note in markers:
+        if operation == "resync":
+            parked = None
+        elif parked is None:
+            parked = {"since": ChangePosition(lsn, seq).token(), "reason": note or "parked"}
+    return json.dumps(parked) if parked is not None else None

@@ -384,13 +384,15 @@ def test_a_backlog_above_the_memory_bound_loads_in_driver_batches(
     assert _snapshot(spark, bounded) == _snapshot(spark, spark_only)
 
 
-def test_a_misfit_sends_the_batch_to_spark(
-    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+def test_a_misfit_is_rejected_and_parked_by_the_driver(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A value only the Spark path can judge: nothing is appended by the driver, the Spark path
-    rejects it and parks the table, exactly as with the driver path off."""
+    """A value that does not fit: the driver appends the batch without it, writes it to the rejects
+    table and parks the table, exactly as the Spark path does (history, rejects, ledger, results).
+    A first run stopped between its rejects and its history commit writes no reject twice and
+    still parks the table when run again."""
     txn = Txn(commit_lsn=0x1000)
-    for seq, value in enumerate(["5", "not a number"], start=1):
+    for seq, value in enumerate(["5", "not a number", "7", "8.5"], start=1):
         txn.changes.append(
             ChangeRecord(
                 op="I",
@@ -404,11 +406,32 @@ def test_a_misfit_sends_the_batch_to_spark(
                 pk=["id"],
             )
         )
-    s = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
-    write_files(s, [txn], 10)
-    res = HistoryLoad(spark, s).run()
-    assert not used
-    assert res.rejects == 1 and ACCT.qualified in res.parked
+    with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    counting = driver.append_rows
+
+    def stopped(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("stopped before the history commit")
+
+    write_files(with_driver, [txn], 10)
+    monkeypatch.setattr(driver, "append_rows", stopped)
+    with pytest.raises(RuntimeError, match="stopped"):
+        HistoryLoad(spark, with_driver).run()
+    monkeypatch.setattr(driver, "append_rows", counting)
+    results = []
+    for s in (with_driver, spark_only):
+        if s is spark_only:
+            write_files(s, [txn], 10)
+        res = HistoryLoad(spark, s).run()
+        results.append((res.rows_per_table, res.parked, [e.split(" ")[0] for e in res.engines]))
+    assert used
+    assert results[0][:2] == results[1][:2]
+    assert results[0][2] == ["driver"] and results[1][2] == ["spark"]
+    assert "2 changes quarantined" in results[0][1][ACCT.qualified]
+    assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
+    assert len(_snapshot(spark, with_driver)["rejects"]) == 2
+    parked = spark.sql(f"SHOW TBLPROPERTIES {TableNames(with_driver).history(ACCT)} ('loader.parked')").collect()
+    assert "quarantined" in parked[0][1]
 
 
 @settings(
