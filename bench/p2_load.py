@@ -86,6 +86,8 @@ def run() -> None:
         ours, ceiling = n / t_load, n / t_pq
         per_cpu = n / statistics.median(cpus)
         print(f"  steady state: {per_cpu:,.0f} changes per CPU-second (this process and its JVM)")
+        spark_rate, spark_per_cpu, spark_n, lsn = _spark_path(spark, settings, min(n, SPARK_PATH_CHANGES), key, lsn)
+        key += spark_n + 10_000  # and the Spark path's warm-up
         # The whole command, as cron runs it: a new process, its start and everything it needs.
         landed, lsn = write_landing(settings, _changes(key, n), 10_000, lsn)
         whole = _stage("loader load (whole command)", ["load"], loader_env(settings), 0.5)
@@ -109,6 +111,21 @@ def run() -> None:
         record(
             Figure(
                 "P2",
+                f"load {spark_n / 1e3:g}k changes through Spark's executors (the cluster scheduler: the same"
+                " kernel by mapInArrow; load.driver_max_bytes = 0), steady state (changes/s)",
+                spark_rate,
+                "rows/s",
+                ceiling,
+                "pyarrow write_table zstd Parquet of the same kind of rows",
+                spark_rate / ceiling,
+                "printed (no goal: on a cluster it scales with executors)",
+                None,
+                extra={"changes_per_cpu_s": spark_per_cpu},
+            )
+        )
+        record(
+            Figure(
+                "P2",
                 f"`loader load` of {n / 1e6:g}M changes, whole command (start included; changes/s)",
                 whole_rate,
                 "rows/s",
@@ -120,6 +137,31 @@ def run() -> None:
                 extra={"changes_per_cpu_s": landed / whole.cpu_s, "peak_rss_mb": whole.peak_rss_mb},
             )
         )
+
+
+# Changes the Spark-path figure loads (at most): its rate is about a tenth of the driver's.
+SPARK_PATH_CHANGES = 200_000
+
+
+def _spark_path(spark: object, settings: object, n: int, key: int, lsn: int) -> tuple[float, float, int, int]:
+    """A batch of ``n`` changes loaded through Spark's executors (``load.driver_max_bytes = 0``),
+    as the cluster scheduler loads every batch: (changes/s, changes per CPU-second of this process
+    and its JVM, changes, the next LSN)."""
+    from loader.config import LoadSettings
+    from loader.load.history import HistoryLoad
+
+    spark_only = settings.model_copy(update={"load": LoadSettings(driver_max_bytes=0)})  # type: ignore[attr-defined]
+    # Warm-up: the executors' Python workers started and the kernel's modules imported, as in a
+    # long-running cluster (the driver path's warm-up above did not touch them).
+    _, lsn = write_landing(spark_only, _changes(key, 10_000), 10_000, lsn)
+    HistoryLoad(spark, spark_only).run()  # type: ignore[arg-type]
+    landed, next_lsn = write_landing(spark_only, _changes(key + 10_000, n), 10_000, lsn)
+    started, cpu0 = time.perf_counter(), _cpu_s()
+    res = HistoryLoad(spark, spark_only).run()  # type: ignore[arg-type]
+    wall, cpu = time.perf_counter() - started, _cpu_s() - cpu0
+    assert sum(res.rows_per_table.values()) == landed and all(e.startswith("spark") for e in res.engines), res.engines
+    print(f"  Spark path: {landed:,} changes in {wall:.1f}s, {cpu:.1f} CPU-s ({'; '.join(res.engines)})")
+    return landed / wall, landed / cpu, landed, next_lsn
 
 
 def _cpu_s() -> float:
