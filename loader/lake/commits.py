@@ -17,7 +17,7 @@ import contextlib
 import getpass
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from loader.errors import WarehouseUnavailableError
@@ -40,6 +40,7 @@ def append_arrow(
     hint: str = "nothing was marked loaded; re-run 'loader load' once the warehouse answers",
     remove: list[str] | None = None,
     buffer_bytes: int = 128 << 20,
+    finish: Callable[[], tuple[dict[str, str], dict[str, str], list[str]]] | None = None,
 ) -> int:
     """Append ``parts`` (Arrow tables in the table's schema, with its field ids) to ``table`` (a
     pyiceberg Table, as loaded: a commit that lost a race is retried on newer metadata) in one commit that also writes ``summary`` into the snapshot summary and sets
@@ -47,13 +48,18 @@ def append_arrow(
     ``buffer_bytes`` of them are held (bounded memory for a streamed batch, files of a useful size
     for a batch of many small parts). Files of a commit that failed are removed unless
     its outcome is unknown (then orphan cleanup takes them if it did not land). A warehouse that
-    does not answer: WarehouseUnavailableError (``hint``), never bad data."""
+    does not answer: WarehouseUnavailableError (``hint``), never bad data.
+
+    ``finish``: what only the parts, once all are written, decide (the driver load learns of values
+    that do not fit as it types them): called then, before the commit, for more snapshot-summary
+    values, properties to set and properties to remove, all in the same commit."""
     import pyarrow as pa
 
     written: list[str] = []
     total = 0
     name = ".".join(table.name())
     properties = dict(properties or {})
+    summary = dict(summary)  # pyiceberg reads it when the snapshot is committed (finish may add to it)
     if MANIFEST_MERGE not in table.properties:
         # Iceberg's Java appends merge manifests by default (past commit.manifest.min-count-to-merge);
         # pyiceberg's only when the property says so: written out, or a table appended every few
@@ -88,6 +94,12 @@ def append_arrow(
                     write()
             if held:
                 write()
+            late: tuple[dict[str, str], dict[str, str], list[str]] = finish() if finish is not None else ({}, {}, [])
+            summary.update(late[0])
+        if late[1]:
+            tx.set_properties(late[1])
+        if late[2]:
+            tx.remove_properties(*late[2])
     if spark is not None and spark_ident is not None:
         refresh_spark(spark, spark_ident)
     return total

@@ -16,7 +16,8 @@ dropped at the source, no erased subject, every change after what history holds 
 needed), and every value typed by an Arrow cast that accepts no text Spark's ``try_cast`` would
 read differently. A value that does not fit leaves its row out of the rows appended and becomes a
 reject, with the park the Spark path writes (:class:`Misfits`, :func:`misfit_rejects`,
-:func:`park_rows`), when the batch is held in memory. Whatever else is not plain raises
+:func:`park_rows`), also in a snapshot or transaction typed file by file as it is written (the park
+and the table's bookkeeping then join the commit once its rows are written). Whatever else is not plain raises
 :class:`NotPlain` before anything is committed, and the Spark path loads the batch, with its
 rejects, parks and exact reasons. Both paths write the same history rows (a property test holds
 them to each other on random batches).
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -572,14 +573,11 @@ class PlainBatch:
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> list[pa.Table]:
         """The table's history rows, in position order, as one part (the batch is in memory); rows
         whose values do not fit are left out and kept in :attr:`misfits`."""
-        return [self.history_rows(table, columns, target, keep_misfits=True)]
+        return [self.history_rows(table, columns, target)]
 
-    def history_rows(
-        self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema, keep_misfits: bool = False
-    ) -> pa.Table:
+    def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
         """The table's history rows in ``target``'s columns and types (the Iceberg table's schema).
-        A value that does not fit raises NotPlain, or with ``keep_misfits`` leaves its row out of
-        them and in :attr:`misfits`."""
+        A value that does not fit leaves its row out of them (in :attr:`misfits`)."""
         import numpy as np
         import pyarrow as pa
 
@@ -601,7 +599,7 @@ class PlainBatch:
             j = where[shape]
             sent[col.source] = j >= 0
             idx = pa.array(row_offsets + j, pa.int64(), mask=j < 0)
-            out[col.lake], misfit = _typed_or_misfit(self.values.take(idx), col, table, keep_misfits)
+            out[col.lake], misfit = _typed_or_misfit(self.values.take(idx), col, table)
             if misfit is not None:
                 bad = misfit if bad is None else bad | misfit
         ts = _typed(self.ts.take(pa.array(rows)), HistoryColumn("", "timestamp with time zone"), table, distinct=True)
@@ -688,14 +686,13 @@ def _typed(values: pa.Array, col: HistoryColumn, table: SourceTable, distinct: b
         raise NotPlain(str(exc)) from None
 
 
-def _typed_or_misfit(
-    values: pa.Array, col: HistoryColumn, table: SourceTable, keep: bool
-) -> tuple[pa.Array, np.ndarray | None]:
-    """:func:`_typed`, or with ``keep`` the load kernel's typing (``typed_column``): a value that
-    does not fit as NULL, and a mask of the rows holding one (None when every value fits)."""
+def _typed_or_misfit(values: pa.Array, col: HistoryColumn, table: SourceTable) -> tuple[pa.Array, np.ndarray | None]:
+    """A column's values typed by the load kernel (``typed_column``): a value that does not fit as
+    NULL, and a mask of the rows holding one (None when every value fits). A snapshot file's native
+    integers or booleans are typed by :func:`_typed` (a misfit there is not plain)."""
     import pyarrow as pa
 
-    if not keep or not pa.types.is_string(values.type):
+    if not pa.types.is_string(values.type):
         return _typed(values, col, table), None
     storage, why = typed_column(values, col)
     if why is None:
@@ -797,11 +794,12 @@ def append_rows(
     remove: list[str],
     spark: Any,
     spark_ident: str,
+    finish: Callable[[], tuple[dict[str, str], dict[str, str], list[str]]] | None = None,
 ) -> int:
     """The driver load's one commit to a history ``table`` (pyiceberg's): ``parts`` (its rows, in position order),
     ``summary`` in the snapshot summary and the table's bookkeeping ``properties`` set (``remove``
-    removed) in the same commit, through pyiceberg (loader.lake.commits: no JVM). Returns the
-    rows appended."""
+    removed) in the same commit, through pyiceberg (loader.lake.commits: no JVM); ``finish``: what
+    ``parts`` decide (see ``append_arrow``). Returns the rows appended."""
     from loader.lake.commits import append_arrow
 
     return append_arrow(
@@ -813,6 +811,7 @@ def append_rows(
         spark_ident=spark_ident,
         remove=remove,
         buffer_bytes=APPEND_FILE_ARROW_BYTES,
+        finish=finish,
     )
 
 
@@ -839,19 +838,25 @@ class StreamedPlainBatch:
             self._in_file.append(spans)
             self.num_rows += part.num_rows
         self.survey = BatchSurvey(shapes)
+        self.misfits: dict[SourceTable, list[Misfits]] = {}
 
     def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
         return self._spans[table]
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> Iterator[pa.Table]:
         """The table's history rows, file by file, in position order."""
-        for f, spans in zip(self.batch, self._in_file, strict=True):
+        import numpy as np
+
+        for i, (f, spans) in enumerate(zip(self.batch, self._in_file, strict=True)):
             if table not in spans:
                 continue
             part = PlainBatch(self.store, [f], self.max_bytes)
             if table not in part.survey.tables() or part.span(table) != spans[table]:
                 raise NotPlain(f"{f.name}: read differently the second time")
-            yield part.history_rows(table, columns, target)
+            rows = part.history_rows(table, columns, target)
+            for m in part.misfits.pop(table, []):  # file 0 of ``part`` is file i here
+                self.misfits.setdefault(table, []).append(Misfits(np.full(len(m.files), i), m.lsn, m.seq))
+            yield rows
             checkpoint("load-streamed-file")  # a file's rows written, the table's commit still ahead
 
 
@@ -1008,9 +1013,8 @@ class SnapshotBatch:
                 self.files[k] = (i, h, None)  # the rows kept are released as they are typed
         if all(rows is not None or not h.rows for _, h, rows in mine):
             # Every file kept (at most SNAPSHOT_KEEP_BYTES): typed now, so a NotPlain comes before
-            # anything of the batch is written, and rows whose values do not fit are left out
-            # (kept in :attr:`misfits`).
-            return list(self._history_stream(table, mine, columns, target, keep_misfits=True))
+            # anything of the batch is written.
+            return list(self._history_stream(table, mine, columns, target))
         # Read and typed on a thread of their own while the caller encodes the parts before them:
         # memory holds the parts in flight, not the table's typed rows.
         return prefetched(self._history_stream(table, mine, columns, target), depth=2)
@@ -1021,7 +1025,6 @@ class SnapshotBatch:
         mine: deque[tuple[int, Any, Any]],
         columns: list[HistoryColumn],
         target: pa.Schema,
-        keep_misfits: bool = False,
     ) -> Iterator[pa.Table]:
         while mine:
             i, h, rows = mine.popleft()
@@ -1032,7 +1035,7 @@ class SnapshotBatch:
                         f"landing file {self.batch[i].name} changed while it was loaded",
                         hint="nothing was committed for its table; re-run 'loader load'",
                     )
-            yield self._history_rows(table, [(i, h, rows)], columns, target, keep_misfits)
+            yield self._history_rows(table, [(i, h, rows)], columns, target)
 
     def _history_rows(
         self,
@@ -1040,11 +1043,9 @@ class SnapshotBatch:
         parts: list[tuple[int, Any, Any]],
         columns: list[HistoryColumn],
         target: pa.Schema,
-        keep_misfits: bool = False,
     ) -> pa.Table:
         """History rows of ``parts`` (files of ``table`` of one transaction: index, header, rows);
-        a value that does not fit raises NotPlain, or with ``keep_misfits`` leaves its row out (in
-        :attr:`misfits`)."""
+        a value that does not fit leaves its row out (in :attr:`misfits`)."""
         import numpy as np
         import pyarrow as pa
 
@@ -1102,7 +1103,7 @@ class SnapshotBatch:
         out: dict[str, Any] = {}
         bad: np.ndarray | None = None  # rows holding a value that does not fit
         for c in columns:
-            out[c.lake], misfit = _typed_or_misfit(values_of(values[c.lake]), c, table, keep_misfits)
+            out[c.lake], misfit = _typed_or_misfit(values_of(values[c.lake]), c, table)
             if misfit is not None:
                 bad = misfit if bad is None else bad | misfit
         header = parts[0][1]

@@ -462,39 +462,7 @@ class HistoryLoad:
         last_file = batch[-1]
 
         def append_one(item: _DriverTable) -> LoadResult:
-            from pyiceberg.exceptions import NoSuchTableError
-
-            from loader.lake.catalog import watermark as table_watermark
-            from loader.load.driver import append_rows
-            from loader.load.kernel import parked_after
-
-            table, ident, rows, first, last = item.table, item.ident, item.parts, item.first, item.last
-            part = LoadResult()
-            if item.rejects is not None:
-                # Before the history commit, as on the Spark path: a run killed between the two
-                # writes no reject twice (the rows are matched by file and line) and parks again.
-                part.rejects += self._append_rejects(catalog, item.rejects)
-            hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
-            props = hist.properties
-            # What the Spark path's _note_parks does with the table's park and resync rows.
-            parked = parked_after(props.get(PROP_PARKED), item.markers) if item.markers else props.get(PROP_PARKED)
-            remove = [PROP_PARKED] if parked is None and PROP_PARKED in props else []
-            if item.markers and parked is not None:
-                part.parked[table.qualified] = json.loads(parked)["reason"]
-            cur = (self.names.current_ns, table.iceberg_name)
-
-            def merged_through() -> str | None:
-                try:
-                    return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
-                except NoSuchTableError:
-                    return None
-
-            # The merge's bookkeeping in the append's own commit (see _before_append).
-            update = _append_bookkeeping(props, first, last, merged_through)
-            if parked is not None and props.get(PROP_PARKED) != parked:
-                update[PROP_PARKED] = parked
-            summary = {SUMMARY_LOADED_THROUGH: last_file.last.token(), SUMMARY_MIN_POSITION: first.token()}
-            part.rows_per_table[table.qualified] = append_rows(hist, rows, summary, update, remove, self.spark, ident)
+            part = self._driver_append(plain, item, catalog, last_file)
             checkpoint("load-after-table")
             return part
 
@@ -577,61 +545,118 @@ class HistoryLoad:
         target = schema_to_pyarrow(hist.schema(), include_field_ids=True)
         parts = plain.history_parts(table, hist_columns, target)
         markers = plain.resync_markers(table) if hasattr(plain, "resync_markers") else []
-        found = getattr(plain, "misfits", {}).pop(table, None)
-        if not found:
-            return _DriverTable(table, ident, parts, first, last, markers=markers)
-        return self._driver_misfits(plain, table, ident, hist_columns, target, parts, found, first, last)
+        return _DriverTable(table, ident, hist_columns, target, parts, first, last, markers)
 
-    def _driver_misfits(
-        self,
-        plain: Any,
-        table: SourceTable,
-        ident: str,
-        columns: list[HistoryColumn],
-        target: Any,
-        parts: list[Any],
-        found: list[Any],
-        first: ChangePosition,
-        last: ChangePosition,
-    ) -> _DriverTable:
-        """A table whose rows in memory (``parts``) left out some whose values do not fit
-        (``found``): those become rejects, and the table gets the park the Spark path writes
-        (where ``loader.load.kernel.park_seq`` puts it, with ``misfit_park_note``'s note)."""
+    def _driver_append(self, plain: Any, item: _DriverTable, catalog: Any, last_file: LandingFile) -> LoadResult:
+        """Append one table of a driver batch: its rows, and for rows whose values did not fit
+        (the batch's ``misfits``, known once its rows are typed) the rejects and the park the
+        Spark path writes, with the table's bookkeeping, in one commit. The rejects are written
+        before that commit, as on the Spark path: a run killed between the two writes no reject
+        twice (they are matched by file and line) and parks the table again."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        from loader.lake.catalog import watermark as table_watermark
+        from loader.load.driver import append_rows, park_rows
+
+        table, first, last = item.table, item.first, item.last
+        part = LoadResult()
+        hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
+        props = hist.properties
+        cur = (self.names.current_ns, table.iceberg_name)
+        park: list[tuple[ChangePosition, str]] = []  # the park the misfits leave, once known
+
+        def with_park(last_seq: dict[int, int]) -> Any:
+            """The park row of the table's rows that did not fit (None if all fit), their rejects
+            written (the batch's ``misfits`` are known once its rows are typed)."""
+            found = plain.misfits.pop(table, None) if hasattr(plain, "misfits") else None
+            if not found:
+                return None
+            rejects, at, ts, note = self._misfits(plain, item, found, last_seq)
+            part.rejects += self._append_rejects(catalog, rejects)
+            park.append((at, note))
+            return park_rows(table, item.columns, item.target, at.commit_lsn, at.seq, ts, note)
+
+        def rows() -> Iterator[Any]:
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            resync_lsns = {m[0] for m in item.markers if m[2] == "resync"}
+            last_seq: dict[int, int] = {}  # per resync transaction, the table's last position in it
+
+            def seen(rows: Any) -> None:
+                for lsn in resync_lsns:
+                    seqs = rows.column("pg_seq").filter(pc.equal(rows.column("pg_lsn"), lsn))
+                    if len(seqs):
+                        last_seq[lsn] = max(last_seq.get(lsn, -1), pc.max(seqs).as_py())
+
+            if isinstance(item.parts, list):  # typed already: the park sorted in among the rows
+                for rows in item.parts:
+                    seen(rows)
+                extra = with_park(last_seq)
+                if extra is None:
+                    yield from item.parts
+                    return
+                order = [("pg_lsn", "ascending"), ("pg_seq", "ascending")]
+                yield pa.concat_tables([*item.parts, extra]).sort_by(order)
+                return
+            for rows in item.parts:  # typed as they are written: the park after them (readers order by position)
+                seen(rows)
+                yield rows
+            extra = with_park(last_seq)
+            if extra is not None:
+                yield extra
+
+        def finish() -> tuple[dict[str, str], dict[str, str], list[str]]:
+            from loader.load.kernel import parked_after
+
+            markers = sorted(item.markers + [(at.commit_lsn, at.seq, "park", note) for at, note in park])
+            # What the Spark path's _note_parks does with the table's park and resync rows.
+            parked = parked_after(props.get(PROP_PARKED), markers) if markers else props.get(PROP_PARKED)
+            if markers and parked is not None:
+                part.parked[table.qualified] = json.loads(parked)["reason"]
+            lo, hi = min([first, *(at for at, _ in park)]), max([last, *(at for at, _ in park)])
+
+            def merged_through() -> str | None:
+                try:
+                    return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
+                except NoSuchTableError:
+                    return None
+
+            # The merge's bookkeeping in the append's own commit (see _before_append).
+            update = _append_bookkeeping(props, lo, hi, merged_through)
+            if parked is not None and props.get(PROP_PARKED) != parked:
+                update[PROP_PARKED] = parked
+            remove = [PROP_PARKED] if parked is None and PROP_PARKED in props else []
+            return {SUMMARY_MIN_POSITION: lo.token()}, update, remove
+
+        summary = {SUMMARY_LOADED_THROUGH: last_file.last.token()}
+        part.rows_per_table[table.qualified] = append_rows(
+            hist, rows(), summary, {}, [], self.spark, item.ident, finish=finish
+        )
+        return part
+
+    def _misfits(
+        self, plain: Any, item: _DriverTable, found: list[Any], last_seq: dict[int, int]
+    ) -> tuple[Any, ChangePosition, str, str]:
+        """The rejects of a table's rows whose values did not fit (``found``), where its park goes
+        (``loader.load.kernel.park_seq``: after the table's last row of a resync transaction,
+        ``last_seq``), its commit time's text and its note."""
         import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
-        from loader.load.driver import misfit_rejects, park_rows
+        from loader.load.driver import misfit_rejects
         from loader.load.kernel import park_seq as seq_of_park
 
-        rejects = misfit_rejects(self.store, plain.batch, table, columns, found)
+        rejects = misfit_rejects(self.store, plain.batch, item.table, item.columns, found)
         lsn = rejects.column("pg_lsn").to_numpy()
-        at = lsn == lsn[0]
+        at = np.flatnonzero(lsn == lsn[0]).tolist()
         reasons = rejects.column("reason").to_pylist()
-        k = min(np.flatnonzero(at).tolist(), key=lambda i: reasons[i])  # the Spark path's min(lsn, ts, reason)
-        rows = pa.concat_tables(parts) if parts else target.empty_table()
-        same_txn = rows.filter(pc.equal(rows.column("pg_lsn"), pa.scalar(int(lsn[0]), pa.int64())))
-        seqs = [int(s) for s in rejects.column("pg_seq").to_numpy()[at]] + same_txn.column("pg_seq").to_pylist()
-        resync = "resync" in same_txn.column("pg_operation").to_pylist()
-        park_at = ChangePosition(int(lsn[0]), seq_of_park(max(seqs), resync))
-        note = misfit_park_note(rejects.num_rows, park_at.commit_lsn, reasons[k], table.qualified)
-        park = park_rows(table, columns, target, park_at.commit_lsn, park_at.seq, rejects.column("ts")[k].as_py(), note)
-        rows = pa.concat_tables([rows, park]).sort_by([("pg_lsn", "ascending"), ("pg_seq", "ascending")])
-        markers = [
-            (r["pg_lsn"], r["pg_seq"], r["pg_operation"], r["pg_note"])
-            for r in rows.filter(pc.is_in(rows.column("pg_operation"), pa.array(["park", "resync"])))
-            .select(["pg_lsn", "pg_seq", "pg_operation", "pg_note"])
-            .to_pylist()
-        ]
-        return _DriverTable(
-            table,
-            ident,
-            [rows],
-            min(first, park_at),
-            max(last, park_at),
-            rejects=rejects.drop_columns(["ts"]),
-            markers=markers,
-        )
+        k = min(at, key=lambda i: reasons[i])  # the Spark path's min(lsn, commit time, reason)
+        first_lsn = int(lsn[0])
+        seqs = [int(q) for q in rejects.column("pg_seq").to_numpy()[at]]
+        last = max([*seqs, last_seq.get(first_lsn, -1)])
+        where = ChangePosition(first_lsn, seq_of_park(last, first_lsn in last_seq))
+        note = misfit_park_note(rejects.num_rows, first_lsn, reasons[k], item.table.qualified)
+        return rejects.drop_columns(["ts"]), where, rejects.column("ts")[k].as_py(), note
 
     def _append_rejects(self, catalog: Any, rows: Any) -> int:
         """Rows of the rejects table (without ``rejected_at``) not there yet (by file and line)
@@ -1113,16 +1138,18 @@ class HistoryLoad:
 
 @dataclass
 class _DriverTable:
-    """One table of a batch the driver loads: its rows (``parts``, in position order) and their
-    first and last positions, the rows for the rejects table (values that do not fit) and its park
-    and resync rows ``markers`` ((lsn, seq, operation, note), in position order)."""
+    """One table of a batch the driver loads: its history columns and Arrow schema, its rows
+    (``parts``, in position order, those whose values did not fit left out) and their first and
+    last positions, and its resync rows ``markers`` ((lsn, seq, 'resync', note), in position
+    order)."""
 
     table: SourceTable
     ident: str
+    columns: list[HistoryColumn]
+    target: Any
     parts: Any
     first: ChangePosition
     last: ChangePosition
-    rejects: Any = None
     markers: list[tuple[int, int, str, str | None]] = field(default_factory=list)
 
 

@@ -495,23 +495,36 @@ def test_a_plain_snapshot_is_loaded_by_the_driver(
     assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
 
 
+@pytest.mark.parametrize("odd", [0.0, 0.3], ids=["plain", "misfits"])
 def test_a_snapshot_bigger_than_the_memory_bound_is_streamed(
-    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int], monkeypatch: pytest.MonkeyPatch
+    spark: Any,
+    base_settings: LoaderSettings,
+    tmp_path: Path,
+    used: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    odd: float,
 ) -> None:
     """Snapshot chunks beyond load.driver_max_bytes still go the driver's way, file by file (the
     files not kept are read again), cut into several data files and row groups by their bytes:
-    the same history as the Spark path's, in more than one file per table."""
+    the same history as the Spark path's, in more than one file per table. Values that do not
+    fit, found only as the files are typed while the table is written, leave the Spark path's
+    rejects and park (after the snapshot's rows) in the same commit."""
     tiny = LoadSettings(driver_max_bytes=3000)
     monkeypatch.setattr(driver, "APPEND_FILE_ARROW_BYTES", 4000)
     columns = [t for t, (plain, _) in VALUES.items() if plain]
     streamed = lake_settings(base_settings, tmp_path).model_copy(update={"load": tiny})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
-    engines: list[list[str]] = []
+    results: list[Any] = []
     for s in (streamed, spark_only):
-        _write_snapshot(s, 5, columns, 0.0, 9)
-        engines.append(HistoryLoad(spark, s).run().engines)
-    assert used, f"the snapshot went to Spark: {engines[0]}"
+        _write_snapshot(s, 5, columns, odd, 9)
+        r = HistoryLoad(spark, s).run()
+        results.append((r.engines, r.rejects, r.parked))
+    assert used and all(e.startswith("driver") for e in results[0][0]), f"the snapshot went to Spark: {results[0][0]}"
+    assert results[0][1:] == results[1][1:]
+    assert bool(results[0][1]) == bool(odd), results[0]  # the misfits case has rejects, the plain none
     assert _snapshot(spark, streamed) == _snapshot(spark, spark_only)
+    if odd:  # most rows hold a value that does not fit: too few bytes left to cut
+        return
     ident = TableNames(streamed).history(ACCT)
     files = spark.sql(f"SELECT count(*) FROM {ident}.files").collect()[0][0]
     assert files > 1, "one file: nothing was cut by its bytes"
