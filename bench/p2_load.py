@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from bench.common import (
     SERIES,
@@ -31,6 +32,9 @@ from bench.common import (
     scratch_dir,
     write_landing,
 )
+
+if TYPE_CHECKING:
+    from loader.config import LoaderSettings
 
 
 def _changes(first_key: int, n: int) -> Iterator[tuple[str, str, int]]:
@@ -143,21 +147,21 @@ def run() -> None:
 SPARK_PATH_CHANGES = 200_000
 
 
-def _spark_path(spark: object, settings: object, n: int, key: int, lsn: int) -> tuple[float, float, int, int]:
+def _spark_path(spark: Any, settings: LoaderSettings, n: int, key: int, lsn: int) -> tuple[float, float, int, int]:
     """A batch of ``n`` changes loaded through Spark's executors (``load.driver_max_bytes = 0``),
     as the cluster scheduler loads every batch: (changes/s, changes per CPU-second of this process
     and its JVM, changes, the next LSN)."""
     from loader.config import LoadSettings
     from loader.load.history import HistoryLoad
 
-    spark_only = settings.model_copy(update={"load": LoadSettings(driver_max_bytes=0)})  # type: ignore[attr-defined]
+    spark_only = settings.model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     # Warm-up: the executors' Python workers started and the kernel's modules imported, as in a
     # long-running cluster (the driver path's warm-up above did not touch them).
     _, lsn = write_landing(spark_only, _changes(key, 10_000), 10_000, lsn)
-    HistoryLoad(spark, spark_only).run()  # type: ignore[arg-type]
+    HistoryLoad(spark, spark_only).run()
     landed, next_lsn = write_landing(spark_only, _changes(key + 10_000, n), 10_000, lsn)
     started, cpu0 = time.perf_counter(), _cpu_s()
-    res = HistoryLoad(spark, spark_only).run()  # type: ignore[arg-type]
+    res = HistoryLoad(spark, spark_only).run()
     wall, cpu = time.perf_counter() - started, _cpu_s() - cpu0
     assert sum(res.rows_per_table.values()) == landed and all(e.startswith("spark") for e in res.engines), res.engines
     print(f"  Spark path: {landed:,} changes in {wall:.1f}s, {cpu:.1f} CPU-s ({'; '.join(res.engines)})")

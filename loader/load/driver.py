@@ -1020,11 +1020,7 @@ class SnapshotBatch:
         return prefetched(self._history_stream(table, mine, columns, target), depth=2)
 
     def _history_stream(
-        self,
-        table: SourceTable,
-        mine: deque[tuple[int, Any, Any]],
-        columns: list[HistoryColumn],
-        target: pa.Schema,
+        self, table: SourceTable, mine: deque[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
     ) -> Iterator[pa.Table]:
         while mine:
             i, h, rows = mine.popleft()
@@ -1038,11 +1034,7 @@ class SnapshotBatch:
             yield self._history_rows(table, [(i, h, rows)], columns, target)
 
     def _history_rows(
-        self,
-        table: SourceTable,
-        parts: list[tuple[int, Any, Any]],
-        columns: list[HistoryColumn],
-        target: pa.Schema,
+        self, table: SourceTable, parts: list[tuple[int, Any, Any]], columns: list[HistoryColumn], target: pa.Schema
     ) -> pa.Table:
         """History rows of ``parts`` (files of ``table`` of one transaction: index, header, rows);
         a value that does not fit leaves its row out (in :attr:`misfits`)."""

@@ -22,11 +22,13 @@ from hypothesis import strategies as st
 
 import loader.load.driver as driver
 from loader.config import LoaderSettings, LoadSettings
+from loader.lake.catalog import open_catalog
 from loader.lake.tables import SourceTable, TableNames
 from loader.landing import arrowfile
 from loader.landing.records import ChangeRecord, Column
 from loader.landing.store import LocalLandingStore, open_landing, publish_arrow
 from loader.load.history import HistoryLoad
+from loader.lsn import ChangePosition
 from tests.harness import TS, Txn, lake_settings, write_files
 
 ON = LoadSettings(driver_max_bytes=512 << 20)
@@ -432,6 +434,14 @@ def test_a_misfit_is_rejected_and_parked_by_the_driver(
     assert len(_snapshot(spark, with_driver)["rejects"]) == 2
     parked = spark.sql(f"SHOW TBLPROPERTIES {TableNames(with_driver).history(ACCT)} ('loader.parked')").collect()
     assert "quarantined" in parked[0][1]
+    # The park (at the transaction's start) is the append's smallest position: the driver learns of
+    # it while writing, and its commit's summary says it as the Spark path's does.
+    summaries = []
+    for s in (with_driver, spark_only):
+        names = TableNames(s)
+        summary = open_catalog(s).load_table((names.history_ns, ACCT.iceberg_name)).current_snapshot().summary
+        summaries.append(summary["loader.min-position"])
+    assert summaries[0] == summaries[1] == ChangePosition(0x1000, 0).token()
 
 
 @settings(
