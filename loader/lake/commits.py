@@ -18,6 +18,7 @@ import getpass
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loader.errors import WarehouseUnavailableError
@@ -30,9 +31,19 @@ if TYPE_CHECKING:
 MANIFEST_MERGE = "commit.manifest-merge.enabled"
 
 
+@dataclass(frozen=True)
+class OwnFile:
+    """A part of :func:`append_arrow`'s ``parts`` written to data files of its own, never in one
+    with the parts before or after it: rows that sort before parts already written (a park that the
+    rows of a streamed transaction, typed as they were written, turned out to need) would otherwise
+    leave a data file that is not in position order inside itself."""
+
+    rows: pa.Table
+
+
 def append_arrow(
     table: Any,
-    parts: pa.Table | Iterable[pa.Table],
+    parts: pa.Table | Iterable[pa.Table | OwnFile],
     summary: dict[str, str],
     properties: dict[str, str] | None = None,
     spark: Any = None,
@@ -46,7 +57,7 @@ def append_arrow(
     pyiceberg Table, as loaded: a commit that lost a race is retried on newer metadata) in one commit that also writes ``summary`` into the snapshot summary and sets
     ``properties`` (and removes ``remove``). Returns the rows appended. Parts are written once
     ``buffer_bytes`` of them are held (bounded memory for a streamed batch, files of a useful size
-    for a batch of many small parts). Files of a commit that failed are removed unless
+    for a batch of many small parts); an :class:`OwnFile` part is written alone. Files of a commit that failed are removed unless
     its outcome is unknown (then orphan cleanup takes them if it did not land). A warehouse that
     does not answer: WarehouseUnavailableError (``hint``), never bad data.
 
@@ -85,12 +96,16 @@ def append_arrow(
                     written.append(data_file.file_path)
                     append.append_data_file(data_file)
 
-            for rows in [parts] if isinstance(parts, pa.Table) else parts:
+            for part in [parts] if isinstance(parts, pa.Table) else parts:
+                alone = isinstance(part, OwnFile)
+                rows = part.rows if isinstance(part, OwnFile) else part
                 if not rows.num_rows:
                     continue
                 total += rows.num_rows
+                if alone and held:
+                    write()
                 held.append(rows)
-                if sum(t.nbytes for t in held) >= buffer_bytes:
+                if alone or sum(t.nbytes for t in held) >= buffer_bytes:
                     write()
             if held:
                 write()

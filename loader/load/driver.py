@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+    from loader.lake.commits import OwnFile
+
 
 class NotPlain(Exception):
     """The batch goes to the Spark path, which says exactly what is wrong (this only says what is
@@ -788,7 +790,7 @@ APPEND_FILE_ARROW_BYTES = 128 << 20
 
 def append_rows(
     table: Any,
-    parts: pa.Table | Iterable[pa.Table],
+    parts: pa.Table | Iterable[pa.Table | OwnFile],
     summary: dict[str, str],
     properties: dict[str, str],
     remove: list[str],

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from loader.config import LoaderSettings
 from loader.faults import checkpoint
-from loader.lake.commits import ensure_loader_tables
+from loader.lake.commits import OwnFile, ensure_loader_tables
 from loader.lake.iceberg import (
     create_source_table,
     current_snapshot_id,
@@ -599,12 +599,12 @@ class HistoryLoad:
                 order = [("pg_lsn", "ascending"), ("pg_seq", "ascending")]
                 yield pa.concat_tables([*item.parts, extra]).sort_by(order)
                 return
-            for rows in item.parts:  # typed as they are written: the park after them (readers order by position)
+            for rows in item.parts:  # typed as they are written: the park may sort before rows written
                 seen(rows)
                 yield rows
             extra = with_park(last_seq)
             if extra is not None:
-                yield extra
+                yield OwnFile(extra)  # in a data file of its own: each file stays in position order
 
         def finish() -> tuple[dict[str, str], dict[str, str], list[str]]:
             from loader.load.kernel import parked_after

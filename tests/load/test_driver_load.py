@@ -444,6 +444,52 @@ def test_a_misfit_is_rejected_and_parked_by_the_driver(
     assert summaries[0] == summaries[1] == ChangePosition(0x1000, 0).token()
 
 
+def test_a_misfit_in_a_streamed_transaction_keeps_every_data_file_in_position_order(
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+) -> None:
+    """A transaction longer than load.driver_max_bytes is typed file by file as it is written; a
+    value that does not fit is found only then, and its park sorts first (the transaction's start).
+    The park goes into a data file of its own: every data file of the commit is in position order
+    inside itself (history is sorted by position), and history equals the Spark path's."""
+    import pyarrow.parquet as pq
+
+    txn = Txn(commit_lsn=0x1000)
+    for seq in range(1, 17):
+        value = "not a number" if seq == 11 else str(seq * 3)
+        txn.changes.append(
+            ChangeRecord(
+                op="I",
+                commit_lsn=0x1000,
+                seq=seq,
+                xid=1,
+                ts=TS,
+                schema="public",
+                table="acct",
+                columns=[Column("id", "integer", str(seq)), Column("n", "bigint", value)],
+                pk=["id"],
+            )
+        )
+    streamed = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=2000)})
+    spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    engines = []
+    for s in (streamed, spark_only):
+        write_files(s, [txn], 4)
+        engines.append(HistoryLoad(spark, s).run().engines)
+    assert used and engines[0] == ["driver (4 files)"], engines  # streamed, file by file
+    assert _snapshot(spark, streamed) == _snapshot(spark, spark_only)
+    hist = open_catalog(streamed).load_table((TableNames(streamed).history_ns, ACCT.iceberg_name))
+    files = [task.file.file_path for task in hist.scan().plan_files()]
+    positions = []
+    for path in files:
+        with hist.io.new_input(path).open() as f:
+            rows = pq.read_table(f, columns=["pg_lsn", "pg_seq"])
+        pairs = list(zip(rows.column("pg_lsn").to_pylist(), rows.column("pg_seq").to_pylist(), strict=True))
+        assert pairs == sorted(pairs), f"{path} is not in position order: {pairs}"
+        positions.append(pairs)
+    assert [(0x1000, 0)] in positions, positions  # the park, alone
+    assert sum(len(p) for p in positions) == 16  # 15 rows and the park
+
+
 @settings(
     max_examples=max(3, int(os.environ.get("LOADER_LOAD_EXAMPLES", "9")) * 5 // 9),
     deadline=None,
