@@ -386,6 +386,16 @@ def test_a_backlog_above_the_memory_bound_loads_in_driver_batches(
     assert _snapshot(spark, bounded) == _snapshot(spark, spark_only)
 
 
+def _bigint_txn(values: list[str]) -> Txn:
+    """One transaction (at 0x1000) inserting rows 1, 2, ... of public.acct (id integer, n bigint)
+    with ``values`` as n's texts."""
+    txn = Txn(commit_lsn=0x1000)
+    for seq, value in enumerate(values, start=1):
+        columns = [Column("id", "integer", str(seq)), Column("n", "bigint", value)]
+        txn.changes.append(ChangeRecord("I", 0x1000, seq, 1, TS, "public", "acct", columns=columns, pk=["id"]))
+    return txn
+
+
 def test_a_misfit_is_rejected_and_parked_by_the_driver(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -393,21 +403,7 @@ def test_a_misfit_is_rejected_and_parked_by_the_driver(
     table and parks the table, exactly as the Spark path does (history, rejects, ledger, results).
     A first run stopped between its rejects and its history commit writes no reject twice and
     still parks the table when run again."""
-    txn = Txn(commit_lsn=0x1000)
-    for seq, value in enumerate(["5", "not a number", "7", "8.5"], start=1):
-        txn.changes.append(
-            ChangeRecord(
-                op="I",
-                commit_lsn=0x1000,
-                seq=seq,
-                xid=1,
-                ts=TS,
-                schema="public",
-                table="acct",
-                columns=[Column("id", "integer", str(seq)), Column("n", "bigint", value)],
-                pk=["id"],
-            )
-        )
+    txn = _bigint_txn(["5", "not a number", "7", "8.5"])
     with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     counting = driver.append_rows
@@ -453,22 +449,7 @@ def test_a_misfit_in_a_streamed_transaction_keeps_every_data_file_in_position_or
     inside itself (history is sorted by position), and history equals the Spark path's."""
     import pyarrow.parquet as pq
 
-    txn = Txn(commit_lsn=0x1000)
-    for seq in range(1, 17):
-        value = "not a number" if seq == 11 else str(seq * 3)
-        txn.changes.append(
-            ChangeRecord(
-                op="I",
-                commit_lsn=0x1000,
-                seq=seq,
-                xid=1,
-                ts=TS,
-                schema="public",
-                table="acct",
-                columns=[Column("id", "integer", str(seq)), Column("n", "bigint", value)],
-                pk=["id"],
-            )
-        )
+    txn = _bigint_txn(["not a number" if seq == 11 else str(seq * 3) for seq in range(1, 17)])
     streamed = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=2000)})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     engines = []
