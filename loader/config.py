@@ -118,6 +118,11 @@ class SourceSettings(_Redacted):
     # Plugin rows of the first round of the pipelined read (whole transactions: a round may hold
     # more); a round that comes back full doubles the next, up to 16 times this (stream.py).
     pipeline_round_rows: int = 100_000
+    # During a pipelined read the slot is advanced to the last published file at most this often
+    # (and always at the read's end): each advance makes the server decode again from the slot's
+    # restart position. A crash re-reads at most this long of changes (the landed position skips
+    # them) and the slot holds that much more WAL. 0: after every file.
+    confirm_interval_s: float = 5.0
     # Rows per chunk of an initial snapshot (``loader backfill snapshot``); a resumed snapshot
     # restarts at most this much work.
     snapshot_chunk_rows: int = 50_000

@@ -208,6 +208,7 @@ class Capture:
         self._pending_resyncs: dict[str, str] = {}
         self._requested: dict[str, str] = {}
         self._last_confirm: int | None = None
+        self._last_advance = time.monotonic()  # when the slot was last advanced (see _confirm)
         self._progress: Any = None  # the run's progress bar, moved as the slot is confirmed
         self._begin: int | None = None
         # The source-side filter of this run (see loader.capture.source_filter), read after the
@@ -913,7 +914,7 @@ class Capture:
                             self._on_ddl(decoder, result)
                         if len(result.files) != published:
                             published = len(result.files)
-                            self._confirm(conn, decoder.confirm_lsn)
+                            self._confirm(conn, decoder.confirm_lsn, final=False)
 
                 for block in fetcher.blocks():
                     if isinstance(block, list):
@@ -932,7 +933,7 @@ class Capture:
                             result.columnar_rows += rows
                             if len(result.files) != published:
                                 published = len(result.files)
-                                self._confirm(conn, lander.confirmable)
+                                self._confirm(conn, lander.confirmable, final=False)
                             continue
                         one_by_one(piece.split(b"\n")[:-1])
                 self._end_read(decoder, writer, result)
@@ -953,19 +954,29 @@ class Capture:
         writer.close_file()
         self._drain(writer, result)
 
-    def _confirm(self, conn: psycopg.Connection, confirm: int | None) -> None:
-        """Advance the slot to ``confirm``: everything before it is in published files."""
+    def _confirm(self, conn: psycopg.Connection, confirm: int | None, final: bool = True) -> None:
+        """Advance the slot to ``confirm``: everything before it is in published files.
+
+        Not ``final`` (a file published in the middle of a pipelined read, whose rounds come from a
+        copy of the slot): only once ``source.confirm_interval_s`` has passed since the last advance.
+        PostgreSQL decodes an advance from the slot's restart position, which moves only at the
+        server's running-transactions records (every 15 s or so): advancing after every file read
+        the same WAL again each time, a cost that grew with the square of the backlog. A crash
+        re-reads at most that interval's changes, which the landed position skips."""
         if confirm is None or confirm == self._last_confirm:
             return
         src = self.settings.source
+        if self._progress is not None and self._begin is not None:
+            self._progress.n = max(0, confirm - self._begin)
+            self._progress.refresh()
+        if not final and time.monotonic() - self._last_advance < src.confirm_interval_s:
+            return
         record_confirmed(self.store, src.slot, confirm)
         checkpoint("capture-before-advance")
         slots.advance_slot(conn, src.slot, confirm)
         checkpoint("capture-after-advance")
         self._last_confirm = confirm
-        if self._progress is not None and self._begin is not None:
-            self._progress.n = max(0, confirm - self._begin)
-            self._progress.refresh()
+        self._last_advance = time.monotonic()
 
     def _to_root(self, conn: psycopg.Connection, rec: ChangeRecord, result: CaptureResult) -> ChangeRecord:
         """A partition's change is its partitioned table's change (source.partitions = root).

@@ -21,14 +21,15 @@ from loader.capture.capture import Capture
 from loader.capture.stream import RoundFetcher
 from loader.config import LoaderSettings, SourceSettings
 from loader.landing.records import HEADER
-from tests.capture.conftest import Src, crash_after_each_file, landing_snapshot
+from tests.capture.conftest import Crash, Src, crash_after_each_file, landing_snapshot
 from tests.harness import ROOT
 
 
-def pipelined(s: LoaderSettings, *, round_rows: int = 700) -> LoaderSettings:
-    return s.model_copy(
-        update={"source": s.source.model_copy(update={"pipeline_min_lag_mb": 0.0, "pipeline_round_rows": round_rows})}
-    )
+def pipelined(s: LoaderSettings, *, round_rows: int = 700, confirm_interval_s: float | None = None) -> LoaderSettings:
+    update: dict[str, float] = {"pipeline_min_lag_mb": 0.0, "pipeline_round_rows": round_rows}
+    if confirm_interval_s is not None:
+        update["confirm_interval_s"] = confirm_interval_s
+    return s.model_copy(update={"source": s.source.model_copy(update=update)})
 
 
 def peeking(s: LoaderSettings) -> LoaderSettings:
@@ -155,7 +156,7 @@ Capture(s).run()
 
 
 def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_rerun(src: Src) -> None:
-    settings = pipelined(src.settings, round_rows=200)
+    settings = pipelined(src.settings, round_rows=200, confirm_interval_s=0)  # an advance after each file
     ref = pipelined(src.with_slot(settings.source.slot + "_ref", src.tmp / "ref"), round_rows=200)
     src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     Capture(ref).run()
@@ -182,6 +183,55 @@ def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_reru
     Capture(settings).run()
     got = landed_lines(Path(src.store.url.removeprefix("file://")))
     assert got == landed_lines(src.tmp / "ref" / ref.source.slot)
+
+
+@pytest.mark.parametrize("interval", [0.0, 3600.0], ids=["every file", "at the end"])
+def test_a_pipelined_read_advances_the_slot_at_most_every_confirm_interval(
+    src: Src, interval: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each advance makes the server decode again from the slot's restart position, so a pipelined
+    read advances the real slot at most every source.confirm_interval_s (and at its end): the same
+    files, the slot at the same position, a crash in between repaired by the re-run (the landed
+    position skips what the slot gives again)."""
+    settings = pipelined(src.settings, round_rows=200, confirm_interval_s=interval)
+    ref = pipelined(src.with_slot(settings.source.slot + "_ref", src.tmp / "ref"), round_rows=200)
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    Capture(ref).run()
+    Capture(settings).run()
+    for i in range(8):
+        src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g", (i * 90, i * 90 + 89))
+    Capture(ref).run()
+    reference = landing_snapshot(src.tmp / "ref" / ref.source.slot)
+    advances: list[int] = []
+    real = slots.advance_slot
+
+    def counting(conn: psycopg.Connection, slot: str, lsn: int) -> None:
+        advances.append(lsn)
+        real(conn, slot, lsn)
+
+    monkeypatch.setattr(slots, "advance_slot", counting)
+    published: list[str] = []
+
+    def stop_at_the_third(name: str) -> None:
+        published.append(name)
+        if len(published) == 3:
+            raise Crash()
+
+    with pytest.raises(Crash):  # stopped right after its third published file
+        Capture(settings, on_published=stop_at_the_third).run()
+    stopped = len(advances)
+    got = Capture(settings).run()
+    assert landing_snapshot(Path(src.store.url.removeprefix("file://"))) == reference
+    assert len(got.files) > 1, got.files
+    if interval:
+        assert stopped == 0 and len(advances) == 1, advances  # once, at the end of the read
+    else:  # after files that end a transaction too, not only at the end
+        assert len(advances) - stopped >= 2, (advances, got.files)
+    with slots.connect(settings.source.conninfo()) as conn:
+        info, ref_info = slots.slot_info(conn, settings.source.slot), slots.slot_info(conn, ref.source.slot)
+    assert info is not None and ref_info is not None
+    assert info.confirmed_flush_lsn is not None and ref_info.confirmed_flush_lsn is not None
+    assert info.confirmed_flush_lsn >= advances[-1]
 
 
 def test_small_backlogs_peek_and_large_ones_stream(src: Src) -> None:
