@@ -459,14 +459,6 @@ _TIMESTAMP = re.compile(r"^\d{4,}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([
 _MAX_NAME_BYTES = 63
 
 
-def _invalid(rec: ChangeRecord) -> str | None:
-    """Why a well-formed record still cannot be applied, or None."""
-    problem = _invalid_position(rec)
-    if problem is not None or rec.op == "X":
-        return problem
-    return _shape_of(rec).problem
-
-
 def _invalid_position(rec: ChangeRecord) -> str | None:
     """The checks of a record's own values (position, commit time), before its shape's."""
     if rec.commit_lsn < 0 or rec.seq < 0 or rec.commit_lsn >= 1 << 63:
