@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEB_PACKAGES := postgresql-15 postgresql-15-wal2json libpostgresql-jdbc-java libxerial-sqlite-jdbc-java openjdk-17-jre-headless openjdk-17-jdk-headless prometheus
 # The test cluster is separate from the demo's, so 'make test' never touches demo state.
-TEST_PGPORT ?= 55433
+TEST_PGPORT ?= 25433
 TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=$(TEST_PGPORT)
 PYTEST_ARGS ?=
 
@@ -20,7 +20,7 @@ help:
 	@echo "make soak   - 300 follow-mode cycles with maintenance, bounds and oracles (tests/test_soak.py)"
 	@echo "make fuzz SEEDS=N [FUZZ_START=S] [FUZZ_GAPS=all] - the fuzzing oracle on seeds S..S+N-1 (tests/fuzz)"
 	@echo "make lint   - ruff check, ruff format --check, mypy on loader/"
-	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:55432)"
+	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:25432)"
 
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -29,7 +29,7 @@ from loader.config import LoaderSettings
 from loader.landing.records import COMMIT, ChangeRecord, Column
 from loader.landing.store import LandingWriter, open_landing, stream_landing_format
 
-PG = os.environ.get("LOADER_BENCH_PG", os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:55433"))
+PG = os.environ.get("LOADER_BENCH_PG", os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:25433"))
 OUT = Path(__file__).resolve().parent / "out"
 TS = "2024-01-31 12:00:00.123456+00"
 

@@ -2,7 +2,7 @@
 
 Precedence (highest first): keyword arguments, environment (``LOADER_SECTION__KEY``, for example
 ``LOADER_SOURCE__DSN``), the TOML file (``--config`` or ``LOADER_CONFIG``), the defaults below.
-The defaults are the embedded setup: a private PostgreSQL on 127.0.0.1:55432 that holds both the
+The defaults are the embedded setup: a private PostgreSQL on 127.0.0.1:25432 that holds both the
 source database and the Iceberg JDBC catalog, a warehouse and a landing area under ``.state/``.
 Unknown keys (every section forbids extras) and unknown ``LOADER_*`` variables are errors.
 """
@@ -97,7 +97,7 @@ class SourceSettings(_Redacted):
     _redacted_fields = ("dsn",)
     # URL or key=value libpq string. Prefer keeping the password out of it: ``password`` below,
     # PGPASSWORD or a .pgpass file; a password inside it is accepted and never shown.
-    dsn: str = "postgresql://postgres@127.0.0.1:55432/app"
+    dsn: str = "postgresql://postgres@127.0.0.1:25432/app"
     password: SecretStr | None = None
     slot: str = "lakehouse"
     # Logical decoding plugin: wal2json (default), or pgoutput (built into PostgreSQL, on every managed
@@ -199,7 +199,7 @@ class CatalogSettings(_Redacted):
     name: str = "lakehouse"
     # SQLAlchemy-style URI of the JDBC catalog database (PostgreSQL or SQLite). The password may be
     # given separately (``password``), and is never shown either way.
-    uri: str = "postgresql://postgres@127.0.0.1:55432/iceberg_catalog"
+    uri: str = "postgresql://postgres@127.0.0.1:25432/iceberg_catalog"
     password: SecretStr | None = None
     warehouse: str = Field(default_factory=lambda: (state_dir() / "warehouse").as_uri())
     history_namespace: str = "history"

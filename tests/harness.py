@@ -32,7 +32,7 @@ from loader.verify import Reconciliation, reconcile
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The test PostgreSQL server (with wal2json); ``make test`` starts it and sets this.
-TEST_PG = os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:55433")
+TEST_PG = os.environ.get("LOADER_TEST_PG", "postgresql://postgres@127.0.0.1:25433")
 
 
 def create_db(admin: str, name: str) -> None:
