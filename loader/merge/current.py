@@ -1063,8 +1063,11 @@ class CurrentMerge:
                     self.spark.sql(f"ALTER TABLE {cur} ALTER COLUMN {col(lake)} TYPE {new_sql}")
                 else:
                     # An incompatible retype: history retired the old column and parked the table,
-                    # so every row of this column is rewritten by the resync that unparks it.
-                    self.spark.sql(f"ALTER TABLE {cur} DROP COLUMN {col(lake)}")
+                    # so every row of this column is rewritten by the resync that unparks it. Two
+                    # schema commits: a run killed between them left the column dropped (and the
+                    # types property old), so the drop is for a column that is there.
+                    if schema.findField(lake) is not None:
+                        self.spark.sql(f"ALTER TABLE {cur} DROP COLUMN {col(lake)}")
                     self.spark.sql(f"ALTER TABLE {cur} ADD COLUMN {col(lake)} {new_sql}")
         update_properties(self.spark, cur, {PROP_PG_TYPES: json.dumps(pg_types)})
         return self._current(table)
