@@ -155,8 +155,9 @@ Capture(s).run()
 """
 
 
-def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_rerun(src: Src) -> None:
-    settings = pipelined(src.settings, round_rows=200, confirm_interval_s=0)  # an advance after each file
+def _backlog_beside_a_reference(src: Src, settings: LoaderSettings) -> LoaderSettings:
+    """A reference slot created beside ``settings``' (both at the same position), 720 inserts in 8
+    transactions after it, and the reference captured uninterrupted: its settings."""
     ref = pipelined(src.with_slot(settings.source.slot + "_ref", src.tmp / "ref"), round_rows=200)
     src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     Capture(ref).run()
@@ -164,6 +165,12 @@ def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_reru
     for i in range(8):
         src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g", (i * 90, i * 90 + 89))
     Capture(ref).run()
+    return ref
+
+
+def test_pipelined_capture_sigkilled_before_the_slot_moves_is_repaired_by_a_rerun(src: Src) -> None:
+    settings = pipelined(src.settings, round_rows=200, confirm_interval_s=0)  # an advance after each file
+    ref = _backlog_beside_a_reference(src, settings)
     env = dict(os.environ, LOADER_FAULT="capture-before-advance@2")
     proc = subprocess.run(
         [sys.executable, "-c", _KILLED_CHILD, settings.model_dump_json()],
@@ -191,16 +198,10 @@ def test_a_pipelined_read_advances_the_slot_at_most_every_confirm_interval(
 ) -> None:
     """Each advance makes the server decode again from the slot's restart position, so a pipelined
     read advances the real slot at most every source.confirm_interval_s (and at its end): the same
-    files, the slot at the same position, a crash in between repaired by the re-run (the landed
-    position skips what the slot gives again)."""
+    files as an uninterrupted read, the slot at its last advance, a crash in between repaired by the
+    re-run (the landed position skips what the slot gives again)."""
     settings = pipelined(src.settings, round_rows=200, confirm_interval_s=interval)
-    ref = pipelined(src.with_slot(settings.source.slot + "_ref", src.tmp / "ref"), round_rows=200)
-    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    Capture(ref).run()
-    Capture(settings).run()
-    for i in range(8):
-        src.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(%s::int, %s::int) g", (i * 90, i * 90 + 89))
-    Capture(ref).run()
+    ref = _backlog_beside_a_reference(src, settings)
     reference = landing_snapshot(src.tmp / "ref" / ref.source.slot)
     advances: list[int] = []
     real = slots.advance_slot
