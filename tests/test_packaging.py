@@ -35,6 +35,8 @@ def test_wheel_carries_dbt_project_and_schemas(tmp_path: Path) -> None:
         "loader/log4j/json.properties",
     ):
         assert required in names, required
+    # Capture's compiled parser (setup.py), built for this platform.
+    assert any(n.startswith("loader/capture/_wal2json.") and n.endswith(".so") for n in names), sorted(names)
     # Installed (here: unpacked onto sys.path ahead of the checkout), the project is found inside it.
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)

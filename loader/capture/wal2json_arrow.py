@@ -235,7 +235,76 @@ def valid_utf8(data: bytes) -> bool:
 
 def read_rows(data: bytes) -> Any | None:
     """The rows of ``data`` (newline-terminated wal2json rows) as an Arrow table, or None when
-    they are not all of the plain shape (see the module docstring)."""
+    they are not all of the plain shape (see the module docstring): by the compiled parser where it
+    was built, else by Arrow's JSON reader."""
+    parser = compiled_parser()
+    if parser is not None:
+        parsed = parser(data)
+        if parsed is None:
+            log.debug("a block of %d bytes goes row by row: not of the plain shape", len(data))
+            return None
+        return _rows_from_buffers(parsed)
+    return read_rows_arrow(data)
+
+
+@functools.cache
+def compiled_parser() -> Any | None:
+    """``loader.capture._wal2json.parse`` (wal2json rows straight into column buffers, in C), or
+    None where the extension was not built (an install without a C compiler) or
+    ``LOADER_CAPTURE_PARSER=arrow`` asks for Arrow's JSON reader."""
+    import os
+
+    if os.environ.get("LOADER_CAPTURE_PARSER", "").lower() == "arrow":
+        return None
+    try:
+        from loader.capture import _wal2json  # type: ignore[attr-defined]
+    except ImportError:
+        log.debug("the compiled wal2json parser is not built: capture uses Arrow's JSON reader")
+        return None
+    parse: Any = _wal2json.parse
+    return parse
+
+
+def _rows_from_buffers(parsed: Any) -> Any:
+    """The compiled parser's buffers as the table :func:`read_rows_arrow` reads (``_row_schema``)."""
+    import pyarrow as pa
+
+    n, (xid, xid_valid, xid_nulls), strings, lists = parsed
+    schema = _row_schema()
+
+    def strings_of(count: int, column: Any) -> Any:
+        offsets, data, valid, nulls = column
+        bitmap = pa.py_buffer(valid) if nulls else None
+        return pa.Array.from_buffers(
+            pa.string(), count, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+        )
+
+    def list_of(field: Any, column: Any) -> Any:
+        offsets, valid, nulls, *children = column
+        item = field.type.value_type
+        entries = len(offsets) // 4 and int.from_bytes(offsets[-4:], "little")
+        struct = pa.StructArray.from_arrays(
+            [strings_of(entries, child) for child in children if child is not None], fields=list(item)
+        )
+        bitmap = pa.py_buffer(valid) if nulls else None
+        return pa.Array.from_buffers(
+            field.type, n, [bitmap, pa.py_buffer(offsets)], null_count=nulls, children=[struct]
+        )
+
+    action, timestamp, lsn, nextlsn, schema_name, table = (strings_of(n, c) for c in strings)
+    xids = pa.Array.from_buffers(
+        pa.int64(), n, [pa.py_buffer(xid_valid) if xid_nulls else None, pa.py_buffer(xid)], null_count=xid_nulls
+    )
+    columns, identity, pk = (
+        list_of(schema.field(name), c) for name, c in zip(("columns", "identity", "pk"), lists, strict=True)
+    )
+    return pa.Table.from_arrays(
+        [action, xids, timestamp, lsn, nextlsn, schema_name, table, columns, identity, pk], schema=schema
+    )
+
+
+def read_rows_arrow(data: bytes) -> Any | None:
+    """:func:`read_rows` by Arrow's JSON reader, after quoting bare values."""
     import pyarrow as pa
     import pyarrow.json as pj
 

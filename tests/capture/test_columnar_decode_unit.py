@@ -12,12 +12,15 @@ No database and no Spark.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -86,6 +89,29 @@ def _stream(draw: Any) -> list[str]:
     return rows
 
 
+# The two parsers of plain blocks: the compiled one (loader/capture/_wal2json.c) and Arrow's JSON
+# reader after quoting bare values (where the extension is not built).
+PARSERS = ["compiled", "arrow"]
+
+
+@contextlib.contextmanager
+def _parser(name: str) -> Iterator[None]:
+    """``wal2json_arrow.read_rows`` by the parser ``name``."""
+    saved = wal2json_arrow.compiled_parser
+    if name == "arrow":
+        wal2json_arrow.compiled_parser = lambda: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        wal2json_arrow.compiled_parser = saved  # type: ignore[assignment]
+
+
+def test_the_compiled_parser_is_built() -> None:
+    """`make venv` builds the extension (a C compiler is part of the install): without this, the
+    tests of the compiled parser below would test Arrow's reader twice."""
+    assert wal2json_arrow.compiled_parser() is not None
+
+
 def _by_rows(rows: list[str]) -> tuple[Any, Wal2JsonDecoder]:
     decoder = Wal2JsonDecoder()
     batcher = changefile.Batcher()
@@ -99,9 +125,15 @@ def _cuts(draw: Any, n: int) -> list[int]:
     return sorted(set(draw(st.lists(st.integers(0, n), max_size=5))) | {0, n})
 
 
+@pytest.mark.parametrize("parser", PARSERS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data())
-def test_blocks_decoded_in_columns_give_the_row_decoders_records(data: Any) -> None:
+@given(data=st.data())
+def test_blocks_decoded_in_columns_give_the_row_decoders_records(parser: str, data: Any) -> None:
+    with _parser(parser):
+        _blocks_decoded_in_columns(data)
+
+
+def _blocks_decoded_in_columns(data: Any) -> None:
     rows = data.draw(_stream())
     expected, oracle = _by_rows(rows)
     cuts = _cuts(data.draw, len(rows))
@@ -139,7 +171,13 @@ def _row_path(block: bytes, decoder: Wal2JsonDecoder) -> Any:
     return batcher.take()
 
 
-def test_a_block_that_is_not_plain_is_left_to_the_row_decoder() -> None:
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_block_that_is_not_plain_is_left_to_the_row_decoder(parser: str) -> None:
+    with _parser(parser):
+        _not_plain_blocks()
+
+
+def _not_plain_blocks() -> None:
     begin = f'{{"action":"B","xid":1,"timestamp":"{TS}","lsn":"0/10","nextlsn":"0/20"}}\n'.encode()
     change = b'{"action":"I","xid":1,"lsn":"0/11","schema":"public","table":"t","columns":[%s],"pk":[]}\n'
     ok = begin + change % b'{"name":"a","type":"text","value":"x"}'
@@ -281,3 +319,47 @@ def test_bare_values_are_quoted_as_the_pattern_says(parts: list[str], piece: int
         assert wal2json_arrow.quote_bare_values(data).to_pybytes() == expected[0].as_py()
     finally:
         wal2json_arrow._QUOTE_PIECE = default
+
+
+# Bytes a mutation puts into a row: JSON's punctuation and literals' letters, digits and number
+# signs, escapes, bytes that are not UTF-8 (a lone continuation byte, an encoded surrogate), tabs.
+_MUTATION_BYTES = b'{}[]":,\\ -+0123456789.eEtruefalsnu\t\n\xff\x80\xc3\xa9\xed\xa0\x80'
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    edits=st.lists(
+        st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from("sdi"), st.sampled_from(list(_MUTATION_BYTES))),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_the_compiled_parser_accepts_only_what_the_row_decoder_reads_the_same(data: Any, edits: Any) -> None:
+    """Rows with bytes changed, dropped or put in anywhere (text wal2json never prints: numbers of
+    no JSON form, keys cut, escapes broken, invalid UTF-8, two rows on a line): the compiled parser
+    either leaves the block to the row decoder or gives exactly the row decoder's records (an
+    invalid number is quarantined there, never kept as text); it never reads out of its input."""
+    rows = data.draw(_stream())
+    block = bytearray("".join(r + "\n" for r in rows).encode())
+    for where, how, byte in edits:
+        at = int(where * len(block))
+        if how == "s":
+            block[at] = byte
+        elif how == "d":
+            del block[at]
+        else:
+            block.insert(at, byte)
+    raw = bytes(block) if block.endswith(b"\n") else bytes(block) + b"\n"
+    # Plain runs only, as capture feeds them (messages and truncates go row by row first).
+    decoder = Wal2JsonDecoder()
+    for piece, plain in wal2json_arrow.runs(raw):
+        if not plain or decoder.holds_messages:
+            _row_path(piece, decoder)
+            continue
+        got = wal2json_arrow.decode_block(piece, decoder)
+        if got is None:
+            return  # the row decoder's: it reads, quarantines or refuses the block (its own tests)
+        expected = _row_path(piece, decoder)  # the row decoder takes any block the parser took
+        assert got.batch.to_pylist() == expected.to_pylist(), piece
+        assert (got.state, got.confirm_lsn) == (decoder.txn, decoder.confirm_lsn)
