@@ -46,6 +46,9 @@ def _open_catalog(name: str, uri: str, warehouse: str, s3_json: str, s3_secret: 
     from pyiceberg.catalog.sql import SqlCatalog
 
     from loader.config import S3Settings
+    from loader.lake import pyiceberg_fixes
+
+    pyiceberg_fixes.apply()
 
     s3 = S3Settings.model_validate_json(s3_json)
     props: dict[str, str] = {"uri": uri, "warehouse": warehouse}

@@ -1,0 +1,111 @@
+"""loader.lake.pyiceberg_fixes: a transaction's metadata computed once per state, and the same
+commits as pyiceberg's own reads make.
+
+No database, no Spark: pyiceberg's SQL catalog on SQLite in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.expressions import EqualTo
+from pyiceberg.table import Transaction
+from pyiceberg.types import StringType
+
+from loader.lake import pyiceberg_fixes
+
+
+@contextlib.contextmanager
+def _cached(on: bool) -> Iterator[None]:
+    assert pyiceberg_fixes.apply()
+    fixed = Transaction.__dict__["table_metadata"]
+    if not on:
+        Transaction.table_metadata = getattr(Transaction, pyiceberg_fixes.ORIGINAL)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Transaction.table_metadata = fixed  # type: ignore[method-assign]
+
+
+def _catalog(root: Path) -> Any:
+    root.mkdir()
+    return SqlCatalog("c", uri=f"sqlite:///{root}/c.db", warehouse=f"file://{root}/wh")
+
+
+def _rows(first: int, n: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(first, first + n), pa.int64()), "v": [f"v{i}" for i in range(n)]})
+
+
+def _workload(catalog: Any) -> Any:
+    """Appends, a delete, a schema change staged in the same transaction as an append, properties."""
+    catalog.create_namespace("n")
+    t = catalog.create_table("n.t", schema=_rows(0, 1).schema, properties={"a": "1"})
+    for k in range(5):
+        t.append(_rows(k * 10, 10))
+    t.delete(EqualTo("id", 3))
+    with t.transaction() as tx:
+        with tx.update_schema() as schema:
+            schema.add_column("w", StringType())
+        tx.append(pa.table({"id": pa.array([100], pa.int64()), "v": ["x"], "w": ["y"]}))
+        tx.set_properties(b="2")
+    t = catalog.load_table("n.t")
+    return t
+
+
+def _picture(t: Any) -> dict[str, Any]:
+    """What a commit decides, without what differs run to run (ids, times, paths)."""
+    md = t.metadata
+    summaries = [
+        {k: v for k, v in s.summary.additional_properties.items() if "size" not in k} | {"op": s.summary.operation}
+        for s in md.snapshots
+    ]
+    return {
+        "schemas": [s.model_dump() for s in md.schemas],
+        "current_schema": md.current_schema_id,
+        "specs": [s.model_dump() for s in md.partition_specs],
+        "properties": md.properties,
+        "snapshots": summaries,
+        "parents": [s.parent_snapshot_id is None for s in md.snapshots],
+        "rows": sorted(t.scan().to_arrow().to_pylist(), key=lambda r: r["id"]),
+    }
+
+
+def test_commits_are_the_same_with_and_without_the_cache(tmp_path: Path) -> None:
+    with _cached(False):
+        theirs = _picture(_workload(_catalog(tmp_path / "without")))
+    with _cached(True):
+        ours = _picture(_workload(_catalog(tmp_path / "with")))
+    assert ours == theirs
+    assert len(ours["snapshots"]) == 7 and len(ours["rows"]) == 50  # 5 appends, a delete, the last transaction
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_an_append_computes_the_metadata_once_per_state(tmp_path: Path, on: bool, monkeypatch: Any) -> None:
+    """pyiceberg 0.12 replays and deep-copies the metadata on each of about 17 reads an append
+    makes; with the cache, once per staged state (the reads of one state share one copy)."""
+    import pyiceberg.table as pyiceberg_table
+
+    calls = []
+    real = pyiceberg_table.update_table_metadata
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    with _cached(on):
+        catalog = _catalog(tmp_path / "c")
+        catalog.create_namespace("n")
+        t = catalog.create_table("n.t", schema=_rows(0, 1).schema)
+        t.append(_rows(0, 10))
+        monkeypatch.setattr(pyiceberg_table, "update_table_metadata", counted)
+        t.append(_rows(10, 10))
+    if on:
+        assert len(calls) <= 3, len(calls)
+    else:
+        assert len(calls) >= 10, len(calls)  # what the cache is for: pyiceberg's own count
