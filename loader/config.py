@@ -285,6 +285,13 @@ class MaintenanceSettings(_Section):
     # Snapshots older than this are expired (the newest retain_last are always kept).
     snapshot_retention_hours: float = 24.0
     retain_last: int = 5
+    # And at most this many are kept per table, whatever their age (None: no cap): every commit
+    # rewrites the table's metadata file, which lists every snapshot, so a table that follow mode
+    # commits each cycle (about 1,800 an hour) would otherwise make its commits, and every reader's
+    # table load, slower by the hour until snapshot_retention_hours expires them. The cap never
+    # expires a snapshot younger than snapshot_min_age_minutes (a running query may read it).
+    max_snapshots: int | None = Field(default=500, ge=1)
+    snapshot_min_age_minutes: float = Field(default=30.0, ge=0)
     # Files no snapshot references, older than this, are deleted (never younger: a writer may be
     # about to commit them).
     orphan_older_than_hours: float = 72.0

@@ -128,6 +128,26 @@ class Maintenance:
             orphans,
         )
 
+    def _expire_before(self, ident: str) -> datetime:
+        """Snapshots committed before this are expired: those past ``snapshot_retention_hours``,
+        and beyond the newest ``max_snapshots`` those older than ``snapshot_min_age_minutes``."""
+        m = self.settings.maintenance
+        now = datetime.now(UTC)
+        older = now - timedelta(hours=m.snapshot_retention_hours)
+        if m.max_snapshots is None:
+            return older
+        # The newest snapshot beyond the cap's (epoch microseconds: no session time zone involved).
+        row = self.spark.sql(
+            f"SELECT unix_micros(committed_at) AS at FROM {ident}.snapshots"
+            f" ORDER BY committed_at DESC LIMIT 1 OFFSET {int(m.max_snapshots)}"
+        ).collect()
+        if not row:
+            return older
+        # Expiry takes snapshots committed strictly before the bound, in milliseconds (Iceberg's
+        # snapshot times): this one and all before it.
+        beyond_cap = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=int(row[0]["at"]) + 1000)
+        return max(older, min(beyond_cap, now - timedelta(minutes=m.snapshot_min_age_minutes)))
+
     def _table(
         self, label: str, ident: str, mode: str, sort_order: str | None, expire: bool, orphans: bool
     ) -> TableReport:
@@ -140,7 +160,7 @@ class Maintenance:
             # Measured at the call: this run's own rewrite commits count as they should. Microseconds
             # matter: cut to the second, a retention of 0 kept every snapshot of the last second
             # (this run's rewrite commits), found by the soak test.
-            older = datetime.now(UTC) - timedelta(hours=m.snapshot_retention_hours)
+            older = self._expire_before(ident)
             row = self.spark.sql(
                 f"CALL {call}.expire_snapshots(table => {target}, "
                 f"older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S.%f}', "

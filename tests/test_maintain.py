@@ -45,3 +45,38 @@ def test_loaded_landing_files_past_retention_are_retired(env: Env) -> None:
         Backfill(env.spark, env.settings).replay(before[0].first.commit_lsn, before[-1].last.commit_lsn)
     env.run_all()
     env.assert_reconciled()
+
+
+def test_snapshots_beyond_max_snapshots_are_expired_but_never_young_ones(env: Env) -> None:
+    """A table follow mode commits every cycle gathers about 1,800 snapshots an hour, each listed in
+    every later metadata file: ``maintenance.max_snapshots`` caps them whatever their age, except
+    those younger than ``snapshot_min_age_minutes``."""
+    from loader.lake.tables import SourceTable, TableNames
+
+    env.sql("CREATE TABLE public.s (id int PRIMARY KEY, v text)")
+    env.capture()
+    for i in range(8):  # a history commit each
+        env.transaction(f"INSERT INTO public.s VALUES ({i}, 'v')")
+        env.capture()
+        env.load()
+    env.merge()
+    history = TableNames(env.settings).history(SourceTable("public", "s"))
+
+    def snapshots() -> int:
+        return int(env.spark.sql(f"SELECT count(*) FROM {history}.snapshots").collect()[0][0])
+
+    assert snapshots() >= 8
+    env.configure("maintenance", snapshot_retention_hours=24, retain_last=1, max_snapshots=3)
+    young = Maintenance(env.spark, env.settings).run(tables=["public.s"], orphans=False)  # all younger than 30 min
+    assert not any(t.expired_snapshots for t in young.tables), young
+    assert snapshots() >= 8
+    env.configure("maintenance", snapshot_min_age_minutes=0)
+    capped = Maintenance(env.spark, env.settings).run(tables=["public.s"], orphans=False)
+    assert snapshots() == 3, capped
+    assert sum(t.expired_snapshots for t in capped.tables) >= 5
+    env.configure("maintenance", max_snapshots=None)
+    uncapped = Maintenance(env.spark, env.settings).run(tables=["public.s"], orphans=False)  # 24 h: none so old
+    assert not any(t.expired_snapshots for t in uncapped.tables) and snapshots() >= 3, uncapped
+    env.transaction("INSERT INTO public.s VALUES (100, 'after')")
+    env.run_all()
+    env.assert_reconciled()
