@@ -3,9 +3,9 @@
  *
  * The compiled half of loader/capture/wal2json_arrow.py (read_rows): a block of newline-terminated
  * rows in, the buffers of the columns of wal2json_arrow._row_schema() out, each value kept as the
- * exact text wal2json printed (a bare number or boolean of a "value" key as its text, as quoting it
- * and reading it with Arrow's JSON reader gives). Anything else (a key of another name, a value of
- * another kind, a nested object, invalid UTF-8, a raw control character in a string, a lone
+ * exact text wal2json printed (a bare JSON number or boolean of a "value" key as its text, digits
+ * and exponent as printed). Anything else (a key of another name, a value of another kind, a number
+ * of no JSON form, a nested object, invalid UTF-8, a raw control character in a string, a lone
  * surrogate escape, a malformed row) returns None: the caller then decodes the block row by row,
  * which knows every case. Both give the same records (tests/capture/test_columnar_decode_unit.py).
  *
