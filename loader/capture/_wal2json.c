@@ -238,6 +238,29 @@ static int key(cur_t *c, const unsigned char **k, size_t *n) {
 
 #define KEY_IS(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), sizeof(lit) - 1) == 0)
 
+/* One member of an object: its key is [k, k + n), the cursor at its value. */
+typedef int (*member_fn)(cur_t *c, const unsigned char *k, size_t n, void *ctx);
+
+/* A JSON object: each member handed to ``member`` in order. */
+static int object(cur_t *c, member_fn member, void *ctx) {
+    if (!expect(c, '{')) return NOT_PLAIN;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return OK;
+    }
+    for (;;) {
+        const unsigned char *k;
+        size_t n;
+        int r;
+        if ((r = key(c, &k, &n))) return r;
+        if ((r = member(c, k, n, ctx))) return r;
+        if (expect(c, ',')) continue;
+        if (expect(c, '}')) return OK;
+        return NOT_PLAIN;
+    }
+}
+
 /* A string or null into a string column. */
 static int string_value(cur_t *c, col_t *col) {
     skip_ws(c);
@@ -300,35 +323,32 @@ static int any_value(cur_t *c, col_t *col) {
 }
 
 /* One {"name":..,"type":..[,"value":..]} object of a list. */
-static int entry(cur_t *c, list_t *l) {
-    if (!expect(c, '{')) return NOT_PLAIN;
-    int seen = 0, r;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-    } else {
-        for (;;) {
-            const unsigned char *k;
-            size_t n;
-            if ((r = key(c, &k, &n))) return r;
-            if (KEY_IS(k, n, "name") && !(seen & 1)) {
-                seen |= 1;
-                r = string_value(c, &l->name);
-            } else if (KEY_IS(k, n, "type") && !(seen & 2)) {
-                seen |= 2;
-                r = string_value(c, &l->type);
-            } else if (l->has_value && KEY_IS(k, n, "value") && !(seen & 4)) {
-                seen |= 4;
-                r = any_value(c, &l->value);
-            } else {
-                return NOT_PLAIN; /* another key, or one seen twice */
-            }
-            if (r) return r;
-            if (expect(c, ',')) continue;
-            if (expect(c, '}')) break;
-            return NOT_PLAIN;
-        }
+typedef struct {
+    list_t *l;
+    int seen; /* bits: name, type, value */
+} entry_t;
+
+static int entry_member(cur_t *c, const unsigned char *k, size_t n, void *ctx) {
+    entry_t *e = ctx;
+    if (KEY_IS(k, n, "name") && !(e->seen & 1)) {
+        e->seen |= 1;
+        return string_value(c, &e->l->name);
     }
+    if (KEY_IS(k, n, "type") && !(e->seen & 2)) {
+        e->seen |= 2;
+        return string_value(c, &e->l->type);
+    }
+    if (e->l->has_value && KEY_IS(k, n, "value") && !(e->seen & 4)) {
+        e->seen |= 4;
+        return any_value(c, &e->l->value);
+    }
+    return NOT_PLAIN; /* another key, or one seen twice */
+}
+
+static int entry(cur_t *c, list_t *l) {
+    entry_t e = {l, 0};
+    int r = object(c, entry_member, &e), seen = e.seen;
+    if (r) return r;
     /* Keys left out read as null. */
     if (!(seen & 1) && (r = col_end_string(&l->name, 0))) return r == -1 ? NOMEM : NOT_PLAIN;
     if (!(seen & 2) && (r = col_end_string(&l->type, 0))) return r == -1 ? NOMEM : NOT_PLAIN;
@@ -387,39 +407,32 @@ static const char *const KEYS[N_KEYS] = {"action", "timestamp", "lsn",     "next
                                          "table",  "xid",       "columns", "identity", "pk"};
 static size_t KEY_LENGTHS[N_KEYS];
 
+typedef struct {
+    out_t *o;
+    unsigned seen; /* bits: N_STR string columns, then xid, then the lists */
+} row_t;
+
+static int row_member(cur_t *c, const unsigned char *k, size_t n, void *ctx) {
+    row_t *w = ctx;
+    int which = -1;
+    for (int i = 0; i < N_KEYS; i++)
+        if (n == KEY_LENGTHS[i] && memcmp(k, KEYS[i], n) == 0) {
+            which = i;
+            break;
+        }
+    if (which < 0 || (w->seen & (1u << which))) return NOT_PLAIN;
+    w->seen |= 1u << which;
+    if (which < N_STR) return string_value(c, &w->o->str[which]);
+    if (which == N_STR) return xid_value(c, &w->o->xid);
+    return list_value(c, &w->o->list[which - N_STR - 1]);
+}
+
 /* One row: a JSON object on one line; c->end is the line's end. */
 static int row(cur_t *c, out_t *o) {
-    unsigned seen = 0; /* bits: N_STR string columns, then xid, then the lists */
-    int r;
-    if (!expect(c, '{')) return NOT_PLAIN;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-    } else {
-        for (;;) {
-            const unsigned char *k;
-            size_t n;
-            int which = -1;
-            if ((r = key(c, &k, &n))) return r;
-            for (int i = 0; i < N_KEYS; i++)
-                if (n == KEY_LENGTHS[i] && memcmp(k, KEYS[i], n) == 0) {
-                    which = i;
-                    break;
-                }
-            if (which < 0 || (seen & (1u << which))) return NOT_PLAIN;
-            seen |= 1u << which;
-            if (which < N_STR)
-                r = string_value(c, &o->str[which]);
-            else if (which == N_STR)
-                r = xid_value(c, &o->xid);
-            else
-                r = list_value(c, &o->list[which - N_STR - 1]);
-            if (r) return r;
-            if (expect(c, ',')) continue;
-            if (expect(c, '}')) break;
-            return NOT_PLAIN;
-        }
-    }
+    row_t w = {o, 0};
+    int r = object(c, row_member, &w);
+    unsigned seen = w.seen;
+    if (r) return r;
     skip_ws(c);
     if (c->p != c->end) return NOT_PLAIN; /* something after the object */
     for (int i = 0; i < N_STR; i++)
