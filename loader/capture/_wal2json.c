@@ -17,6 +17,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Parse results: OK, or NOT_PLAIN (fall back), or NOMEM (raise). */
+#define OK 0
+#define NOT_PLAIN 1
+#define NOMEM 2
+
 typedef struct {
     char *p;
     size_t len, cap;
@@ -51,29 +56,31 @@ static int col_init_offsets(col_t *c) {
     return buf_put(&c->offsets, &zero, sizeof zero);
 }
 
+/* The column helpers below return OK, NOMEM or NOT_PLAIN, as the parser does. */
+
 static int col_valid_bit(col_t *c, int valid) {
     if ((c->n & 7) == 0) {
         char zero = 0;
-        if (buf_put(&c->valid, &zero, 1)) return -1;
+        if (buf_put(&c->valid, &zero, 1)) return NOMEM;
     }
     if (valid)
         c->valid.p[c->n >> 3] |= (char)(1 << (c->n & 7));
     else
         c->nulls++;
     c->n++;
-    return 0;
+    return OK;
 }
 
 /* Ends a string value whose bytes were appended to c->data: 1 = a value, 0 = null. */
 static int col_end_string(col_t *c, int valid) {
-    if (c->data.len > INT32_MAX) return -2; /* beyond 32-bit offsets: the caller falls back */
+    if (c->data.len > INT32_MAX) return NOT_PLAIN; /* beyond 32-bit offsets: the caller falls back */
     int32_t end = (int32_t)c->data.len;
-    if (buf_put(&c->offsets, &end, sizeof end)) return -1;
+    if (buf_put(&c->offsets, &end, sizeof end)) return NOMEM;
     return col_valid_bit(c, valid);
 }
 
 static int col_put_int(col_t *c, int64_t v, int valid) {
-    if (buf_put(&c->data, &v, sizeof v)) return -1;
+    if (buf_put(&c->data, &v, sizeof v)) return NOMEM;
     return col_valid_bit(c, valid);
 }
 
@@ -99,11 +106,6 @@ typedef struct {
     list_t list[N_LIST];
     int64_t rows;
 } out_t;
-
-/* Parse results: OK, or NOT_PLAIN (fall back), or NOMEM (raise). */
-#define OK 0
-#define NOT_PLAIN 1
-#define NOMEM 2
 
 typedef struct {
     const unsigned char *p, *end;
@@ -267,14 +269,9 @@ static int string_value(cur_t *c, col_t *col) {
     if (c->p < c->end && *c->p == '"') {
         c->p++;
         int r = string_body(c, &col->data);
-        if (r) return r;
-        r = col_end_string(col, 1);
-        return r == -1 ? NOMEM : r == -2 ? NOT_PLAIN : OK;
+        return r ? r : col_end_string(col, 1);
     }
-    if (literal(c, "null", 4) && is_delim(c)) {
-        int r = col_end_string(col, 0);
-        return r == -1 ? NOMEM : r == -2 ? NOT_PLAIN : OK;
-    }
+    if (literal(c, "null", 4) && is_delim(c)) return col_end_string(col, 0);
     return NOT_PLAIN;
 }
 
@@ -318,8 +315,7 @@ static int any_value(cur_t *c, col_t *col) {
         if (!number(c) || !is_delim(c)) return NOT_PLAIN;
     }
     if (buf_put(&col->data, start, (size_t)(c->p - start))) return NOMEM;
-    int r = col_end_string(col, 1);
-    return r == -1 ? NOMEM : r == -2 ? NOT_PLAIN : OK;
+    return col_end_string(col, 1);
 }
 
 /* One {"name":..,"type":..[,"value":..]} object of a list. */
@@ -350,9 +346,9 @@ static int entry(cur_t *c, list_t *l) {
     int r = object(c, entry_member, &e), seen = e.seen;
     if (r) return r;
     /* Keys left out read as null. */
-    if (!(seen & 1) && (r = col_end_string(&l->name, 0))) return r == -1 ? NOMEM : NOT_PLAIN;
-    if (!(seen & 2) && (r = col_end_string(&l->type, 0))) return r == -1 ? NOMEM : NOT_PLAIN;
-    if (l->has_value && !(seen & 4) && (r = col_end_string(&l->value, 0))) return r == -1 ? NOMEM : NOT_PLAIN;
+    if (!(seen & 1) && (r = col_end_string(&l->name, 0))) return r;
+    if (!(seen & 2) && (r = col_end_string(&l->type, 0))) return r;
+    if (l->has_value && !(seen & 4) && (r = col_end_string(&l->value, 0))) return r;
     return OK;
 }
 
@@ -360,7 +356,7 @@ static int end_list(list_t *l, int valid) {
     if (l->name.n > INT32_MAX) return NOT_PLAIN;
     int32_t end = (int32_t)l->name.n;
     if (buf_put(&l->list.offsets, &end, sizeof end)) return NOMEM;
-    return col_valid_bit(&l->list, valid) ? NOMEM : OK;
+    return col_valid_bit(&l->list, valid);
 }
 
 static int list_value(cur_t *c, list_t *l) {
@@ -384,7 +380,7 @@ static int list_value(cur_t *c, list_t *l) {
 
 static int xid_value(cur_t *c, col_t *col) {
     skip_ws(c);
-    if (literal(c, "null", 4)) return is_delim(c) ? (col_put_int(col, 0, 0) ? NOMEM : OK) : NOT_PLAIN;
+    if (literal(c, "null", 4)) return is_delim(c) ? col_put_int(col, 0, 0) : NOT_PLAIN;
     int neg = 0;
     if (c->p < c->end && *c->p == '-') {
         neg = 1;
@@ -398,7 +394,7 @@ static int xid_value(cur_t *c, col_t *col) {
         v = v * 10 + (uint64_t)(*c->p++ - '0');
     }
     if (v > (uint64_t)INT64_MAX || !is_delim(c)) return NOT_PLAIN;
-    return col_put_int(col, neg ? -(int64_t)v : (int64_t)v, 1) ? NOMEM : OK;
+    return col_put_int(col, neg ? -(int64_t)v : (int64_t)v, 1);
 }
 
 /* The row's keys: the string columns (in enum order), "xid", then the lists. */
@@ -436,8 +432,8 @@ static int row(cur_t *c, out_t *o) {
     skip_ws(c);
     if (c->p != c->end) return NOT_PLAIN; /* something after the object */
     for (int i = 0; i < N_STR; i++)
-        if (!(seen & (1u << i)) && (r = col_end_string(&o->str[i], 0))) return r == -1 ? NOMEM : NOT_PLAIN;
-    if (!(seen & (1u << N_STR)) && col_put_int(&o->xid, 0, 0)) return NOMEM;
+        if (!(seen & (1u << i)) && (r = col_end_string(&o->str[i], 0))) return r;
+    if (!(seen & (1u << N_STR)) && (r = col_put_int(&o->xid, 0, 0))) return r;
     for (int i = 0; i < N_LIST; i++)
         if (!(seen & (1u << (N_STR + 1 + i))) && (r = end_list(&o->list[i], 0))) return r;
     o->rows++;

@@ -15,7 +15,7 @@ while both are the same objects. Staging an update rebinds the tuple and a commi
 table's metadata, so either makes the next read compute afresh; the cache holds both objects, so
 neither identity can be reused while it is kept. Readers get the same metadata object twice
 instead of two equal copies: pyiceberg's models are immutable (frozen), and no pyiceberg code
-path changes the returned metadata in place (``tests/lake/test_pyiceberg_fixes.py`` holds the
+path changes the returned metadata in place (``tests/test_pyiceberg_fixes.py`` holds the
 metadata a transaction commits equal with and without the cache).
 
 Applied when the loader opens a pyiceberg catalog (:func:`loader.lake.catalog.open_catalog`), and
