@@ -368,6 +368,13 @@ class CurrentMerge:
         if upto is not None and upto < cut:
             cut = upto
         source_types: dict[str, str] = json.loads(props[PROP_PG_TYPES])
+        if any(k not in source_types for k in pk):
+            # History holds only changes that carried no columns (deletes of keys it never saw, a
+            # late file still to come): no key type to build a current table with, and nothing it
+            # would hold. The first change with columns gives the types; the merge then starts
+            # from history's beginning, in position order.
+            out.skipped_reason = "no key column typed in history yet (only deletes loaded)"
+            return out
         cur = self.names.current(table)
         key_changed = self._key_changed(table, pk)
         current = None if key_changed else self._ensure_current(table, cur, pk, source_types)
