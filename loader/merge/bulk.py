@@ -41,6 +41,7 @@ from loader.lake.files import (
     parquet_data_file,
     prefetched,
 )
+from loader.lake.types import spark_type
 from loader.lsn import ChangePosition, arrow_positions_after, arrow_positions_at_or_before
 from loader.merge.plan import Marker, MergePlan, plan_markers
 from loader.spark import jvm_class
@@ -153,7 +154,12 @@ FIRST_STATE_PARTITION_ROWS = 1 << 18
 
 
 def first_state_rows(
-    hist: Any, hist_snapshot: int, cut: ChangePosition, pk: list[str], pk_types: list[str], spill_dir: str | None = None
+    hist: Any,
+    hist_snapshot: int,
+    cut: ChangePosition,
+    pk: list[str],
+    pk_pg_types: list[str],
+    spill_dir: str | None = None,
 ) -> tuple[int, Callable[[Any, int], Iterator[tuple[Any, Any, int]]]]:
     """A table's first current state from the changes history holds up to ``cut`` (no snapshot in
     them): for every key its newest change, when that is an insert, update or read. Returns (the
@@ -165,11 +171,12 @@ def first_state_rows(
     partition is reduced alone. The rules are the driver merge's (:mod:`loader.merge.driver`): no
     control rows, no update leaving a value out, none changing the key (else NotPlainBulk, and
     Spark's MERGE builds it); a delete is keyed by its old key; of two events at one position the
-    upsert wins over the delete. Keys are integers or text (``pk_types``: their Spark types)."""
+    upsert wins over the delete. Keys are integers or text (``pk_pg_types``: their PostgreSQL types)."""
     import pyarrow.compute as pc
 
-    if any(t not in _KEY_TYPES for t in pk_types):
-        raise NotPlainBulk(f"key types {pk_types}")
+    key_pg_types = dict(zip(pk, pk_pg_types, strict=True))
+    if any(spark_type(t).sql not in _KEY_TYPES for t in pk_pg_types):
+        raise NotPlainBulk(f"key types {pk_pg_types}")
     scan = hist.scan(row_filter=_range_filter(None, cut), snapshot_id=hist_snapshot)
     tasks = list(scan.plan_files())
     total = sum(t.file.record_count for t in tasks)
@@ -189,7 +196,6 @@ def first_state_rows(
         spill_schema = pa.schema([*target, pa.field("sub", pa.int8())])
         data = [f.name for f in target]
         wanted = [*dict.fromkeys([*data, "pg_operation", "pg_absent_columns", "pg_old_key"])]
-        key_types = {k: target.field(k).type for k in pk}
         tmp = private_dir(SPILL_PREFIX, spill_dir)
         try:
             writers: dict[int, Any] = {}
@@ -202,7 +208,7 @@ def first_state_rows(
                     batch = _in_range(batch, None, cut)
                     if not batch.num_rows:
                         continue
-                    events = _first_state_events(batch, pk, key_types, spill_schema)
+                    events = _first_state_events(batch, pk, key_pg_types, spill_schema)
                     part_of = key_hashes(events.column(pk[0]).combine_chunks()) % np.uint32(parts)
                     order = np.argsort(part_of, kind="stable")
                     events, part_of = events.take(pa.array(order)), part_of[order]
@@ -231,7 +237,7 @@ def first_state_rows(
     return total, source
 
 
-def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], schema: Any) -> Any:
+def _first_state_events(batch: Any, pk: list[str], key_pg_types: dict[str, str], schema: Any) -> Any:
     """A batch of history rows as key events in ``schema`` (the current table's columns and
     ``sub``: 1 an upsert with its row, 0 a delete with its old key); NotPlainBulk for what only
     Spark's MERGE handles."""
@@ -243,9 +249,10 @@ def _first_state_events(batch: Any, pk: list[str], key_types: dict[str, Any], sc
 
     table = pa.Table.from_batches([batch])
     try:
-        upsert = plain_upserts(table, pk, key_types)
+        upsert = plain_upserts(table, pk, key_pg_types)
         dels = table.filter(pc.equal(table.column("pg_operation"), "delete"))
-        old = _old_keys(dels.column("pg_old_key").to_pylist(), pk, key_types) if dels.num_rows else {}
+        like = {k: schema.field(k).type for k in pk}
+        old = _old_keys(dels.column("pg_old_key").to_pylist(), pk, key_pg_types, like) if dels.num_rows else {}
     except NotPlainIncrement as exc:
         raise NotPlainBulk(str(exc)) from None
     ups = table.filter(upsert)

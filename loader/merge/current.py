@@ -776,7 +776,7 @@ class CurrentMerge:
         plan = MergePlan(cut=cut, boundary=None, parked=None, resynced=False)
 
         def build(hist: Any) -> tuple[int, tuple[int, ChangePosition, ChangePosition]]:
-            pk_types = [spark_type(source_types[k]).sql for k in pk]
+            pk_types = [source_types[k] for k in pk]
             total, source = first_state_rows(hist, hist_snapshot, cut, [lake_column(k) for k in pk], pk_types)
             bulk = BulkPlan(plan, cut, total, 0, 0)
             return total, self._write_bulk(hist, hist_snapshot, cur, bulk, source_types, pk, None, source)

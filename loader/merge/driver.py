@@ -45,10 +45,17 @@ class NotPlainIncrement(Exception):
     """The increment or the table needs the Spark path (the reason is the message)."""
 
 
-def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> dict[str, Any]:
-    """Key columns parsed out of pg_old_key texts (JSON objects of text values, by lake name)."""
+def _old_keys(
+    texts: list[str | None], pk: list[str], pg_types: dict[str, str], arrow_types: dict[str, Any]
+) -> dict[str, Any]:
+    """Key columns parsed out of pg_old_key texts (JSON objects of text values, by lake name),
+    typed by the load's rule (:func:`loader.load.values.typed`, the one the key columns of
+    history's rows were typed by), in the Arrow types of the rows they meet (``arrow_types``: a
+    scan may read text as large strings)."""
     import pyarrow as pa
     import pyarrow.json as pj
+
+    from loader.load.values import Misfit, typed
 
     if any(t is None for t in texts):
         raise NotPlainIncrement("a change without its old key")
@@ -79,13 +86,17 @@ def _old_keys(texts: list[str | None], pk: list[str], types: dict[str, Any]) -> 
         if arr.null_count:
             raise NotPlainIncrement("an old key without a value for every key column")
         try:
-            out[k] = arr.cast(types[k])
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise NotPlainIncrement(f"old key of {k} does not parse as {types[k]}: {exc}") from exc
+            out[k] = typed(arr, pg_types[k], k).cast(arrow_types[k])
+        except Misfit as exc:
+            raise NotPlainIncrement(f"old key of {k} does not parse as {pg_types[k]}: {exc}") from exc
     return out
 
 
-def plain_upserts(rows: Any, pk: list[str], key_types: dict[str, Any]) -> Any:
+def _arrow_types(rows: Any, pk: list[str]) -> dict[str, Any]:
+    return {k: rows.schema.field(k).type for k in pk}
+
+
+def plain_upserts(rows: Any, pk: list[str], pg_types: dict[str, str]) -> Any:
     """Which of the history ``rows`` are upserts, when the rows are plain for a reduction to the
     newest event per key: no control rows (truncate/resync/park), every upsert sent every value
     (no unchanged TOAST), no update that carries its old key changed it. NotPlainIncrement names
@@ -105,7 +116,7 @@ def plain_upserts(rows: Any, pk: list[str], key_types: dict[str, Any]) -> Any:
         pc.and_(pc.equal(upserts.column("pg_operation"), "update"), pc.is_valid(upserts.column("pg_old_key")))
     )
     if with_old.num_rows:
-        old = _old_keys(with_old.column("pg_old_key").to_pylist(), pk, key_types)
+        old = _old_keys(with_old.column("pg_old_key").to_pylist(), pk, pg_types, _arrow_types(rows, pk))
         for k in pk:
             if not pc.all(pc.equal(old[k], with_old.column(k))).as_py():
                 raise NotPlainIncrement("an update changed the key")
@@ -205,8 +216,7 @@ def driver_rows(
     n_rows = inc.num_rows
     if n_rows == 0:
         return None, None, 0
-    key_types = {k: inc.schema.field(k).type for k in pk}
-    is_upsert = plain_upserts(inc, pk, key_types)
+    is_upsert = plain_upserts(inc, pk, pg_types)
     op = inc.column("pg_operation")
 
     inc = inc.append_column("idx", pa.array(range(n_rows), pa.int64()))
@@ -215,7 +225,7 @@ def driver_rows(
     meta = ["pg_lsn", "pg_seq", "idx"]
     parts = [upserts.select([*pk, *meta]).append_column("sub", pa.array([1] * upserts.num_rows, pa.int8()))]
     if deletes.num_rows:
-        old = _old_keys(deletes.column("pg_old_key").to_pylist(), pk, key_types)
+        old = _old_keys(deletes.column("pg_old_key").to_pylist(), pk, pg_types, _arrow_types(inc, pk))
         parts.append(
             pa.Table.from_arrays(
                 [old[k] for k in pk]

@@ -49,9 +49,22 @@ def test_newest_per_key_is_the_last_event_of_each_key(rows: list[tuple[int, str,
 
 def test_old_keys_are_typed_like_the_key_columns() -> None:
     texts = [json.dumps({"id": "7", "name": "x\ny", "other": "1"}), json.dumps({"id": "-3", "name": "ü"})]
-    out = _old_keys(texts, ["id", "name"], {"id": pa.int32(), "name": pa.large_string()})
+    out = _old_keys(
+        texts, ["id", "name"], {"id": "integer", "name": "text"}, {"id": pa.int32(), "name": pa.large_string()}
+    )
     assert out["id"].to_pylist() == [7, -3] and out["id"].type == pa.int32()
-    assert out["name"].to_pylist() == ["x\ny", "ü"]
+    assert out["name"].to_pylist() == ["x\ny", "ü"] and out["name"].type == pa.large_string()
+
+
+def test_old_keys_are_typed_by_the_loads_rule() -> None:
+    """The load's typing (loader.load.values.typed) decides what an old key's text is: a text it
+    refuses for a key column's rows is refused for the old key too (Arrow's own cast takes '0x7'
+    as 7, a text PostgreSQL never prints for an integer)."""
+    for text in (" 7", "+7", "7 ", "0x7"):
+        with pytest.raises(NotPlainIncrement):
+            _old_keys([json.dumps({"id": text})], ["id"], {"id": "bigint"}, {"id": pa.int64()})
+    ok = _old_keys([json.dumps({"id": "-9223372036854775808"})], ["id"], {"id": "int8"}, {"id": pa.int64()})
+    assert ok["id"].to_pylist() == [-(2**63)]
 
 
 @pytest.mark.parametrize(
@@ -60,4 +73,4 @@ def test_old_keys_are_typed_like_the_key_columns() -> None:
 )
 def test_old_keys_that_do_not_parse_send_the_increment_to_spark(texts: list[str | None]) -> None:
     with pytest.raises(NotPlainIncrement):
-        _old_keys(texts, ["id"], {"id": pa.int64()})
+        _old_keys(texts, ["id"], {"id": "bigint"}, {"id": pa.int64()})
