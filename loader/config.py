@@ -289,7 +289,8 @@ class MaintenanceSettings(_Section):
     # rewrites the table's metadata file, which lists every snapshot, so a table that follow mode
     # commits each cycle (about 1,800 an hour) would otherwise make its commits, and every reader's
     # table load, slower by the hour until snapshot_retention_hours expires them. The cap never
-    # expires a snapshot younger than snapshot_min_age_minutes (a running query may read it).
+    # expires a snapshot younger than snapshot_min_age_minutes (a running query may read it). Follow
+    # mode also expires a table on its own after a quarter of the cap's commits to it.
     max_snapshots: int | None = Field(default=500, ge=1)
     snapshot_min_age_minutes: float = Field(default=30.0, ge=0)
     # Files no snapshot references, older than this, are deleted (never younger: a writer may be

@@ -66,6 +66,8 @@ class Follower:
         self._dirty: set[str] | None = None  # tables with changes not merged yet (None: all, on start)
         self._capture_error: BaseException | None = None
         self._last_maintenance = time.monotonic()
+        # Commits per table (qualified name; "" the ledger) since its snapshots were last expired.
+        self._commits: dict[str, int] = {}
         self._parked: dict[str, bool] = {}  # every keyed table seen by a merge -> parked?
         # Capture runs started and finished (under _capture_cond); _wake ends the capture thread's pause.
         self._capture_cond = threading.Condition()
@@ -233,6 +235,8 @@ class Follower:
                 and time.monotonic() - self._last_maintenance >= self.settings.maintenance.every_minutes * 60
             ):
                 self._maintain()
+            if not self.stop.is_set():
+                self._expire_crowded()
             if not self.stop.is_set() and self.verifier.due(time.monotonic()):
                 self._verify()
             self.stop.wait(max(0.0, interval - (time.monotonic() - started)))
@@ -259,6 +263,7 @@ class Follower:
             self._loaded.update(res.files)
             checkpoint("follow-after-load")  # history and ledger committed, the merge not begun
             changed = sum(res.rows_per_table.values())
+            self._count_commits(["", *(t for t, n in res.rows_per_table.items() if n)])
             self.stats.loaded_changes += changed
             self.metrics.changes.labels(stage="load").inc(changed)
             self.metrics.rejects.inc(res.rejects)
@@ -273,6 +278,7 @@ class Follower:
         merge = CurrentMerge(self.spark, self.settings).run(sorted(self._dirty) if self._dirty is not None else None)
         checkpoint("follow-after-merge")  # current tables committed, before the cycle's bookkeeping
         self._dirty = set()
+        self._count_commits([t.table for t in merge.tables if not t.skipped_reason])
         log.info(
             "cycle: loaded %d changes from %d files in %.2fs, merged %d tables in %.2fs",
             changed,
@@ -322,7 +328,35 @@ class Follower:
         from loader.maintain import Maintenance
 
         self._last_maintenance = time.monotonic()
+        self._commits.clear()  # maintenance expires every table
         self._periodic("maintenance", lambda: Maintenance(self.spark, self.settings).run().summary())
+
+    def _count_commits(self, tables: list[str]) -> None:
+        for t in tables:
+            self._commits[t] = self._commits.get(t, 0) + 1
+
+    def _expire_crowded(self) -> None:
+        """Expire the snapshots of the tables committed to at least a quarter of
+        ``maintenance.max_snapshots`` times since their last expiry (or maintenance): a table
+        committed every cycle gathers about 1,800 snapshots an hour, and its commits and every
+        reader's table load slow down with each. Between maintenance runs this bounds a table to
+        the snapshots younger than ``snapshot_min_age_minutes``, or the cap, plus a quarter of it."""
+        from loader.lake.tables import SourceTable
+        from loader.maintain import Maintenance
+
+        cap = self.settings.maintenance.max_snapshots
+        if cap is None:
+            return
+        due = sorted(t for t, n in self._commits.items() if n >= max(1, cap // 4))
+        if not due:
+            return
+        for t in due:
+            del self._commits[t]
+        tables = [SourceTable.parse(t) for t in due if t]
+        self._periodic(
+            "snapshot expiry",
+            lambda: Maintenance(self.spark, self.settings).expire(tables, ledger="" in due).summary(),
+        )
 
     def _periodic(self, step: str, work: Callable[[], str]) -> None:
         """Verification or maintenance between cycles: its summary logged; an outage or a transient

@@ -79,6 +79,30 @@ class Maintenance:
                     report.tables.append(self._table(f"current {t.qualified}", cur, "deletes", None, expire, orphans))
         return report
 
+    def expire(self, tables: list[SourceTable], ledger: bool) -> MaintenanceReport:
+        """Snapshot expiry alone (no compaction, manifests or orphans) on ``tables``' history and
+        current tables, and the ledger when ``ledger``: follow mode's step for the tables it has
+        committed to many times since their last expiry, so ``max_snapshots`` holds between its
+        maintenance runs (every ``every_minutes``), not only at them."""
+        report = MaintenanceReport()
+        with stage_lock(self.settings, "load"):
+            for t in tables:
+                report.tables.append(self._expired(f"history {t.qualified}", self.names.history(t)))
+            if ledger:
+                report.tables.append(self._expired(self.names.ledger, self.names.ledger))
+        with stage_lock(self.settings, "merge"):
+            for t in tables:
+                cur = self.names.current(t)
+                if self.spark.catalog.tableExists(cur):
+                    report.tables.append(self._expired(f"current {t.qualified}", cur))
+        return report
+
+    def _expired(self, label: str, ident: str) -> TableReport:
+        rep = TableReport(label)
+        rep.expired_snapshots = self._expire(ident)
+        log.info("expired %s: %d snapshots", label, rep.expired_snapshots)
+        return rep
+
     def _retire_landing(self, report: MaintenanceReport) -> None:
         """Delete landing files that history holds (in the ledger, at or below loaded-through) and
         that were loaded more than ``landing.retention_hours`` ago; never a file of an unfinished
@@ -148,6 +172,21 @@ class Maintenance:
         beyond_cap = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=int(row[0]["at"]) + 1000)
         return max(older, min(beyond_cap, now - timedelta(minutes=m.snapshot_min_age_minutes)))
 
+    def _expire(self, ident: str) -> int:
+        """Expire ``ident``'s snapshots before :meth:`_expire_before`; the number expired."""
+        # Measured at the call: this run's own rewrite commits count as they should. Microseconds
+        # matter: cut to the second, a retention of 0 kept every snapshot of the last second
+        # (this run's rewrite commits), found by the soak test.
+        older = self._expire_before(ident)
+        row = self.spark.sql(
+            f"CALL {quote_name(self.names.catalog)}.system.expire_snapshots("
+            f"table => {procedure_table_arg(ident, self.names.catalog)}, "
+            f"older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S.%f}', "
+            f"retain_last => {int(self.settings.maintenance.retain_last)})"
+        ).collect()
+        # One manifest list per snapshot: the lists deleted are the snapshots expired.
+        return int(field_or(row[0], "deleted_manifest_lists_count", 0) or 0) if row else 0
+
     def _table(
         self, label: str, ident: str, mode: str, sort_order: str | None, expire: bool, orphans: bool
     ) -> TableReport:
@@ -157,18 +196,7 @@ class Maintenance:
         target = procedure_table_arg(ident, self.names.catalog)
         self.spark.sql(f"CALL {call}.rewrite_manifests(table => {target})").collect()
         if expire:
-            # Measured at the call: this run's own rewrite commits count as they should. Microseconds
-            # matter: cut to the second, a retention of 0 kept every snapshot of the last second
-            # (this run's rewrite commits), found by the soak test.
-            older = self._expire_before(ident)
-            row = self.spark.sql(
-                f"CALL {call}.expire_snapshots(table => {target}, "
-                f"older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S.%f}', "
-                f"retain_last => {int(m.retain_last)})"
-            ).collect()
-            if row:
-                # One manifest list per snapshot: the lists deleted are the snapshots expired.
-                rep.expired_snapshots = int(field_or(row[0], "deleted_manifest_lists_count", 0) or 0)
+            rep.expired_snapshots = self._expire(ident)
         if orphans:
             older = datetime.now(UTC) - timedelta(hours=m.orphan_older_than_hours)
             rep.orphans_removed = delete_orphan_files(self.spark, ident, older)
