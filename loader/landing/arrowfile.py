@@ -222,7 +222,9 @@ def read_batches(data: bytes, header_from_doc: Any, names: Any, types: Any = Non
         reader = pa.ipc.open_stream(pa.BufferReader(data))
         meta = reader.schema.metadata or {}
         header = header_from_doc(json.loads(meta[METADATA_KEY].decode("utf-8")))
-    except (pa.ArrowException, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+    except (pa.ArrowException, ValueError, KeyError, TypeError, UnicodeDecodeError, OSError) as exc:
+        # Arrow raises a plain OSError for a damaged schema message ("Invalid flatbuffers
+        # message"): damage to the bytes in hand, not a failed read.
         return None, [], f"no readable Arrow stream header: {exc}"
     if reader.schema.names != names(header):
         return None, [], "Arrow stream columns do not match its header"

@@ -1,5 +1,9 @@
 """Landing files -> canonical change rows (Arrow), run inside Spark executors via mapInArrow.
 
+An intact landing v2 change file whose records are all plain changes is decoded in columns
+(:func:`plain_change_rows`); every other file record by record, which is where the rules below
+are applied one record at a time.
+
 What is bad data and what is not:
 - A line that cannot be decoded (not UTF-8, not JSON, not a landing record), a record the capture
   quarantined (``X``), or the cut-off last line of a truncated file becomes a row with
@@ -27,7 +31,7 @@ from operator import itemgetter
 from typing import Any
 
 from loader.errors import DecompressedSizeError
-from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
+from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, Column, parse_header
 from loader.landing.store import CHANGES, JSONL, MAX_DECOMPRESSED, format_of, gunzip_bounded, too_large
 from loader.lsn import ChangePosition
 from loader.names import lake_column
@@ -381,6 +385,134 @@ def _decode_arrow_file(
     yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
 
 
+# Operations the columnar decoding takes: row changes and truncates (control records, quarantined
+# input and anything damaged go row by row, which says what each one is).
+_COLUMNAR_OPS = ("I", "U", "D", "R", "T")
+
+
+def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, ChangePosition] | None) -> Any:
+    """The rows :func:`decode_file` gives for a landing v2 change file, built in Arrow columns
+    when the file is intact and every record in it is a plain change (an operation of
+    ``_COLUMNAR_OPS``, a valid position inside ``span`` in strictly increasing order, a commit time
+    in timestamp form, a shape :func:`_shape_problem` passes, and the header's counts all read):
+    one RecordBatch of :func:`_arrow_schema`, in the file's order. None for any other file: the
+    row-by-row decoding then says what each record is (rejects, parks, control rows).
+    ``tests/load/test_columnar_decode_unit.py`` holds the two to the same rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from loader.landing import changefile
+    from loader.load.columns import NotPlain, entries, shape_ids, text_codes, text_lists
+    from loader.lsn import positions_after
+
+    got = changefile.salvage(data, decode=False)
+    if got.header is None or got.damage is not None:
+        return None
+    stored = pa.Table.from_batches(got.batches, schema=changefile.arrow_schema(stored=True))
+    ops_all = stored.column("op").combine_chunks().cast(pa.string())
+    at = np.flatnonzero(pc.not_equal(ops_all, COMMIT).to_numpy(zero_copy_only=False))
+    rows = stored.take(pa.array(at, pa.int64()))
+    ops = ops_all.take(pa.array(at, pa.int64()))
+    n = len(at)
+    if n and not pc.all(pc.is_in(ops, value_set=pa.array(_COLUMNAR_OPS))).as_py():
+        return None
+    lsn_u = rows.column("lsn").combine_chunks()
+    if n and pc.max(lsn_u).as_py() >= 1 << 63:
+        return None
+    lsn = np.asarray(lsn_u.to_numpy(zero_copy_only=False), dtype=np.int64)
+    seq = np.asarray(rows.column("seq").combine_chunks().to_numpy(zero_copy_only=False), dtype=np.int64)
+    if n and (seq.min() < 0 or not ((lsn[1:] > lsn[:-1]) | ((lsn[1:] == lsn[:-1]) & (seq[1:] > seq[:-1]))).all()):
+        return None  # a position repeated or out of order: the row path says which
+    if n and span is not None:
+        first, last = span
+        if not positions_after(lsn[:1], seq[:1], first, inclusive=True).all():
+            return None
+        if positions_after(lsn[-1:], seq[-1:], last).any():
+            return None
+    ts = rows.column("ts").combine_chunks().cast(pa.string())
+    if any(not _TIMESTAMP.match(t) for t in pc.unique(ts).to_pylist()):
+        return None
+    schema_col = rows.column("schema").combine_chunks().cast(pa.string())
+    table_col = rows.column("table").combine_chunks().cast(pa.string())
+    seen = pc.value_counts(pc.binary_join_element_wise(schema_col, table_col, ".")).to_pylist()
+    counts = {c["values"]: c["counts"] for c in seen}
+    if any(counts.get(t, 0) < k for t, k in got.header.tables.items()):
+        return None  # fewer records of a table than the header announces: parks, row by row
+    try:
+        col_offsets, names, types, values = entries(rows.column("columns"), "column")
+        id_offsets, id_names, _, id_values = entries(rows.column("identity"), "old-key")
+        pk_offsets, pk_items = text_lists(rows.column("pk"))
+    except NotPlain:
+        return None
+    if n:
+        op_codes, _ = text_codes(ops)
+        name_codes, _ = text_codes(names)
+        type_codes, type_dict = text_codes(types)
+        id_codes, _ = text_codes(id_names)
+        pk_codes, _ = text_codes(pk_items)
+        shape, _ = shape_ids(
+            [op_codes, text_codes(schema_col)[0], text_codes(table_col)[0]],
+            [
+                (col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
+                (id_offsets, id_codes),
+                (pk_offsets, pk_codes),
+            ],
+        )
+        _, first_rows = np.unique(shape, return_index=True)
+        for r in first_rows.tolist():
+
+            def part(texts: Any, offsets: Any, r: int = r) -> list[str]:
+                a, b = int(offsets[r]), int(offsets[r + 1])
+                return [str(x) for x in texts.slice(a, b - a).cast(pa.string()).to_pylist()]
+
+            col_names, key_names = part(names, col_offsets), part(id_names, id_offsets)
+            rec = ChangeRecord(
+                ops[r].as_py(),
+                0,
+                0,
+                0,
+                "",
+                schema_col[r].as_py(),
+                table_col[r].as_py(),
+                columns=[Column(c, t, None) for c, t in zip(col_names, part(types, col_offsets), strict=True)],
+                identity=[Column(k, "", None) for k in key_names],
+                pk=part(pk_items, pk_offsets),
+            )
+            if _shape_problem(rec, col_names, key_names) is not None:
+                return None
+
+    def lists(offsets: Any, items: Any) -> Any:
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items.cast(pa.string()))
+
+    op_dict = pc.dictionary_encode(ops)
+    op_names = pa.array([OPERATIONS[c] for c in op_dict.dictionary.to_pylist()], pa.string())
+    reason = rows.column("reason").combine_chunks()
+    s, i64 = pa.string(), pa.int64()
+    arrays = [
+        pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([file], s)).cast(s),
+        pa.array((at + 2).astype(np.int32)),  # line numbers as in a v1 file: the header is line 1
+        op_names.take(op_dict.indices),
+        pa.array(lsn, i64),
+        pa.array(seq, i64),
+        rows.column("change_lsn").combine_chunks().cast(i64),
+        rows.column("xid").combine_chunks().cast(i64),
+        ts,
+        schema_col,
+        table_col,
+        lists(col_offsets, names),
+        lists(col_offsets, types),
+        lists(col_offsets, values),
+        lists(id_offsets, id_names),
+        lists(id_offsets, id_values),
+        lists(pk_offsets, pk_items),
+        pc.if_else(pc.equal(pc.fill_null(reason, ""), ""), pa.scalar(None, s), reason),
+        pa.nulls(n, s),
+        pa.nulls(n, s),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
+
+
 def _tally(row: dict[str, Any], seen: dict[str, int]) -> int:
     """Count a decoded row for the file's header check: under its table in ``seen``; returns 1 for
     a reject that names no table (it may have cost any table a change), else 0."""
@@ -543,6 +675,10 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
                     span = (parsed.first, parsed.last) if parsed is not None else None
                     # Read errors (after the store's retries) propagate: the task, and the load, fail.
                     data = store.open_bytes(name)
+                    plain = plain_change_rows(name, data, span) if format_of(name) == CHANGES else None
+                    if plain is not None:
+                        yield plain
+                        continue
                     for row in decode_file(name, data, first_lsn, span, store.max_decompressed):
                         buf.append(row)
                         if len(buf) >= batch_rows:

@@ -309,11 +309,11 @@ def test_rows_to_batch_equals_arrow_row_by_row(specs: list[tuple[Any, str | None
     )
 )
 def test_rows_share_a_shape_number_exactly_when_their_codes_are_equal(rows: list[Any]) -> None:
-    """The driver load's shape numbers (loader.load.driver._shape_ids), against tuples compared
+    """The driver load's shape numbers (loader.load.columns.shape_ids), against tuples compared
     in Python; codes large enough to force the renumbering the mixed radix needs."""
     import numpy as np
 
-    from loader.load.driver import _shape_ids
+    from loader.load.columns import shape_ids
 
     def lists(which: int) -> tuple[Any, Any]:
         lengths = [len(r[which]) for r in rows]
@@ -321,7 +321,7 @@ def test_rows_share_a_shape_number_exactly_when_their_codes_are_equal(rows: list
         items = np.array([x for r in rows for x in r[which]], np.int64)
         return offsets, items
 
-    ids, count = _shape_ids(
+    ids, count = shape_ids(
         [np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], np.int64)], [lists(2), lists(3)]
     )
     assert count == len({(a, b, tuple(c), tuple(d)) for a, b, c, d in rows})
