@@ -40,7 +40,7 @@ CHANGE_ROW_DDL = (
     "landing_file STRING, line INT, op STRING, commit_lsn BIGINT, seq BIGINT, change_lsn BIGINT,"
     " xid BIGINT, ts STRING, src_schema STRING, src_table STRING,"
     " col_names ARRAY<STRING>, col_types ARRAY<STRING>, col_values ARRAY<STRING>,"
-    " key_names ARRAY<STRING>, key_values ARRAY<STRING>, pk ARRAY<STRING>,"
+    " key_names ARRAY<STRING>, key_types ARRAY<STRING>, key_values ARRAY<STRING>, pk ARRAY<STRING>,"
     " note STRING, reject_reason STRING, raw STRING"
 )
 
@@ -59,6 +59,7 @@ _FIELDS = (
     "col_types",
     "col_values",
     "key_names",
+    "key_types",
     "key_values",
     "pk",
     "note",
@@ -88,6 +89,7 @@ def record_row(file: str, line_no: int, rec: ChangeRecord, shape: _Shape | None 
         "col_types": shape.col_types,
         "col_values": [c.value for c in rec.columns],
         "key_names": shape.key_names,
+        "key_types": shape.key_types,
         "key_values": [c.value for c in rec.identity],
         "pk": shape.pk,
         "note": rec.reason or None,
@@ -100,12 +102,13 @@ class _Shape:
     """What a record's validity and its row's name lists depend on besides its values: operation,
     table, column names and types, old-key names, primary key. Checked once per shape, not per row."""
 
-    __slots__ = ("col_names", "col_types", "key_names", "pk", "problem")
+    __slots__ = ("col_names", "col_types", "key_names", "key_types", "pk", "problem")
 
     def __init__(self, rec: ChangeRecord) -> None:
         self.col_names = [c.name for c in rec.columns]
         self.col_types = [c.type for c in rec.columns]
         self.key_names = [c.name for c in rec.identity]
+        self.key_types = [c.type for c in rec.identity]
         self.pk = list(rec.pk)
         self.problem = _shape_problem(rec, self.col_names, self.key_names)
 
@@ -123,6 +126,7 @@ def _shape_of(rec: ChangeRecord) -> _Shape:
         tuple([c.name for c in cols]),
         tuple([c.type for c in cols]),
         tuple([c.name for c in rec.identity]),
+        tuple([c.type for c in rec.identity]),
         tuple(rec.pk),
     )
     shape = _SHAPES.get(key)
@@ -189,6 +193,7 @@ def park_row(
         col_types=[],
         col_values=[],
         key_names=[],
+        key_types=[],
         key_values=[],
         pk=[],
         note=note,
@@ -441,7 +446,7 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
         return None  # fewer records of a table than the header announces: parks, row by row
     try:
         col_offsets, names, types, values = entries(rows.column("columns"), "column")
-        id_offsets, id_names, _, id_values = entries(rows.column("identity"), "old-key")
+        id_offsets, id_names, id_types, id_values = entries(rows.column("identity"), "old-key")
         pk_offsets, pk_items = text_lists(rows.column("pk"))
     except NotPlain:
         return None
@@ -450,12 +455,13 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
         name_codes, _ = text_codes(names)
         type_codes, type_dict = text_codes(types)
         id_codes, _ = text_codes(id_names)
+        id_type_codes, id_type_dict = text_codes(id_types)
         pk_codes, _ = text_codes(pk_items)
         shape, _ = shape_ids(
             [op_codes, text_codes(schema_col)[0], text_codes(table_col)[0]],
             [
                 (col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
-                (id_offsets, id_codes),
+                (id_offsets, id_codes * max(1, len(id_type_dict)) + id_type_codes),
                 (pk_offsets, pk_codes),
             ],
         )
@@ -504,6 +510,7 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
         lists(col_offsets, types),
         lists(col_offsets, values),
         lists(id_offsets, id_names),
+        lists(id_offsets, id_types),
         lists(id_offsets, id_values),
         lists(pk_offsets, pk_items),
         pc.if_else(pc.equal(pc.fill_null(reason, ""), ""), pa.scalar(None, s), reason),
@@ -711,7 +718,7 @@ def rows_to_batch(rows: list[dict[str, Any]], schema: Any) -> Any:
 
 
 # Columns whose values are usually one of a few list objects (record_row).
-_SHARED_LISTS = frozenset({"col_names", "col_types", "key_names", "pk"})
+_SHARED_LISTS = frozenset({"col_names", "col_types", "key_names", "key_types", "pk"})
 
 
 def _shared_lists(values: tuple[Any, ...], arrow_type: Any) -> Any:
@@ -750,6 +757,7 @@ def _arrow_schema() -> Any:
             ("col_types", ls),
             ("col_values", ls),
             ("key_names", ls),
+            ("key_types", ls),
             ("key_values", ls),
             ("pk", ls),
             ("note", s),

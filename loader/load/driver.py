@@ -225,6 +225,7 @@ class _ShapeInfo:
     types: list[str]
     key_names: list[str]
     pk: list[str]
+    key_types: list[str]
 
 
 class PlainBatch:
@@ -341,7 +342,7 @@ class PlainBatch:
         schema_col = pc.fill_null(rows.column("schema").combine_chunks(), "")
         table_col = pc.fill_null(rows.column("table").combine_chunks(), "")
         self.col_offsets, names, types, self.values = entries(rows.column("columns"), "column")
-        self.id_offsets, id_names, _, self.id_values = entries(rows.column("identity"), "old-key")
+        self.id_offsets, id_names, id_types, self.id_values = entries(rows.column("identity"), "old-key")
         pk_offsets, pk_items = text_lists(rows.column("pk"))
         del rows
 
@@ -353,16 +354,17 @@ class PlainBatch:
         name_codes, name_dict = text_codes(names)
         type_codes, type_dict = text_codes(types)
         id_codes, id_dict = text_codes(id_names)
+        id_type_codes, id_type_dict = text_codes(id_types)
         pk_codes, pk_dict = text_codes(pk_items)
         if arrow:  # v1 text holding these separators was refused above, unparsed
-            for part in (schemas, tables, name_dict, type_dict, id_dict, pk_dict):
+            for part in (schemas, tables, name_dict, type_dict, id_dict, id_type_dict, pk_dict):
                 if len(part) and pc.any(pc.match_substring_regex(part, f"[{_SEP_FIELD}{_SEP_ITEM}]")).as_py():
                     raise NotPlain("a name holding control characters")
         self.shape, n_shapes = shape_ids(
             [op_codes, schema_codes, table_codes],
             [
                 (self.col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
-                (self.id_offsets, id_codes),
+                (self.id_offsets, id_codes * max(1, len(id_type_dict)) + id_type_codes),
                 (pk_offsets, pk_codes),
             ],
         )
@@ -382,6 +384,7 @@ class PlainBatch:
                 types.slice(c0, c1 - c0).to_pylist(),
                 id_names.slice(i0, i1 - i0).to_pylist(),
                 pk_items.slice(p0, p1 - p0).to_pylist(),
+                id_types.slice(i0, i1 - i0).to_pylist(),
             )
             rec = ChangeRecord(
                 info.op,
@@ -420,7 +423,8 @@ class PlainBatch:
             file = file_names[g // n_shapes]
             where = (g // n_shapes, f"{info.schema}.{info.table}")
             seen[where] = seen.get(where, 0) + n
-            k = (file, info.schema, info.table, _KINDS[info.op], tuple(info.names), tuple(info.types))
+            old_key = (tuple(info.key_names), tuple(info.key_types)) if info.op == "D" else ((), ())
+            k = (file, info.schema, info.table, _KINDS[info.op], tuple(info.names), tuple(info.types), *old_key)
             pos_a = ChangePosition(int(self.lsn[a]), int(self.seq[a]))
             pos_b = ChangePosition(int(self.lsn[b]), int(self.seq[b]))
             m = merged.setdefault(k, {"changes": 0, "first": pos_a, "last": pos_b, "newest": b, "pk": None})
@@ -434,7 +438,7 @@ class PlainBatch:
             if header is not None and any(n > seen.get((i, t), 0) for t, n in header.tables.items()):
                 raise NotPlain(f"{file_names[i]}: fewer records than its header counts")
         shapes = []
-        for (file, schema, table, kind, names, types), m in merged.items():
+        for (file, schema, table, kind, names, types, key_names, key_types), m in merged.items():
             b = m["newest"]
             shapes.append(
                 Shape(
@@ -449,6 +453,8 @@ class PlainBatch:
                     newest=(int(self.lsn[b]), int(self.seq[b]), self.ts[b].as_py()),
                     pk=m["pk"][0] if m["pk"] else None,
                     pk_at=m["pk"][1] if m["pk"] else None,
+                    key_names=key_names,
+                    key_types=key_types,
                 )
             )
         return BatchSurvey(shapes)

@@ -41,6 +41,10 @@ class Shape:
     newest: tuple[int, int, str] | None = None  # (commit LSN, seq, commit time) of the newest dated change
     pk: tuple[str, ...] | None = None
     pk_at: ChangePosition | None = None
+    # A delete's old key (names and PostgreSQL types), which types a key column no change of the
+    # batch sent a value of (only deletes seen yet); empty for other kinds.
+    key_names: tuple[str, ...] = ()
+    key_types: tuple[str, ...] = ()
 
 
 @dataclass
@@ -73,7 +77,9 @@ class BatchSurvey:
         """table -> ([(column, pg type)] in source order, key), for every table with accepted changes.
 
         A column's place is the first it had; its type the one of its newest change (a column
-        retyped inside the batch takes its newest type). The key is the newest one sent.
+        retyped inside the batch takes its newest type). The key is the newest one sent. A key
+        column that no change sent a value of (a table whose changes so far are deletes) is typed
+        by the deletes' old keys, after the other columns.
         """
         out: dict[SourceTable, tuple[list[tuple[str, str]], list[str]]] = {}
         for table, shapes in self._by_table().items():
@@ -91,7 +97,14 @@ class BatchSurvey:
             keyed = [s for s in shapes if s.pk is not None and s.pk_at is not None]
             pk = list(max(keyed, key=lambda s: s.pk_at or ChangePosition(-1, -1)).pk or ()) if keyed else []
             columns = sorted(place, key=lambda n: (place[n], n))
-            out[table] = ([(n, typed[n][1] or "") for n in columns], pk)
+            typed_columns = [(n, typed[n][1] or "") for n in columns]
+            for k in pk:
+                if k not in place:
+                    old_keys = [s for s in shapes if k in s.key_names and s.last is not None]
+                    if old_keys:
+                        newest = max(old_keys, key=lambda s: s.last or ChangePosition(-1, -1))
+                        typed_columns.append((k, newest.key_types[newest.key_names.index(k)]))
+            out[table] = (typed_columns, pk)
         return out
 
     def dropped_columns(
@@ -142,6 +155,7 @@ def survey(decoded: DataFrame) -> BatchSurvey:
     keyed = placed & (F.size("pk") > 0)
     op = F.col("op")
     kind = F.when(op.isin("insert", "read"), ROW).when(op == "update", UPDATE).when(op == "park", PARK).otherwise(OTHER)
+    deleted = good & (op == "delete")
     rows = (
         decoded.groupBy(
             "landing_file",
@@ -150,6 +164,8 @@ def survey(decoded: DataFrame) -> BatchSurvey:
             kind.alias("kind"),
             F.when(good, F.col("col_names")).alias("col_names"),
             F.when(good, F.col("col_types")).alias("col_types"),
+            F.when(deleted, F.col("key_names")).alias("key_names"),
+            F.when(deleted, F.col("key_types")).alias("key_types"),
         )
         .agg(
             F.count(F.when(good, 1)).alias("changes"),
@@ -183,4 +199,6 @@ def _shape(r: Any) -> Shape:
         newest=(int(r.newest[0]), int(r.newest[1]), str(r.newest[2])) if r.newest is not None else None,
         pk=tuple(r.pk) if r.pk is not None else None,
         pk_at=position(r.pk_at),
+        key_names=tuple(r.key_names or ()),
+        key_types=tuple(r.key_types or ()),
     )

@@ -39,8 +39,11 @@ def batches(draw: Any) -> list[dict[str, Any]]:
             unknown = op == "park" and draw(st.booleans())
             cols = [c for c in COLUMNS if c[0] == "id" or draw(st.booleans())]
             cols = [(n, "numeric" if n == "n" and draw(st.integers(0, 5)) == 0 else t) for n, t in cols]
-            if op in ("truncate", "park", "resync"):
+            if op in ("truncate", "park", "resync", "delete"):
                 cols = []
+            key = [("id", draw(st.sampled_from(["integer", "bigint"])))] if op == "delete" else []
+            if key and draw(st.booleans()):
+                key.append(("name", "text"))
             pk = draw(st.sampled_from([[], ["id"], ["id", "name"]]))
             rows.append(
                 {
@@ -55,6 +58,9 @@ def batches(draw: Any) -> list[dict[str, Any]]:
                     "col_names": [n for n, _ in cols],
                     "col_types": [t for _, t in cols],
                     "col_values": ["1"] * len(cols),
+                    "key_names": [n for n, _ in key],
+                    "key_types": [t for _, t in key],
+                    "key_values": ["1"] * len(key),
                     "pk": pk,
                     "reject_reason": "bad" if rejected else None,
                 }
@@ -81,7 +87,20 @@ def oracle(rows: list[dict[str, Any]]) -> dict[str, Any]:
     dropped = {}
     for t, (place, typed, keys) in tables.items():
         cols = sorted(place, key=lambda n: (place[n], n))
-        out_tables[t] = ([(n, typed[n][1]) for n in cols], max(keys)[1] if keys else [])
+        pk = max(keys)[1] if keys else []
+        typed_cols = [(n, typed[n][1]) for n in cols]
+        for k in pk:  # a key column only deletes named: typed by the newest delete's old key
+            deletes = [
+                r
+                for r in good
+                if r["op"] == "delete"
+                and (r["src_schema"], r["src_table"]) == (t.schema, t.table)
+                and k in r["key_names"]
+            ]
+            if k not in place and deletes:
+                newest = max(deletes, key=lambda r: at[id(r)])
+                typed_cols.append((k, newest["key_types"][newest["key_names"].index(k)]))
+        out_tables[t] = (typed_cols, pk)
         mine = [r for r in good if (r["src_schema"], r["src_table"]) == (t.schema, t.table)]
         drops = {}
         for n, ty in COLUMNS:
