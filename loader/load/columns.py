@@ -8,7 +8,10 @@ leave it to the row-by-row decoder (``loader.load.decode``), which says exactly 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from loader.landing.records import ChangeRecord, Column
 
 if TYPE_CHECKING:
     import numpy as np
@@ -124,3 +127,83 @@ def text_codes(texts: Any) -> tuple[np.ndarray, Any]:
     if len(unique.dictionary) < len(encoded.dictionary):
         return np.asarray(unique.indices).astype(np.int64)[indices], unique.dictionary
     return indices, encoded.dictionary
+
+
+@dataclass
+class RecordShape:
+    """What a record's checks and its row's name lists depend on besides its values."""
+
+    op: str
+    schema: str
+    table: str
+    names: list[str]
+    types: list[str]
+    key_names: list[str]
+    key_types: list[str]
+    pk: list[str]
+
+    def record(self) -> ChangeRecord:
+        """A record of this shape (no position, no values), for the decoder's shape checks."""
+        return ChangeRecord(
+            self.op,
+            0,
+            0,
+            0,
+            "",
+            self.schema,
+            self.table,
+            columns=[Column(n, t, None) for n, t in zip(self.names, self.types, strict=True)],
+            identity=[Column(n, t, None) for n, t in zip(self.key_names, self.key_types, strict=True)],
+            pk=self.pk,
+        )
+
+
+class RecordColumns:
+    """A batch of records' column entries, old-key entries and keys, flat with row offsets
+    (:func:`entries`, :func:`text_lists`); NotPlain for a null entry."""
+
+    def __init__(self, rows: Any) -> None:
+        self.col_offsets, self.names, self.types, self.values = entries(rows.column("columns"), "column")
+        self.id_offsets, self.id_names, self.id_types, self.id_values = entries(rows.column("identity"), "old-key")
+        self.pk_offsets, self.pk_items = text_lists(rows.column("pk"))
+
+    def shape_ids(self, op: Any, schema: Any, table: Any) -> tuple[np.ndarray, int, list[Any]]:
+        """Rows numbered by shape (operation, table, column names and types, old-key names and
+        types, key) as :func:`shape_ids` numbers them: (numbers, how many, the distinct texts of
+        names and types, for callers that check them)."""
+        op_codes, _ = text_codes(op)
+        schema_codes, schemas = text_codes(schema)
+        table_codes, tables = text_codes(table)
+        name_codes, name_dict = text_codes(self.names)
+        type_codes, type_dict = text_codes(self.types)
+        id_codes, id_dict = text_codes(self.id_names)
+        id_type_codes, id_type_dict = text_codes(self.id_types)
+        pk_codes, pk_dict = text_codes(self.pk_items)
+        ids, count = shape_ids(
+            [op_codes, schema_codes, table_codes],
+            [
+                (self.col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
+                (self.id_offsets, id_codes * max(1, len(id_type_dict)) + id_type_codes),
+                (self.pk_offsets, pk_codes),
+            ],
+        )
+        return ids, count, [schemas, tables, name_dict, type_dict, id_dict, id_type_dict, pk_dict]
+
+    def shape(self, op: Any, schema: Any, table: Any, r: int) -> RecordShape:
+        """Row ``r``'s shape (``op``, ``schema``, ``table``: the batch's record-level columns)."""
+        import pyarrow as pa
+
+        def part(texts: Any, offsets: Any) -> list[str]:
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            return [str(x) for x in texts.slice(a, b - a).cast(pa.string()).to_pylist()]
+
+        return RecordShape(
+            str(op[r].as_py()),
+            str(schema[r].as_py()),
+            str(table[r].as_py()),
+            part(self.names, self.col_offsets),
+            part(self.types, self.col_offsets),
+            part(self.id_names, self.id_offsets),
+            part(self.id_types, self.id_offsets),
+            part(self.pk_items, self.pk_offsets),
+        )

@@ -31,7 +31,7 @@ from operator import itemgetter
 from typing import Any
 
 from loader.errors import DecompressedSizeError
-from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, Column, parse_header
+from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
 from loader.landing.store import CHANGES, JSONL, MAX_DECOMPRESSED, format_of, gunzip_bounded, too_large
 from loader.lsn import ChangePosition
 from loader.names import lake_column
@@ -408,7 +408,7 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
     import pyarrow.compute as pc
 
     from loader.landing import changefile
-    from loader.load.columns import NotPlain, entries, shape_ids, text_codes, text_lists
+    from loader.load.columns import NotPlain, RecordColumns
     from loader.lsn import positions_after
 
     got = changefile.salvage(data, decode=False)
@@ -445,47 +445,15 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
     if any(counts.get(t, 0) < k for t, k in got.header.tables.items()):
         return None  # fewer records of a table than the header announces: parks, row by row
     try:
-        col_offsets, names, types, values = entries(rows.column("columns"), "column")
-        id_offsets, id_names, id_types, id_values = entries(rows.column("identity"), "old-key")
-        pk_offsets, pk_items = text_lists(rows.column("pk"))
+        cols = RecordColumns(rows)
     except NotPlain:
         return None
     if n:
-        op_codes, _ = text_codes(ops)
-        name_codes, _ = text_codes(names)
-        type_codes, type_dict = text_codes(types)
-        id_codes, _ = text_codes(id_names)
-        id_type_codes, id_type_dict = text_codes(id_types)
-        pk_codes, _ = text_codes(pk_items)
-        shape, _ = shape_ids(
-            [op_codes, text_codes(schema_col)[0], text_codes(table_col)[0]],
-            [
-                (col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
-                (id_offsets, id_codes * max(1, len(id_type_dict)) + id_type_codes),
-                (pk_offsets, pk_codes),
-            ],
-        )
+        shape, _, _ = cols.shape_ids(ops, schema_col, table_col)
         _, first_rows = np.unique(shape, return_index=True)
         for r in first_rows.tolist():
-
-            def part(texts: Any, offsets: Any, r: int = r) -> list[str]:
-                a, b = int(offsets[r]), int(offsets[r + 1])
-                return [str(x) for x in texts.slice(a, b - a).cast(pa.string()).to_pylist()]
-
-            col_names, key_names = part(names, col_offsets), part(id_names, id_offsets)
-            rec = ChangeRecord(
-                ops[r].as_py(),
-                0,
-                0,
-                0,
-                "",
-                schema_col[r].as_py(),
-                table_col[r].as_py(),
-                columns=[Column(c, t, None) for c, t in zip(col_names, part(types, col_offsets), strict=True)],
-                identity=[Column(k, "", None) for k in key_names],
-                pk=part(pk_items, pk_offsets),
-            )
-            if _shape_problem(rec, col_names, key_names) is not None:
+            kind = cols.shape(ops, schema_col, table_col, r)
+            if _shape_problem(kind.record(), kind.names, kind.key_names) is not None:
                 return None
 
     def lists(offsets: Any, items: Any) -> Any:
@@ -506,13 +474,13 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
         ts,
         schema_col,
         table_col,
-        lists(col_offsets, names),
-        lists(col_offsets, types),
-        lists(col_offsets, values),
-        lists(id_offsets, id_names),
-        lists(id_offsets, id_types),
-        lists(id_offsets, id_values),
-        lists(pk_offsets, pk_items),
+        lists(cols.col_offsets, cols.names),
+        lists(cols.col_offsets, cols.types),
+        lists(cols.col_offsets, cols.values),
+        lists(cols.id_offsets, cols.id_names),
+        lists(cols.id_offsets, cols.id_types),
+        lists(cols.id_offsets, cols.id_values),
+        lists(cols.pk_offsets, cols.pk_items),
         pc.if_else(pc.equal(pc.fill_null(reason, ""), ""), pa.scalar(None, s), reason),
         pa.nulls(n, s),
         pa.nulls(n, s),

@@ -37,7 +37,7 @@ from loader.lake.tables import SourceTable
 from loader.lake.types import UTC_TEXT
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
-from loader.load.columns import NotPlain, entries, shape_ids, text_codes, text_lists
+from loader.load.columns import NotPlain, RecordColumns, RecordShape
 from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.kernel import absent_columns, json_objects, typed_column
 from loader.load.sql import HistoryColumn
@@ -216,18 +216,6 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
         yield TextGroup(group, texts, reason)
 
 
-@dataclass
-class _ShapeInfo:
-    op: str
-    schema: str
-    table: str
-    names: list[str]
-    types: list[str]
-    key_names: list[str]
-    pk: list[str]
-    key_types: list[str]
-
-
 class PlainBatch:
     """A plain batch in Arrow: its survey (as the Spark path's survey job would give it) and, per
     table, its history rows."""
@@ -341,64 +329,25 @@ class PlainBatch:
                 raise NotPlain(f"commit time {value[:40]!r} not in capture's UTC form")
         schema_col = pc.fill_null(rows.column("schema").combine_chunks(), "")
         table_col = pc.fill_null(rows.column("table").combine_chunks(), "")
-        self.col_offsets, names, types, self.values = entries(rows.column("columns"), "column")
-        self.id_offsets, id_names, id_types, self.id_values = entries(rows.column("identity"), "old-key")
-        pk_offsets, pk_items = text_lists(rows.column("pk"))
+        cols = RecordColumns(rows)
+        self.col_offsets, self.values = cols.col_offsets, cols.values
+        self.id_offsets, self.id_values = cols.id_offsets, cols.id_values
         del rows
 
-        # Each row's shape (operation, table, column names and types, key names) as a number:
-        # texts as dictionary codes, rows with the same codes the same shape (exact, no hashing).
-        op_codes, _ = text_codes(self.op)
-        schema_codes, schemas = text_codes(schema_col)
-        table_codes, tables = text_codes(table_col)
-        name_codes, name_dict = text_codes(names)
-        type_codes, type_dict = text_codes(types)
-        id_codes, id_dict = text_codes(id_names)
-        id_type_codes, id_type_dict = text_codes(id_types)
-        pk_codes, pk_dict = text_codes(pk_items)
+        # Each row's shape as a number: texts as dictionary codes, rows with the same codes the
+        # same shape (exact, no hashing).
+        self.shape, n_shapes, texts = cols.shape_ids(self.op, schema_col, table_col)
         if arrow:  # v1 text holding these separators was refused above, unparsed
-            for part in (schemas, tables, name_dict, type_dict, id_dict, id_type_dict, pk_dict):
+            for part in texts:
                 if len(part) and pc.any(pc.match_substring_regex(part, f"[{_SEP_FIELD}{_SEP_ITEM}]")).as_py():
                     raise NotPlain("a name holding control characters")
-        self.shape, n_shapes = shape_ids(
-            [op_codes, schema_codes, table_codes],
-            [
-                (self.col_offsets, name_codes * max(1, len(type_dict)) + type_codes),
-                (self.id_offsets, id_codes * max(1, len(id_type_dict)) + id_type_codes),
-                (pk_offsets, pk_codes),
-            ],
-        )
         uniq, first_row = np.unique(self.shape, return_index=True)
-        self.shapes: list[_ShapeInfo | None] = [None] * n_shapes
+        self.shapes: list[RecordShape | None] = [None] * n_shapes
         for s, r in zip(uniq.tolist(), first_row.tolist(), strict=True):
             if not change[r]:
                 continue  # commit markers: no shape
-            c0, c1 = int(self.col_offsets[r]), int(self.col_offsets[r + 1])
-            i0, i1 = int(self.id_offsets[r]), int(self.id_offsets[r + 1])
-            p0, p1 = int(pk_offsets[r]), int(pk_offsets[r + 1])
-            info = _ShapeInfo(
-                self.op[r].as_py(),
-                schema_col[r].as_py(),
-                table_col[r].as_py(),
-                names.slice(c0, c1 - c0).to_pylist(),
-                types.slice(c0, c1 - c0).to_pylist(),
-                id_names.slice(i0, i1 - i0).to_pylist(),
-                pk_items.slice(p0, p1 - p0).to_pylist(),
-                id_types.slice(i0, i1 - i0).to_pylist(),
-            )
-            rec = ChangeRecord(
-                info.op,
-                0,
-                0,
-                0,
-                "",
-                info.schema,
-                info.table,
-                columns=[Column(n, t, None) for n, t in zip(info.names, info.types, strict=True)],
-                identity=[Column(n, "", None) for n in info.key_names],
-                pk=info.pk,
-            )
-            problem = _shape_problem(rec, info.names, info.key_names)
+            info = cols.shape(self.op, schema_col, table_col, r)
+            problem = _shape_problem(info.record(), info.names, info.key_names)
             if problem:
                 raise NotPlain(f"{info.schema}.{info.table}: {problem}")
             self.shapes[s] = info
