@@ -341,7 +341,6 @@ class Follower:
         committed every cycle gathers about 1,800 snapshots an hour, and its commits and every
         reader's table load slow down with each. Between maintenance runs this bounds a table to
         the snapshots younger than ``snapshot_min_age_minutes``, or the cap, plus a quarter of it."""
-        from loader.lake.tables import SourceTable
         from loader.maintain import Maintenance
 
         cap = self.settings.maintenance.max_snapshots
@@ -352,7 +351,7 @@ class Follower:
             return
         for t in due:
             del self._commits[t]
-        tables = [SourceTable.parse(t) for t in due if t]
+        tables = [t for t in due if t]
         self._periodic(
             "snapshot expiry",
             lambda: Maintenance(self.spark, self.settings).expire(tables, ledger="" in due).summary(),

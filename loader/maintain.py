@@ -79,19 +79,22 @@ class Maintenance:
                     report.tables.append(self._table(f"current {t.qualified}", cur, "deletes", None, expire, orphans))
         return report
 
-    def expire(self, tables: list[SourceTable], ledger: bool) -> MaintenanceReport:
-        """Snapshot expiry alone (no compaction, manifests or orphans) on ``tables``' history and
-        current tables, and the ledger when ``ledger``: follow mode's step for the tables it has
-        committed to many times since their last expiry, so ``max_snapshots`` holds between its
-        maintenance runs (every ``every_minutes``), not only at them."""
+    def expire(self, tables: list[str], ledger: bool) -> MaintenanceReport:
+        """Snapshot expiry alone (no compaction, manifests or orphans) on the history and current
+        tables of ``tables`` (qualified source names, as results give them: matched against the
+        lake's history tables, so a dot inside a name cannot split it wrongly), and the ledger when
+        ``ledger``: follow mode's step for the tables it has committed to many times since their
+        last expiry, so ``max_snapshots`` holds between its maintenance runs, not only at them."""
         report = MaintenanceReport()
+        wanted = set(tables)
+        selected = [t for t in history_tables(self.spark, self.names) if t.qualified in wanted] if wanted else []
         with stage_lock(self.settings, "load"):
-            for t in tables:
+            for t in selected:
                 report.tables.append(self._expired(f"history {t.qualified}", self.names.history(t)))
             if ledger:
                 report.tables.append(self._expired(self.names.ledger, self.names.ledger))
         with stage_lock(self.settings, "merge"):
-            for t in tables:
+            for t in selected:
                 cur = self.names.current(t)
                 if self.spark.catalog.tableExists(cur):
                     report.tables.append(self._expired(f"current {t.qualified}", cur))

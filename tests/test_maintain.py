@@ -85,28 +85,31 @@ def test_snapshots_beyond_max_snapshots_are_expired_but_never_young_ones(env: En
 def test_follow_mode_expires_a_busy_tables_snapshots_between_maintenance_runs(env: Env) -> None:
     """Follow mode commits a changed table (history, current) and the ledger every cycle: after a
     quarter of ``max_snapshots`` commits to a table it expires that table's snapshots, so the cap
-    holds between its hourly maintenance runs instead of only at them."""
+    holds between its hourly maintenance runs instead of only at them. The schema's name holds a
+    dot: results name tables as ``schema.table``, which must not be split at the wrong dot."""
     from loader.follow import Follower
     from loader.lake.tables import SourceTable, TableNames
 
-    env.sql("CREATE TABLE public.busy (id int PRIMARY KEY, v text)")
+    env.sql('CREATE SCHEMA "app.v2"')
+    env.sql('CREATE TABLE "app.v2".busy (id int PRIMARY KEY, v text)')
     env.capture()
     env.configure("maintenance", max_snapshots=4, snapshot_min_age_minutes=0, retain_last=1)
     names = TableNames(env.settings)
-    idents = [names.history(SourceTable("public", "busy")), names.current(SourceTable("public", "busy")), names.ledger]
+    busy = SourceTable("app.v2", "busy")
+    idents = [names.history(busy), names.current(busy), names.ledger]
 
     def snapshots(ident: str) -> int:
         return int(env.spark.sql(f"SELECT count(*) FROM {ident}.snapshots").collect()[0][0])
 
     follower = Follower(env.settings, env.spark)
     for i in range(10):
-        env.transaction(f"INSERT INTO public.busy VALUES ({i}, 'v')")
+        env.transaction(f"""INSERT INTO "app.v2".busy VALUES ({i}, 'v')""")
         env.capture()
         assert follower.cycle()
         follower._expire_crowded()  # what the main loop runs after each cycle
         counts = {ident: snapshots(ident) for ident in idents}
         assert all(n <= 4 for n in counts.values()), (i, counts)
-    env.transaction("UPDATE public.busy SET v = 'w' WHERE id < 5")
+    env.transaction("""UPDATE "app.v2".busy SET v = 'w' WHERE id < 5""")
     env.capture()
     assert follower.cycle()
     env.assert_reconciled()
@@ -115,7 +118,7 @@ def test_follow_mode_expires_a_busy_tables_snapshots_between_maintenance_runs(en
     follower = Follower(env.settings, env.spark)
     before = snapshots(idents[0])
     for i in range(3):
-        env.transaction(f"INSERT INTO public.busy VALUES ({100 + i}, 'v')")
+        env.transaction(f"""INSERT INTO "app.v2".busy VALUES ({100 + i}, 'v')""")
         env.capture()
         assert follower.cycle()
         follower._expire_crowded()
