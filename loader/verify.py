@@ -86,6 +86,8 @@ class Reconciliation:
     limited: str | None = None
     limited_rows: int = 0
     buckets_differing: int = 0  # buckets whose rows were read and compared
+    # The table itself (``table`` is its qualified name, which a dot inside a name makes ambiguous).
+    source: SourceTable | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -243,7 +245,7 @@ def reconcile_table(
     to judge. ``cut``: the consistent point the source is read at (keyless tables are rebuilt from
     history as of it). ``skip``: canonical key texts in flight, left out on both sides."""
     c = settings.catalog
-    res = Reconciliation(table.qualified)
+    res = Reconciliation(table.qualified, source=table)
     hist = catalog.load_table((c.history_namespace, table.iceberg_name))
     pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))
     if PROP_PARKED in hist.properties:
@@ -863,7 +865,7 @@ def _settle(
     for res in results:
         if not res.found:
             continue
-        table = SourceTable.parse(res.table)
+        table = res.source or SourceTable.parse(res.table)
         hist = catalog.load_table((settings.catalog.history_namespace, table.iceberg_name))
         if not json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]")):
             # History is read as of the cut; only changes before it that are not loaded yet are lag.

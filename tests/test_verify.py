@@ -43,6 +43,19 @@ def test_planted_differences_are_found_with_their_keys(env: Env) -> None:
     assert (after.missing, after.extra, after.different, after.in_flight) == (1, 0, 1, 0), after.line()
 
 
+def test_a_difference_in_a_table_whose_schema_name_holds_a_dot_is_judged(env: Env) -> None:
+    """Judging a finding reads the table's history again: by the table itself, not by splitting
+    its qualified name at the first dot (``app.v2.t`` is table ``t`` of schema ``app.v2``)."""
+    env.sql('CREATE SCHEMA "app.v2"')
+    env.sql('CREATE TABLE "app.v2".t (id int PRIMARY KEY, v text)')
+    env.capture()
+    env.transaction("""INSERT INTO "app.v2".t SELECT g, 'v' FROM generate_series(1, 50) g""")
+    env.run_all()
+    env.spark.sql(f"DELETE FROM {env.names.current(SourceTable('app.v2', 't'))} WHERE id = 5")
+    (bad,) = reconcile(env.settings, ["app.v2.t"])
+    assert (bad.missing, bad.extra, bad.different, bad.in_flight) == (1, 0, 0, 0), bad.line()
+
+
 def test_keyless_tables_compare_as_multisets(env: Env) -> None:
     env.sql("CREATE TABLE events (kind text, n int)")
     env.sql("ALTER TABLE events REPLICA IDENTITY FULL")  # its updates and deletes carry the old row
