@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -67,10 +68,18 @@ def src(pg_admin: str, tmp_path: Path) -> Iterator[Src]:
     finally:
         conn.close()
         with psycopg.connect(pg_admin, autocommit=True) as admin:
-            admin.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE %s AND NOT active",
-                (f"%{uid}%",),
-            )
+            # A consumer a test stopped (pg_recvlogical) leaves its walsender holding the slot for
+            # a moment after it exits, and an active slot keeps the database from being dropped.
+            for _ in range(100):
+                admin.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE slot_name LIKE %s AND NOT active",
+                    (f"%{uid}%",),
+                )
+                left = admin.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE %s", (f"%{uid}%",))
+                if not left.fetchone()[0]:  # type: ignore[index]
+                    break
+                time.sleep(0.1)
             admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(psycopg.sql.Identifier(db)))
 
 
