@@ -39,7 +39,7 @@ from loader.capture.source_filter import (
     publication_plan,
     read_relations,
 )
-from loader.capture.source_tables import KeyLookup
+from loader.capture.source_tables import KeyLookup, split_qualified
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
 from loader.capture.watch import TableFacts, WatchPlan, first_seen, plan_stream_table, plan_watch, read_facts
@@ -143,8 +143,14 @@ def lossy_specials_note(table: str, columns: list[str]) -> str:
 class _Controls:
     """Park records waiting for their place: right after the last landed (or written) commit."""
 
-    def __init__(self, landed: ChangePosition | None, landed_complete: bool) -> None:
+    def __init__(
+        self,
+        landed: ChangePosition | None,
+        landed_complete: bool,
+        split: Callable[[str], tuple[str, str]] = lambda q: (q.partition(".")[0], q.partition(".")[2]),
+    ) -> None:
         self.pending: list[tuple[str, str]] = []  # (table, reason)
+        self.split = split  # "schema.table" -> (schema, table), by the source's catalog when one is at hand
         self.boundary = landed  # position of the last commit marker landed or written
         self.at_boundary = landed_complete
 
@@ -161,7 +167,7 @@ class _Controls:
         lsn, seq = (self.boundary.commit_lsn, self.boundary.seq) if self.boundary else (0, 0)
         for table, reason in self.pending:
             seq += 1
-            schema, _, name = table.partition(".")
+            schema, name = self.split(table)
             writer.write(
                 ChangeRecord(op="P", commit_lsn=lsn, seq=seq, xid=0, ts=ts, schema=schema, table=name, reason=reason)
             )
@@ -264,7 +270,11 @@ class Capture:
             self._plan_source(conn, result)
             self._choose_options(conn, result)
             landed = landing_files[-1].last if landing_files else None
-            self.controls = _Controls(landed, not landing_files or landing_files[-1].complete)
+            self.controls = _Controls(
+                landed,
+                not landing_files or landing_files[-1].complete,
+                lambda qualified: split_qualified(conn, qualified),
+            )
             start = slots.slot_info(conn, src.slot)
             # Launched before the catalog is read, so the fetcher process starts meanwhile.
             fetcher = self._fetcher(upto) if self._pipelined(start, upto) else None
@@ -995,7 +1005,7 @@ class Capture:
                 root = self._roots_before.get(qualified)
         if root is None:
             return rec
-        schema, _, table = root.partition(".")
+        schema, table = split_qualified(conn, root)
         if rec.op == "T":
             why = f"partition {rec.qualified_table} was truncated: a partition's rows cannot be told apart downstream"
             earlier = self._pending_resyncs.get(root)

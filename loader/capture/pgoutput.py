@@ -43,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from loader.capture import ddl, heartbeat
-from loader.capture.source_tables import HAS_IDENTITY_SQL
+from loader.capture.source_tables import HAS_IDENTITY_SQL, split_qualified
 from loader.errors import SourceError
 from loader.landing.records import ChangeRecord, Column, OpenTransaction
 from loader.lsn import format_lsn
@@ -613,7 +613,7 @@ def ensure_publication(
         stmt = sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
     elif listed:
         stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
-            _qualified_sql(t) for t in listed
+            _qualified_sql(conn, t) for t in listed
         )
     else:
         stmt = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
@@ -636,7 +636,7 @@ def ensure_publication(
         _check_publication(conn, name)
     except psycopg.errors.InsufficientPrivilege as exc:
         alternative = ""
-        shown_tables = [_qualified_sql(t) for t in (listed if listed is not None else captured_tables)]
+        shown_tables = [_qualified_sql(conn, t) for t in (listed if listed is not None else captured_tables)]
         if shown_tables:
             alt = sql.SQL("CREATE PUBLICATION {} FOR TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
                 shown_tables
@@ -709,16 +709,17 @@ def sync_publication(conn: psycopg.Connection, name: str, tables: Iterable[str])
 def _set_table_sql(conn: psycopg.Connection, name: str, want: list[str], before: list[str]) -> sql.Composed:
     if want:
         return sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
-            _qualified_sql(t) for t in want
+            _qualified_sql(conn, t) for t in want
         )
     return sql.SQL("ALTER PUBLICATION {} DROP TABLE ").format(sql.Identifier(name)) + sql.SQL(", ").join(
-        _qualified_sql(t) for t in before
+        _qualified_sql(conn, t) for t in before
     )
 
 
-def _qualified_sql(table: str) -> sql.Composable:
-    schema, _, rel = table.partition(".")
-    return sql.Identifier(schema, rel) if rel else sql.Identifier(schema)
+def _qualified_sql(conn: psycopg.Connection, table: str) -> sql.Composable:
+    if "." not in table:
+        return sql.Identifier(table)
+    return sql.Identifier(*split_qualified(conn, table))
 
 
 def _check_publication(conn: psycopg.Connection, name: str) -> None:

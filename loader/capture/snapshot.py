@@ -49,7 +49,7 @@ from psycopg import sql
 
 from loader.capture import slot as slots
 from loader.capture.source_filter import TableFilter, current_role, plan_source, read_relations
-from loader.capture.source_tables import column_types, list_tables, table_info
+from loader.capture.source_tables import column_types, list_tables, split_qualified, table_info
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, LandingError, LoaderError, UsageError
 from loader.lake.tables import unknown_tables
@@ -228,7 +228,7 @@ class Snapshot:
         with slots.connect(self.settings.source.conninfo()) as conn:
             out = []
             for t in self._select_tables(conn):
-                schema, _, name = t.partition(".")
+                schema, name = split_qualified(conn, t)
                 qualified = f"{sql.Identifier(schema).as_string(conn)}.{sql.Identifier(name).as_string(conn)}"
                 row = conn.execute(
                     "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (qualified,)
@@ -568,7 +568,7 @@ class Snapshot:
         return result
 
     def _key(self, conn: psycopg.Connection, qualified: str) -> list[str]:
-        schema, _, name = qualified.partition(".")
+        schema, name = split_qualified(conn, qualified)
         info = table_info(conn, schema, name)
         return list(info.key) if info is not None else []
 
@@ -689,7 +689,7 @@ def _readable(
     """The snapshot's tables as the reader sees them: (index, qualified name, schema, name,
     columns, key); a table dropped since the snapshot was planned is left out."""
     for i, qualified in enumerate(tables):
-        schema, _, name = qualified.partition(".")
+        schema, name = split_qualified(reader, qualified)
         info = table_info(reader, schema, name)
         if info is not None:
             yield i, qualified, schema, name, column_types(reader, schema, name), info.key

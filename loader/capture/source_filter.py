@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from loader.capture.source_tables import HAS_IDENTITY_SQL
+from loader.capture.source_tables import HAS_IDENTITY_SQL, split_qualified
 from loader.config import LoaderSettings
 
 # A wal2json table pattern: (schema or None for every schema, table or None for every table).
@@ -213,7 +213,7 @@ def current_role(conn: psycopg.Connection) -> str:
 
 def may_select(conn: psycopg.Connection, qualified: str) -> bool | None:
     """Whether the role may SELECT a table named now (``schema.table``); None if no such table."""
-    schema, _, table = qualified.partition(".")
+    schema, table = split_qualified(conn, qualified)
     row = conn.execute(
         "SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",

@@ -14,6 +14,8 @@ from typing import Any
 
 import psycopg
 
+from loader.errors import UsageError
+
 IDENTITY_NAMES = {"d": "default", "f": "full", "n": "nothing", "i": "index"}
 
 
@@ -165,6 +167,28 @@ def list_tables(
     return [
         SourceTableInfo(r[0], r[1], IDENTITY_NAMES.get(r[2], r[2]), list(r[3]), list(r[4]), bool(r[5])) for r in rows
     ]
+
+
+def split_qualified(conn: psycopg.Connection, qualified: str) -> tuple[str, str]:
+    """(schema, table) of the source table named ``schema.table``. A name with one dot splits
+    there; with more (a dot inside a schema's or a table's name: ``"app.v2".t``) PostgreSQL's
+    catalog says which split names a relation. None does (the table is gone): the first dot.
+    Two do (``"a.b".c`` and ``a."b.c"``): a UsageError naming both, never a guess."""
+    schema, _, table = qualified.partition(".")
+    if "." not in table:
+        return schema, table
+    rows = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname || '.' || c.relname = %s ORDER BY 1, 2",
+        (qualified,),
+    ).fetchall()
+    if len(rows) > 1:
+        named = " and ".join(f'"{r[0]}"."{r[1]}"' for r in rows)
+        raise UsageError(
+            f"{qualified!r} names {len(rows)} tables ({named}): the loader cannot tell them apart",
+            hint="rename one so that no two tables spell the same schema.table",
+        )
+    return (str(rows[0][0]), str(rows[0][1])) if rows else (schema, table)
 
 
 def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTableInfo | None:

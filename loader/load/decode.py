@@ -272,6 +272,7 @@ def decode_file(
     tail = lines.pop() if lines else b""
     header = None
     seen: dict[str, int] = {}
+    names: dict[str, tuple[str, str]] = {}  # qualified -> (schema, table), as the records name them
     unplaced = 0  # rejects that name no table: some table lost a change
     first_ts: str | None = None
     positions: set[tuple[int, int]] = set()
@@ -290,12 +291,14 @@ def decode_file(
             continue
         if row["reject_reason"] is None:
             row = _check_place(file, line_no, raw, row, span, positions)
-        unplaced += _tally(row, seen)
+        unplaced += _tally(row, seen, names)
         first_ts = first_ts or row["ts"]
         yield row
     if tail.strip() and damage is not None:
         yield reject_row(file, len(lines) + 1, tail.decode("utf-8", "backslashreplace"), f"line cut off: {damage}")
-    yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
+    yield from _account(
+        file, data, damage, header.tables if header else None, seen, names, unplaced, first_lsn, first_ts
+    )
 
 
 def _account(
@@ -304,12 +307,16 @@ def _account(
     damage: str | None,
     announced: dict[str, int] | None,
     seen: dict[str, int],
+    names: dict[str, tuple[str, str]],
     unplaced: int,
     first_lsn: int,
     first_ts: str | None,
 ) -> Iterator[dict[str, Any]]:
     """Park rows for what a file lost: its header's counts (``announced``, None without a readable
-    header) against the records ``seen`` per table, and ``unplaced`` rejects that name no table."""
+    header) against the records ``seen`` per table, and ``unplaced`` rejects that name no table.
+    A header names a table ``schema.table``: the records read tell where a name with more than one
+    dot splits; a table all of whose records were lost leaves that unknown, and then every table
+    is parked, as for a file without a header (never a guessed table)."""
     short = {
         t: n - seen.get(t, 0) for t, n in (announced.items() if announced is not None else ()) if n > seen.get(t, 0)
     }
@@ -324,6 +331,7 @@ def _account(
     # A record the capture could not attribute to any table (an X without one) is counted under an
     # empty name: like a file without a header, it may have cost any table a change.
     unattributed = any(not t.partition(".")[2] for t in short)
+    unattributed = unattributed or any(t not in names and t.count(".") > 1 for t in short)
     if announced is None or unattributed:
         yield park_row(
             file,
@@ -336,6 +344,7 @@ def _account(
         return
     for qualified, lost in sorted(short.items()):
         schema, _, table = qualified.partition(".")
+        schema, table = names.get(qualified, (schema, table))
         yield park_row(
             file,
             schema,
@@ -372,6 +381,7 @@ def _decode_arrow_file(
                 [marker] if marker is not None else [], arrowfile.row_records(got.header, got.batches)
             )
     seen: dict[str, int] = {}
+    names: dict[str, tuple[str, str]] = {}  # qualified -> (schema, table), as the records name them
     unplaced = 0
     first_ts: str | None = None
     positions: set[tuple[int, int]] = set()
@@ -384,10 +394,12 @@ def _decode_arrow_file(
             continue
         if row["reject_reason"] is None:
             row = _check_place(file, line_no, raw.encode("utf-8"), row, span, positions)
-        unplaced += _tally(row, seen)
+        unplaced += _tally(row, seen, names)
         first_ts = first_ts or row["ts"]
         yield row
-    yield from _account(file, data, damage, header.tables if header else None, seen, unplaced, first_lsn, first_ts)
+    yield from _account(
+        file, data, damage, header.tables if header else None, seen, names, unplaced, first_lsn, first_ts
+    )
 
 
 # Operations the columnar decoding takes: row changes and truncates (control records, quarantined
@@ -488,12 +500,13 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
     return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
 
 
-def _tally(row: dict[str, Any], seen: dict[str, int]) -> int:
+def _tally(row: dict[str, Any], seen: dict[str, int], names: dict[str, tuple[str, str]]) -> int:
     """Count a decoded row for the file's header check: under its table in ``seen``; returns 1 for
     a reject that names no table (it may have cost any table a change), else 0."""
     if row["src_table"] is not None:
         t = f"{row['src_schema']}.{row['src_table']}"
         seen[t] = seen.get(t, 0) + 1
+        names[t] = (row["src_schema"], row["src_table"])
         return 0
     return 1 if row["reject_reason"] is not None else 0
 

@@ -352,6 +352,53 @@ def test_columns_differing_only_in_case_park_their_table_alone(env: Env) -> None
     env.assert_reconciled()
 
 
+def test_tables_whose_names_hold_dots_are_snapshotted_resynced_and_parked(env: Env) -> None:
+    """A dot inside a schema's or a table's name: ``"app.v2".t`` and ``public."x.y"`` are named
+    ``app.v2.t`` and ``public.x.y`` inside the loader, and every split of such a name goes by
+    PostgreSQL's catalog (the first dot made the snapshot look for table ``"v2.t"`` of schema
+    ``app``, find nothing, and land nothing, silently). A name two tables spell is refused."""
+    import psycopg
+
+    from loader.capture.source_tables import split_qualified
+    from loader.errors import UsageError
+
+    env.sql('CREATE SCHEMA "app.v2"')
+    env.sql('CREATE TABLE "app.v2".t (id int PRIMARY KEY, v text)')
+    env.sql('CREATE TABLE public."x.y" (id int PRIMARY KEY, v text)')
+    env.sql("""INSERT INTO "app.v2".t SELECT g, 'v' FROM generate_series(1, 20) g""")
+    env.sql("""INSERT INTO public."x.y" SELECT g, 'w' FROM generate_series(1, 7) g""")
+    env.capture()
+    env.resync()  # the initial snapshot of every table
+    env.load()
+    env.merge()
+    env.assert_reconciled()
+    assert {r.table for r in env.reconcile()} >= {"app.v2.t", "public.x.y"}
+    env.transaction("""UPDATE "app.v2".t SET v = 'u' WHERE id < 5""")
+    env.resync(["app.v2.t"])
+    env.configure("source", auto_resync=False)
+    env.sql('ALTER TABLE "app.v2".t ADD COLUMN d int DEFAULT 7')  # a table-level change: a park
+    env.transaction("""INSERT INTO public."x.y" VALUES (100, 'after')""")
+    cap = env.capture()
+    assert "app.v2.t" in cap.parked, cap.parked
+    env.load()
+    merge = env.merge()
+    assert [t.parked for t in merge.tables if t.table == "app.v2.t"] != [None], merge.tables
+    env.resync(["app.v2.t"])
+    env.run_all()
+    env.assert_reconciled()
+
+    env.sql('CREATE SCHEMA "a.b"')
+    env.sql("CREATE SCHEMA a")
+    env.sql('CREATE TABLE "a.b".c (id int)')
+    env.sql('CREATE TABLE a."b.c" (id int)')
+    with psycopg.connect(env.settings.source.conninfo()) as conn:
+        with pytest.raises(UsageError, match="names 2 tables"):
+            split_qualified(conn, "a.b.c")
+        assert split_qualified(conn, "app.v2.t") == ("app.v2", "t")
+        assert split_qualified(conn, "public.x.y") == ("public", "x.y")
+        assert split_qualified(conn, "gone.x.y") == ("gone", "x.y")  # no such table: the first dot
+
+
 def test_names_that_need_quoting_or_look_like_ours(env: Env) -> None:
     long_name = "t" + "é" * 31  # 63 bytes
     env.sql('CREATE SCHEMA "a__b"')

@@ -126,6 +126,28 @@ def test_a_truncated_file_keeps_every_complete_line_and_parks_exactly_the_tables
         assert all(r["seq"] == 0 and r["commit_lsn"] == 500 and "damaged" in r["note"] for r in parks)
 
 
+def test_a_damaged_file_parks_a_table_whose_schema_name_holds_a_dot_by_its_records_split(tmp_path: Path) -> None:
+    """The header names tables ``schema.table``; for ``"app.v2".t`` the records read say where the
+    name splits (a park of table ``"v2.t"`` in schema ``app`` would leave the real one unparked).
+    A table all of whose records are lost leaves the split unknown: every table is parked."""
+    recs = []
+    for s in range(1, 3001):
+        schema, table = ("app.v2", "t") if s <= 2900 else ("x.y", "z")
+        recs.append(
+            ChangeRecord(
+                "I", 500, s, 9, "2026-01-01 00:00:00+00", schema, table, columns=[Column("id", "integer", str(s))]
+            )
+        )
+    recs.append(ChangeRecord("C", 500, 3001, 9, "2026-01-01 00:00:00+00"))
+    name, data = landing_bytes(tmp_path, recs)
+    parks = [r for r in decode_file(name, data[: len(data) // 2], 500) if r["op"] == "park"]
+    assert len(parks) == 1 and parks[0]["src_table"] is None and "every table" in parks[0]["note"], parks
+    only_first = [*recs[:2900], ChangeRecord("C", 500, 2901, 9, "2026-01-01 00:00:00+00")]
+    name, data = landing_bytes(tmp_path / "first", only_first)
+    parks = [r for r in decode_file(name, data[: len(data) // 2], 500) if r["op"] == "park"]
+    assert [(r["src_schema"], r["src_table"]) for r in parks] == [("app.v2", "t")], parks
+
+
 def test_corrupt_gzip_data_is_damage_not_an_exception(tmp_path: Path) -> None:
     name, data = landing_bytes(tmp_path, workload(3000))
     broken = bytearray(data)
