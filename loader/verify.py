@@ -671,9 +671,15 @@ def reconcile(
     not landed yet are landed first (a capture up to the cut), so on a quiet source every difference
     is real, and on a busy one only real ones are reported. ``land(cut)`` lands them instead (follow
     mode: its own capture thread, which holds the slot)."""
+    from pyiceberg.exceptions import NoSuchNamespaceError
+
     catalog = open_catalog(settings)
     selected = []
-    for ident in sorted(catalog.list_tables(settings.catalog.history_namespace)):
+    try:
+        idents = catalog.list_tables(settings.catalog.history_namespace)
+    except NoSuchNamespaceError:  # nothing loaded yet
+        idents = []
+    for ident in sorted(idents):
         table = SourceTable.from_iceberg_name(ident[-1])
         if not tables or table.qualified in tables:
             selected.append(table)
@@ -711,16 +717,92 @@ def reconcile(
                         skip=skip.get(table.qualified),
                     )
                 )
+            absent = [] if tables else _captured_without_history(conn, settings, {t.qualified for t in selected})
         finally:
             conn.execute("ROLLBACK")
             if exported is not None:
                 exported.close()
+    if absent:
+        out.extend(_absent_from_lake(settings, catalog, absent, cut, land))
     if cut is not None and any(r.found for r in out):
         _settle(settings, catalog, out, cut, land)
     if any(f.source_values for r in out for f in r.found):
         _mark_erased(settings, catalog, out)
     for r in out:
         _judge(r, max_examples)
+    return out
+
+
+# Rows counted at most, for a captured table the lake does not hold at all.
+_ABSENT_COUNT_MAX = 1_000_000
+
+
+def _captured_without_history(conn: Any, settings: LoaderSettings, have: set[str]) -> list[tuple[SourceTable, int]]:
+    """The tables capture captures (its own plan: include/exclude, readable by the role, in the
+    publication for pgoutput) that hold rows at the cut but have no history table: (table, rows,
+    counted up to ``_ABSENT_COUNT_MAX``)."""
+    from loader.capture.source_filter import (
+        TableFilter,
+        current_role,
+        plan_source,
+        publication_plan,
+        read_relations,
+    )
+    from loader.capture.source_tables import split_qualified
+
+    src = settings.source
+    if src.plugin == "pgoutput":
+        plan = publication_plan(conn, settings)
+    else:
+        include = TableFilter(src.include, src.exclude)
+        plan = plan_source(read_relations(conn, src.partitions), include, src.include, src.exclude, current_role(conn))
+    out = []
+    for qualified in sorted(plan.wanted - have):
+        table = SourceTable(*split_qualified(conn, qualified))
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS s").format(
+                sql.Identifier(table.schema, table.table)
+            ),
+            (_ABSENT_COUNT_MAX,),
+        ).fetchone()
+        if row and row[0]:
+            out.append((table, int(row[0])))
+    return out
+
+
+def _absent_from_lake(
+    settings: LoaderSettings,
+    catalog: Any,
+    absent: list[tuple[SourceTable, int]],
+    cut: int | None,
+    land: Callable[[int], None] | None,
+) -> list[Reconciliation]:
+    """Results for captured tables with rows and no history table: every row missing (never
+    snapshotted, say, so none of its rows reached the lake), unless its changes are on their way
+    (in landing files not loaded yet, once what committed before the cut is landed): lag, left out.
+    When what committed before the cut cannot be landed, nothing is judged."""
+    if cut is not None and _land_to_cut(settings, cut, land) is not None:
+        return []
+    try:
+        store, pending = _pending_files(settings, catalog)
+    except Exception:  # no ledger yet: nothing was ever loaded, every landing file is pending
+        from loader.landing.store import open_landing
+
+        store = open_landing(settings)
+        pending = store.files()
+    out = []
+    for table, rows in absent:
+        if any(_table_in_landing(store, f.name, table) for f in pending):
+            continue
+        res = Reconciliation(table.qualified, source_rows=rows, missing=rows, source=table)
+        more = "+" if rows >= _ABSENT_COUNT_MAX else ""
+        res.note = (
+            f"captured, but the lake holds no history of it: {rows:,}{more} source rows missing (rows that "
+            f"were there before capture began are only landed by a snapshot); run 'loader resync --table "
+            f"{table.qualified}'"
+        )
+        res.examples.append(res.note)
+        out.append(res)
     return out
 
 
