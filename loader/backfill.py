@@ -98,7 +98,7 @@ class Backfill:
 
         if to_lsn < from_lsn:
             raise UsageError("--to-lsn is before --from-lsn", hint="give the range in commit order")
-        selected = [SourceTable.parse(t) for t in tables] if tables else None
+        selected = [self._table(t) for t in tables] if tables else None
         from loader.landing.state import RETENTION_STATE
 
         retired = (self.store.read_state(RETENTION_STATE) or {}).get("retired_through")
@@ -123,9 +123,14 @@ class Backfill:
             out.rebuilt = sorted(t.table for t in merge.tables if "rebuilt" in t.note)
         return out
 
+    def _table(self, qualified: str) -> SourceTable:
+        from loader.lake.catalog import history_source_tables
+
+        return SourceTable.among(qualified, history_source_tables(self.settings))
+
     def position_at(self, table: str, timestamp: datetime) -> ChangePosition:
         """The end of the last transaction of ``table``'s history committed at or before ``timestamp``."""
-        hist = self.names.history(SourceTable.parse(table))
+        hist = self.names.history(self._table(table))
         row = self.spark.sql(
             f"SELECT max(pg_lsn) FROM {hist} WHERE pg_txn_timestamp <= {time_literal(timestamp)}"
         ).collect()[0]
@@ -141,9 +146,10 @@ def as_of_sql(settings: LoaderSettings, table: str, timestamp: datetime) -> dict
     each key valid at the time. Ties of commit timestamps are resolved by commit order.
     """
     from loader.dbtgen import model_name
+    from loader.lake.catalog import history_source_tables
 
     c = settings.catalog
-    t = SourceTable.parse(table)
+    t = SourceTable.among(table, history_source_tables(settings))
     name = t.iceberg_name
     ts = time_literal(timestamp)
     scd2 = ".".join(quote_ident(p) for p in (c.name, settings.dbt.analytics_namespace, model_name(name) + "__scd2"))

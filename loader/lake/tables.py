@@ -130,6 +130,22 @@ class SourceTable:
         return cls(*parse_table_name(name))
 
     @classmethod
+    def among(cls, qualified: str, known: list[SourceTable]) -> SourceTable:
+        """The table of ``known`` named ``qualified`` (``schema.table``, where a dot inside a name
+        makes the first dot the wrong split: ``app.v2.t`` is table ``t`` of schema ``app.v2`` when
+        the lake holds that one); none: :meth:`parse`. Two (``"a.b".c`` and ``a."b.c"``): UsageError."""
+        from loader.errors import UsageError
+
+        matches = [t for t in known if t.qualified == qualified]
+        if len(matches) > 1:
+            named = " and ".join(f'"{t.schema}"."{t.table}"' for t in matches)
+            raise UsageError(
+                f"{qualified!r} names {len(matches)} tables ({named})",
+                hint="rename one at the source so that no two tables spell the same schema.table",
+            )
+        return matches[0] if matches else cls.parse(qualified)
+
+    @classmethod
     def parse(cls, qualified: str) -> SourceTable:
         """``schema.table`` as users type it (the first dot separates; quote-free)."""
         schema, dot, table = qualified.partition(".")

@@ -285,8 +285,9 @@ class CurrentMerge:
 
         with stage_lock(self.settings, "merge"):
             ensure_loader_tables(self.settings)
-            table = SourceTable.parse(qualified)
-            if table not in history_source_tables(self.settings):
+            known = history_source_tables(self.settings)
+            table = SourceTable.among(qualified, known)
+            if table not in known:
                 raise ConfigError(
                     f"no history table for {qualified}", hint="give --table as schema.table of a loaded source table"
                 )
