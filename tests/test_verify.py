@@ -74,6 +74,17 @@ def test_a_captured_table_the_lake_holds_nothing_of_is_reported(env: Env) -> Non
     env.merge()
     got = {r.table: r for r in env.reconcile()}
     assert got["public.later"].ok and got["public.early"].missing == 30
+    # Follow mode's rolling rounds take such a table first, every round, and repair it when asked.
+    from loader.verify import RollingVerifier
+
+    env.configure("verify", auto_repair=True)
+    rolling = RollingVerifier(env.settings).round()
+    first = rolling.results[0]
+    assert (first.table, first.missing) == ("public.early", 30) and rolling.repairs == ["public.early"], rolling
+    env.capture()  # the resync asked for (or already done by the round's own landing up to its cut)
+    env.load()
+    env.merge()
+    assert all(r.ok for r in RollingVerifier(env.settings).round().results)
     env.resync(["public.early"])
     env.load()
     env.merge()
