@@ -671,18 +671,12 @@ def reconcile(
     not landed yet are landed first (a capture up to the cut), so on a quiet source every difference
     is real, and on a busy one only real ones are reported. ``land(cut)`` lands them instead (follow
     mode: its own capture thread, which holds the slot)."""
-    from pyiceberg.exceptions import NoSuchNamespaceError
+    from loader.lake.catalog import history_source_tables
 
     catalog = open_catalog(settings)
-    selected = []
-    try:
-        idents = catalog.list_tables(settings.catalog.history_namespace)
-    except NoSuchNamespaceError:  # nothing loaded yet
-        idents = []
-    for ident in sorted(idents):
-        table = SourceTable.from_iceberg_name(ident[-1])
-        if not tables or table.qualified in tables:
-            selected.append(table)
+    # In the lake's name order, as listed; nothing loaded yet: none.
+    known = sorted(history_source_tables(settings), key=lambda t: t.iceberg_name)
+    selected = [t for t in known if not tables or t.qualified in tables]
     out: list[Reconciliation] = []
     src = settings.source
     cut: int | None = None
@@ -741,21 +735,10 @@ def _captured_without_history(conn: Any, settings: LoaderSettings, have: set[str
     """The tables capture captures (its own plan: include/exclude, readable by the role, in the
     publication for pgoutput) that hold rows at the cut but have no history table: (table, rows,
     counted up to ``_ABSENT_COUNT_MAX``)."""
-    from loader.capture.source_filter import (
-        TableFilter,
-        current_role,
-        plan_source,
-        publication_plan,
-        read_relations,
-    )
+    from loader.capture.source_filter import captured_plan
     from loader.capture.source_tables import split_qualified
 
-    src = settings.source
-    if src.plugin == "pgoutput":
-        plan = publication_plan(conn, settings)
-    else:
-        include = TableFilter(src.include, src.exclude)
-        plan = plan_source(read_relations(conn, src.partitions), include, src.include, src.exclude, current_role(conn))
+    plan = captured_plan(conn, settings)
     out = []
     for qualified in sorted(plan.wanted - have):
         table = SourceTable(*split_qualified(conn, qualified))
@@ -783,9 +766,11 @@ def _absent_from_lake(
     When what committed before the cut cannot be landed, nothing is judged."""
     if cut is not None and _land_to_cut(settings, cut, land) is not None:
         return []
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
     try:
         store, pending = _pending_files(settings, catalog)
-    except Exception:  # no ledger yet: nothing was ever loaded, every landing file is pending
+    except (NoSuchTableError, NoSuchNamespaceError):  # no ledger yet: every landing file is pending
         from loader.landing.store import open_landing
 
         store = open_landing(settings)

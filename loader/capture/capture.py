@@ -33,11 +33,10 @@ from loader.capture.snapshot import Snapshot
 from loader.capture.source_filter import (
     SourcePlan,
     TableFilter,
+    captured_plan,
     current_role,
     may_select,
-    plan_source,
     publication_plan,
-    read_relations,
 )
 from loader.capture.source_tables import KeyLookup, split_qualified
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
@@ -515,16 +514,10 @@ class Capture:
     # --- the source-side filter ------------------------------------------------------------
     def _plan_source(self, conn: psycopg.Connection, result: CaptureResult) -> None:
         """List the tables, decide what the server may send, and (pgoutput) keep the publication in step."""
-        src = self.settings.source
         self._role = current_role(conn)
-        if src.plugin == "pgoutput":
-            self.source_plan = publication_plan(conn, self.settings, self._role)
-            if self.watch:
-                self._sync_publication(conn, result)
-        else:
-            self.source_plan = plan_source(
-                read_relations(conn, src.partitions), self.filter, src.include, src.exclude, self._role
-            )
+        self.source_plan = captured_plan(conn, self.settings, self._role)
+        if self.settings.source.plugin == "pgoutput" and self.watch:
+            self._sync_publication(conn, result)
         result.skipped.update(self.source_plan.skipped)
 
     def _sync_publication(self, conn: psycopg.Connection, result: CaptureResult) -> None:

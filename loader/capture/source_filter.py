@@ -241,6 +241,17 @@ class TableFilter:
         return verdict
 
 
+def captured_plan(conn: psycopg.Connection, settings: LoaderSettings, role: str | None = None) -> SourcePlan:
+    """The captured set for ``source.plugin``: the publication's (:func:`publication_plan`) for
+    pgoutput, else wal2json's filter (:func:`plan_source`)."""
+    src = settings.source
+    role = role or current_role(conn)
+    if src.plugin == "pgoutput":
+        return publication_plan(conn, settings, role)
+    relations = read_relations(conn, src.partitions)
+    return plan_source(relations, TableFilter(src.include, src.exclude), src.include, src.exclude, role)
+
+
 def publication_plan(conn: psycopg.Connection, settings: LoaderSettings, role: str | None = None) -> SourcePlan:
     """The captured set for pgoutput: what the publication lists. A table without a replica
     identity stays out of it (publishing it would make PostgreSQL reject its UPDATE and DELETE)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from loader.errors import UsageError
+from loader.lake.tables import SourceTable
 
 IDENTITY_NAMES = {"d": "default", "f": "full", "n": "nothing", "i": "index"}
 
@@ -172,8 +172,9 @@ def list_tables(
 def split_qualified(conn: psycopg.Connection, qualified: str) -> tuple[str, str]:
     """(schema, table) of the source table named ``schema.table``. A name with one dot splits
     there; with more (a dot inside a schema's or a table's name: ``"app.v2".t``) PostgreSQL's
-    catalog says which split names a relation. None does (the table is gone): the first dot.
-    Two do (``"a.b".c`` and ``a."b.c"``): a UsageError naming both, never a guess."""
+    catalog says which split names a relation (:meth:`SourceTable.among` over the relations
+    spelled so: none, the table is gone, and the first dot; two, ``"a.b".c`` and ``a."b.c"``, a
+    UsageError naming both, never a guess)."""
     schema, _, table = qualified.partition(".")
     if "." not in table:
         return schema, table
@@ -182,13 +183,8 @@ def split_qualified(conn: psycopg.Connection, qualified: str) -> tuple[str, str]
         " WHERE n.nspname || '.' || c.relname = %s ORDER BY 1, 2",
         (qualified,),
     ).fetchall()
-    if len(rows) > 1:
-        named = " and ".join(f'"{r[0]}"."{r[1]}"' for r in rows)
-        raise UsageError(
-            f"{qualified!r} names {len(rows)} tables ({named}): the loader cannot tell them apart",
-            hint="rename one so that no two tables spell the same schema.table",
-        )
-    return (str(rows[0][0]), str(rows[0][1])) if rows else (schema, table)
+    found = SourceTable.among(qualified, [SourceTable(str(r[0]), str(r[1])) for r in rows])
+    return found.schema, found.table
 
 
 def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTableInfo | None:

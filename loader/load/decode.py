@@ -330,8 +330,8 @@ def _account(
     where = f"landing file {file} is damaged ({damage})" if damage else f"landing file {file} holds undecodable lines"
     # A record the capture could not attribute to any table (an X without one) is counted under an
     # empty name: like a file without a header, it may have cost any table a change.
-    unattributed = any(not t.partition(".")[2] for t in short)
-    unattributed = unattributed or any(t not in names and t.count(".") > 1 for t in short)
+    # So is a name with more than one dot that no record read says how to split.
+    unattributed = any(not t.partition(".")[2] or (t not in names and t.count(".") > 1) for t in short)
     if announced is None or unattributed:
         yield park_row(
             file,
