@@ -27,6 +27,7 @@ from loader.landing.store import LandingWriter, open_landing
 from loader.load.history import HistoryLoad, LoadResult
 from loader.merge.current import CurrentMerge, MergeResult
 from loader.verify import Reconciliation, reconcile
+from tests.oracle import lake_table
 
 #: The project's root (``schemas/``, ``infra/``, ``dbt_project/``).
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,12 +138,10 @@ class Env:
         return TableNames(self.settings)
 
     def history(self, table: str) -> Any:
-        schema, _, name = table.partition(".")
-        return self.spark.table(self.names.history(SourceTable(schema, name)))
+        return self.spark.table(self.names.history(lake_table(self.settings, table)))
 
     def current(self, table: str) -> Any:
-        schema, _, name = table.partition(".")
-        return self.spark.table(self.names.current(SourceTable(schema, name)))
+        return self.spark.table(self.names.current(lake_table(self.settings, table)))
 
     # --- oracles ------------------------------------------------------------------------
     def reconcile(self, tables: list[str] | None = None) -> list[Reconciliation]:

@@ -58,15 +58,22 @@ def assert_no_duplicate_positions(env: Any) -> None:
         assert dups == 0, f"{name.tableName}: {dups} positions appear more than once"
 
 
+def lake_table(settings: Any, table: str) -> Any:
+    """The lake's ``SourceTable`` named ``table`` (``schema.table``; a dot inside a name resolved
+    against the lake's tables, as the CLI resolves ``--table``)."""
+    from loader.lake.catalog import history_source_tables
+    from loader.lake.tables import SourceTable
+
+    return SourceTable.among(table, history_source_tables(settings))
+
+
 def history_rows(settings: Any, table: str, columns: list[str]) -> list[dict[str, Any]]:
     """``columns`` of every history row of ``table`` (schema.table) in (pg_lsn, pg_seq) order, read
     through pyiceberg (no Spark job: an engine apart from the one that wrote them)."""
     from loader.lake.catalog import open_catalog
-    from loader.lake.tables import SourceTable
 
-    schema, _, name = table.partition(".")
     hist = open_catalog(settings).load_table(
-        (settings.catalog.history_namespace, SourceTable(schema, name).iceberg_name)
+        (settings.catalog.history_namespace, lake_table(settings, table).iceberg_name)
     )
     fields = list(dict.fromkeys(["pg_lsn", "pg_seq", *columns]))
     rows = (

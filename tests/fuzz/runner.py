@@ -245,7 +245,7 @@ class FuzzRun:
         from loader.verify import _history_state
 
         env, c = self.env, self.env.settings.catalog
-        table = SourceTable.parse(r.table)
+        table = r.source or SourceTable.parse(r.table)
         catalog = open_catalog(env.settings)
         hist = catalog.load_table((c.history_namespace, table.iceberg_name))
         pk: list[str] = json.loads(hist.properties.get(PROP_PRIMARY_KEY, "[]"))

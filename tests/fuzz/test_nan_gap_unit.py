@@ -178,13 +178,13 @@ def test_the_flag_is_capture_s_note() -> None:
     """The runner finds the tables capture flags in its notes and in its summary (a process's output)."""
     facts = {
         "public.t1": SimpleNamespace(columns={"a": SimpleNamespace(name="a", type="numeric(14,4)")}),
-        "fz_other.t2": SimpleNamespace(columns={"b": SimpleNamespace(name="b", type="double precision")}),
+        "fz.other.t2": SimpleNamespace(columns={"b": SimpleNamespace(name="b", type="double precision")}),
         "public.t3": SimpleNamespace(columns={"c": SimpleNamespace(name="c", type="text")}),
     }
-    result = CaptureResult(tables={"public.t1", "fz_other.t2", "public.t3"})
+    result = CaptureResult(tables={"public.t1", "fz.other.t2", "public.t3"})
     Capture._note_lossy_specials(SimpleNamespace(facts=facts), result)  # type: ignore[arg-type]
-    assert flagged_tables("\n".join(result.notes)) == {"public.t1", "fz_other.t2"}
-    assert flagged_tables(result.summary()) == {"public.t1", "fz_other.t2"}
+    assert flagged_tables("\n".join(result.notes)) == {"public.t1", "fz.other.t2"}
+    assert flagged_tables(result.summary()) == {"public.t1", "fz.other.t2"}
     kept = CaptureResult(tables=set(facts), numeric_special_values=True)
     Capture._note_lossy_specials(SimpleNamespace(facts=facts), kept)  # type: ignore[arg-type]
     assert flagged_tables(kept.summary()) == set()

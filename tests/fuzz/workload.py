@@ -33,7 +33,9 @@ KNOWN_GAPS: dict[str, str] = {
     "decimal cannot hold (tests/fuzz/nan_gap.py)",
 }
 
-SCHEMAS = ("public", "fz_other")
+# The second schema has a dot in its name: the loader must take ``fz.other.t`` as table ``t`` of
+# schema ``fz.other`` everywhere (by the source's catalog or the lake's tables, never the first dot).
+SCHEMAS = ("public", "fz.other")
 AUDIT_SCHEMA = "fz_audit"
 ENUM = "public.fz_mood"
 
@@ -1038,7 +1040,7 @@ class Generator:
         rng = self.rng
         self.sql(
             "setup: schemas, the enum, the audit log (excluded from capture)",
-            f"CREATE SCHEMA {SCHEMAS[1]}",
+            f"CREATE SCHEMA {ident(SCHEMAS[1])}",
             f"CREATE TYPE {ENUM} AS ENUM ('sad', 'ok', 'happy')",
             f"CREATE SCHEMA {AUDIT_SCHEMA}",
             f"CREATE TABLE {AUDIT_SCHEMA}.changes (n bigserial PRIMARY KEY, xid bigint NOT NULL DEFAULT"
