@@ -218,9 +218,9 @@ def subject_columns(settings: LoaderSettings, spec: TableSpec) -> dict[str, str]
     """Column -> subject type for the columns of this table that hold a subject's id."""
     out = {}
     for subject, refs in settings.dbt.subject_columns.items():
-        for ref in refs:
-            schema_table, _, column = ref.rpartition(".")
-            if schema_table == spec.table.qualified and lake_column(column) in spec.pg_types:
+        for ref in refs:  # this table's columns: as SourceTable.column_ref splits, by the table's name
+            column = ref.removeprefix(spec.table.qualified + ".")
+            if column != ref and lake_column(column) in spec.pg_types:
                 out[lake_column(column)] = subject
     return out
 

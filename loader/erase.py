@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
+from loader.lake.catalog import history_source_tables
 from loader.lake.commits import ensure_loader_tables
 from loader.lake.erased import ERASED_KEYS_DDL, PROP_SALT, value_hash
 from loader.lake.iceberg import (
@@ -123,16 +124,13 @@ def resolve(
                 f"no columns are configured for subject type {kind!r}",
                 hint='set dbt.subject_columns, e.g. {"customer": ["public.customers.customer_id"]}',
             )
-        out = []
-        for ref in refs:
-            qualified, _, column = ref.rpartition(".")
-            out.append(Target(SourceTable.parse(qualified), column, value))
-        return kind, out
+        known = history_source_tables(settings)
+        return kind, [Target(*SourceTable.column_ref(ref, known), value) for ref in refs]
     if table and key:
         column, sep, value = key.partition("=")
         if not sep:
             raise ConfigError(f"--key {key!r} is not column=value", hint="e.g. --key customer_id=123")
-        return f"{table}.{column}", [Target(SourceTable.parse(table), column, value)]
+        return f"{table}.{column}", [Target(SourceTable.among(table, history_source_tables(settings)), column, value)]
     raise ConfigError("name a subject", hint="use --subject type=value, or --table schema.table --key column=value")
 
 

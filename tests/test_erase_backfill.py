@@ -24,6 +24,7 @@ from loader.verify import normalize
 from tests.harness import Env
 from tests.oracle import assert_no_duplicate_positions
 
+ACCOUNTS = '"crm.v2".accounts'  # a schema with a dot in its name
 BIG = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
 
 
@@ -82,31 +83,34 @@ def lake_roots(env: Env) -> list[Path]:
 
 
 def test_erase_a_subject_from_every_file_and_keep_it_erased(env: Env) -> None:
+    """The accounts table's schema has a dot in its name: the subject's column reference
+    ``crm.v2.accounts.customer_id`` names it by the lake's tables, not by its first dot."""
     from loader.dbt import invoke_dbt
 
     token = uuid.uuid4().hex
     email, bio = f"erase-me-{token}@example.org", f"BIO{token}"
     env.configure(
         "dbt",
-        subject_columns={"customer": ["public.customers.customer_id", "public.accounts.customer_id"]},
+        subject_columns={"customer": ["public.customers.customer_id", "crm.v2.accounts.customer_id"]},
         analytics_namespace=f"a_{env.uid}",
     )
     env.sql("CREATE TABLE public.customers (customer_id int PRIMARY KEY, email text, bio text)")
-    env.sql("CREATE TABLE public.accounts (account_id int PRIMARY KEY, customer_id int, note text)")
-    env.sql("ALTER TABLE public.accounts REPLICA IDENTITY FULL")
+    env.sql('CREATE SCHEMA "crm.v2"')
+    env.sql('CREATE TABLE "crm.v2".accounts (account_id int PRIMARY KEY, customer_id int, note text)')
+    env.sql(f"ALTER TABLE {ACCOUNTS} REPLICA IDENTITY FULL")
     env.capture()
     env.sql(f"INSERT INTO public.customers SELECT g, 'c' || g || '@example.org', {BIG} FROM generate_series(1, 5) g")
     env.sql(f"UPDATE public.customers SET email = '{email}', bio = '{bio}' || {BIG} WHERE customer_id = 3")
-    env.sql("INSERT INTO public.accounts SELECT g, 1 + g % 5, 'note ' || g FROM generate_series(10, 19) g")
-    env.sql(f"UPDATE public.accounts SET note = 'for {email}' WHERE customer_id = 3")
+    env.sql(f"INSERT INTO {ACCOUNTS} SELECT g, 1 + g % 5, 'note ' || g FROM generate_series(10, 19) g")
+    env.sql(f"UPDATE {ACCOUNTS} SET note = 'for {email}' WHERE customer_id = 3")
     env.sql("UPDATE public.customers SET email = email || '.v2' WHERE customer_id = 3")  # bio unchanged: TOAST not sent
-    env.sql("UPDATE public.accounts SET note = 'moved on' WHERE customer_id = 3")  # FULL: the old row holds the email
+    env.sql(f"UPDATE {ACCOUNTS} SET note = 'moved on' WHERE customer_id = 3")  # FULL: the old row holds the email
     env.run_all()
     first = ChangePosition.from_token(watermark(env.spark, env.names.ledger, SUMMARY_LOADED_THROUGH)).commit_lsn  # type: ignore[arg-type]
     res = invoke_dbt(env.settings, ["build", "--exclude", "test_type:data"])
     assert res.success, res
     # The erasure request: the subject is deleted at the source, then from the lake.
-    env.sql("DELETE FROM public.accounts WHERE customer_id = 3")
+    env.sql(f"DELETE FROM {ACCOUNTS} WHERE customer_id = 3")
     env.sql("DELETE FROM public.customers WHERE customer_id = 3")
     env.run_all()
     last = ChangePosition.from_token(watermark(env.spark, env.names.ledger, SUMMARY_LOADED_THROUGH)).commit_lsn  # type: ignore[arg-type]
@@ -136,7 +140,7 @@ def test_erase_a_subject_from_every_file_and_keep_it_erased(env: Env) -> None:
         shutil.copy(f, env.tmp / "landing" / env.settings.source.slot / f.name)
     replay = Backfill(env.spark, env.settings).replay(first - 1, last)
     assert not replay.appended, replay.summary()
-    for table in ("public.customers", "public.accounts"):
+    for table in ("public.customers", "crm.v2.accounts"):
         hist = env.history(table)
         assert hist.where("customer_id = 3").count() == 0
         assert hist.where('pg_old_key LIKE \'%"customer_id":"3"%\'').count() == 0

@@ -110,3 +110,25 @@ def test_a_trailing_newline_is_never_plain() -> None:
 
     assert encode_part("orders\n").startswith("_")
     assert LandingFile.parse("0000000000000001.0000000001_0000000000000001.0000000002_c.jsonl.gz\n") is None
+
+
+@given(st.text(min_size=1, max_size=12), st.text(min_size=1, max_size=12), st.text(min_size=1, max_size=12))
+def test_a_column_reference_splits_by_the_lake_s_tables_whatever_dots_the_names_hold(
+    schema: str, table: str, column: str
+) -> None:
+    """``schema.table.column`` names the column of the lake's table its text starts with, so a dot
+    inside any of the three names does not move the split (``dbt.subject_columns``, ``loader erase``)."""
+    from loader.errors import UsageError
+    from loader.lake.tables import SourceTable
+
+    t = SourceTable(schema, table)
+    others = [SourceTable("public", "other"), SourceTable(f"{schema}.x", "y")]
+    ref = f"{schema}.{table}.{column}"
+    rivals = [o for o in others if ref.startswith(o.qualified + ".") and len(ref) > len(o.qualified) + 1]
+    if rivals:  # another lake table spells a prefix of the same text: refused, never guessed
+        with pytest.raises(UsageError, match="names 2 columns"):
+            SourceTable.column_ref(ref, [t, *others])
+    else:
+        assert SourceTable.column_ref(ref, [t, *others]) == (t, column)
+    if "." not in schema + table + column:  # not in the lake yet: the dots split as written
+        assert SourceTable.column_ref(ref, others) == (t, column)

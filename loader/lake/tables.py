@@ -146,6 +146,26 @@ class SourceTable:
         return matches[0] if matches else cls.parse(qualified)
 
     @classmethod
+    def column_ref(cls, ref: str, known: list[SourceTable]) -> tuple[SourceTable, str]:
+        """(table, column) of a ``schema.table.column`` reference (``dbt.subject_columns``): the
+        table is the one of ``known`` whose name the reference starts with, so a dot inside a schema's,
+        table's or column's name does not move the split; none: the last dot splits. Two: UsageError."""
+        from loader.errors import UsageError
+
+        splits = [(t, ref[len(t.qualified) + 1 :]) for t in known if ref.startswith(t.qualified + ".")]
+        splits = [(t, c) for t, c in splits if c]
+        if len(splits) > 1:
+            named = " and ".join(f'column "{c}" of "{t.schema}"."{t.table}"' for t, c in splits)
+            raise UsageError(
+                f"{ref!r} names {len(splits)} columns ({named})",
+                hint="rename one at the source so that no two columns spell the same schema.table.column",
+            )
+        if splits:
+            return splits[0]
+        qualified, _, column = ref.rpartition(".")
+        return cls.parse(qualified), column
+
+    @classmethod
     def parse(cls, qualified: str) -> SourceTable:
         """``schema.table`` as users type it (the first dot separates; quote-free)."""
         schema, dot, table = qualified.partition(".")
