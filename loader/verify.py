@@ -731,10 +731,12 @@ def reconcile(
 _ABSENT_COUNT_MAX = 1_000_000
 
 
-def _captured_without_history(conn: Any, settings: LoaderSettings, have: set[str]) -> list[tuple[SourceTable, int]]:
+def _captured_without_history(
+    conn: Any, settings: LoaderSettings, have: set[str], limit: int = _ABSENT_COUNT_MAX
+) -> list[tuple[SourceTable, int]]:
     """The tables capture captures (its own plan: include/exclude, readable by the role, in the
     publication for pgoutput) that hold rows at the cut but have no history table: (table, rows,
-    counted up to ``_ABSENT_COUNT_MAX``)."""
+    counted up to ``limit``: 1 asks only whether it holds any)."""
     from loader.capture.source_filter import captured_plan
     from loader.capture.source_tables import split_qualified
 
@@ -746,7 +748,7 @@ def _captured_without_history(conn: Any, settings: LoaderSettings, have: set[str
             sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS s").format(
                 sql.Identifier(table.schema, table.table)
             ),
-            (_ABSENT_COUNT_MAX,),
+            (limit,),
         ).fetchone()
         if row and row[0]:
             out.append((table, int(row[0])))
@@ -759,8 +761,9 @@ def _absent_from_lake(
     absent: list[tuple[SourceTable, int]],
     cut: int | None,
     land: Callable[[int], None] | None,
+    limit: int = _ABSENT_COUNT_MAX,
 ) -> list[Reconciliation]:
-    """Results for captured tables with rows and no history table: every row missing (never
+    """Results for captured tables with rows and no history table (counted up to ``limit``): every row missing (never
     snapshotted, say, so none of its rows reached the lake), unless its changes are on their way
     (in landing files not loaded yet, once what committed before the cut is landed): lag, left out.
     When what committed before the cut cannot be landed, nothing is judged."""
@@ -780,9 +783,9 @@ def _absent_from_lake(
         if any(_table_in_landing(store, f.name, table) for f in pending):
             continue
         res = Reconciliation(table.qualified, source_rows=rows, missing=rows, source=table)
-        more = "+" if rows >= _ABSENT_COUNT_MAX else ""
+        counted = f"at least {rows:,} source row{'s' if rows > 1 else ''}" if rows >= limit else f"{rows:,} source rows"
         res.note = (
-            f"captured, but the lake holds no history of it: {rows:,}{more} source rows missing (rows that "
+            f"captured, but the lake holds no history of it: {counted} missing (rows that "
             f"were there before capture began are only landed by a snapshot); run 'loader resync --table "
             f"{table.qualified}'"
         )
@@ -1154,15 +1157,17 @@ class RollingVerifier:
     def _absent(self, catalog: Any, have: set[str]) -> list[Reconciliation]:
         """Results for the captured tables with rows and no history table (see reconcile): counted
         now, then judged after landing what committed before the current position (follow mode's
-        capture thread lands it), so rows just committed and not landed yet are not reported."""
+        capture thread lands it), so rows just committed and not landed yet are not reported.
+        Whether such a table holds rows is all a round asks (one row read, not a count: a big table
+        never snapshotted would otherwise be counted every round until it is repaired)."""
         from loader.lsn import parse_lsn
 
         with slots.connect(self.settings.source.conninfo()) as conn:
-            absent = _captured_without_history(conn, self.settings, have)
+            absent = _captured_without_history(conn, self.settings, have, limit=1)
             row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         if not absent or not row:
             return []
-        return _absent_from_lake(self.settings, catalog, absent, parse_lsn(str(row[0])), self.land)
+        return _absent_from_lake(self.settings, catalog, absent, parse_lsn(str(row[0])), self.land, limit=1)
 
     def _log_keys(self, catalog: Any, res: Reconciliation) -> None:
         """The judged differences' keys in ``verify_log`` (never values: a keyless row as its md5)."""
