@@ -133,6 +133,11 @@ class Snapshot:
         self.settings = settings
         self.store = store or open_landing(settings)
         self.requested = tables
+        # A stored generated column is computed by PostgreSQL: wal2json prints it with every row,
+        # pgoutput never sends it (PostgreSQL 15-17, and 18 unless the publication asks), so an
+        # update of its base column would leave the lake's copy stale. With pgoutput the lake holds
+        # no generated column at all (dbt computes them where wanted), the snapshot's rows neither.
+        self._generated = settings.source.plugin != "pgoutput"
         self.on_published = on_published
         self.chunk_rows = chunk_rows or settings.source.snapshot_chunk_rows
         self.filter = TableFilter(settings.source.include, settings.source.exclude)
@@ -358,7 +363,7 @@ class Snapshot:
         cp = pos + 1
         writer = LandingWriter(self.store, self.chunk_rows)
         try:
-            for i, qualified, schema, name, cols, key in _readable(reader, tables):
+            for i, qualified, schema, name, cols, key in _readable(reader, tables, self._generated):
                 # Every record of this table in the snapshot's one transaction, just before the consistent point.
                 record = partial(
                     ChangeRecord,
@@ -431,7 +436,7 @@ class Snapshot:
         commit_seq: int | None = None
         last_table = len(tables) - 1
         with _adbc_reader(self.settings.source.conninfo(), str(snapshot_name[0])) as cur:
-            for i, qualified, schema, name, cols, key in _readable(reader, tables):
+            for i, qualified, schema, name, cols, key in _readable(reader, tables, self._generated):
                 query, _ = self._query(
                     reader, schema, name, cols, key, after_key if i == 0 else None, inline=True, native=True
                 )
@@ -684,15 +689,16 @@ def _adbc_reader(conninfo: str, snapshot_name: str) -> Iterator[Any]:
 
 
 def _readable(
-    reader: psycopg.Connection, tables: list[str]
+    reader: psycopg.Connection, tables: list[str], generated: bool
 ) -> Iterator[tuple[int, str, str, str, list[tuple[str, str]], list[str]]]:
     """The snapshot's tables as the reader sees them: (index, qualified name, schema, name,
-    columns, key); a table dropped since the snapshot was planned is left out."""
+    columns, key); a table dropped since the snapshot was planned is left out. Generated columns
+    only when ``generated`` (see ``Snapshotter._generated``)."""
     for i, qualified in enumerate(tables):
         schema, name = split_qualified(reader, qualified)
         info = table_info(reader, schema, name)
         if info is not None:
-            yield i, qualified, schema, name, column_types(reader, schema, name), info.key
+            yield i, qualified, schema, name, column_types(reader, schema, name, generated), info.key
 
 
 def _chunks(batches: Any, rows: int) -> Iterator[tuple[Any, bool]]:

@@ -193,13 +193,14 @@ def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTable
     return found[0] if found else None
 
 
-def column_types(conn: psycopg.Connection, schema: str, table: str) -> list[tuple[str, str]]:
-    """(column, type) in column order, the type spelled as wal2json prints it (with typmod)."""
+def column_types(conn: psycopg.Connection, schema: str, table: str, generated: bool = True) -> list[tuple[str, str]]:
+    """(column, type) in column order, the type spelled as wal2json prints it (with typmod);
+    without generated columns unless ``generated`` (the stream of pgoutput never carries them)."""
     rows = conn.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
         " WHERE a.attrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass"
-        " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (schema, table),
+        " AND a.attnum > 0 AND NOT a.attisdropped AND (%s OR a.attgenerated = '') ORDER BY a.attnum",
+        (schema, table, generated),
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
 
