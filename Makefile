@@ -74,7 +74,8 @@ soak: deps venv
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_SOAK=1 LOADER_KILL_POINTS=all LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/pytest -s -p no:warnings tests/test_soak.py \
-		"tests/e2e/test_crash_and_overlap.py::test_kill_anywhere_then_rerun"
+		"tests/e2e/test_crash_and_overlap.py::test_kill_anywhere_then_rerun" \
+		"tests/e2e/test_s3_outage.py::test_warehouse_outage_inside_spark_is_a_bounded_transient_outage"
 
 # Fuzz: seeded source workloads (every key kind, type, DML and DDL form, killed and overlapping runs)
 # with the oracles after every loader run (tests/fuzz). A failure prints its seed and the SQL that

@@ -89,6 +89,14 @@ class S3Settings(_Section):
     secret_access_key: SecretStr | None = None
     region: str = "us-east-1"
     path_style: bool = True
+    # Spark's S3A client (a warehouse on S3): tries of one request and how long a connection or a
+    # response may take, so that an S3 outage fails a Spark stage within minutes, as a transient
+    # error (the next run or follow cycle tries again), instead of hanging for hours in nested
+    # retries (S3A's defaults: 20 SDK attempts inside 7 S3A retries, reads waiting up to 200 s).
+    # Any fs.s3a.* key in spark.conf still overrides these.
+    jvm_request_attempts: int = Field(default=3, ge=1)
+    jvm_connect_timeout_s: float = Field(default=5.0, gt=0)
+    jvm_read_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class SourceSettings(_Redacted):

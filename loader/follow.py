@@ -171,9 +171,10 @@ class Follower:
             self._wake.wait(wait)
 
     def _outage(self, step: str, exc: BaseException) -> bool:
-        """True when ``exc`` is an outage of the source or the catalog database: logged and counted,
-        and the step is tried again on its next turn (follow mode never exits for one)."""
-        from loader.retry import outage, outage_server
+        """True when ``exc`` is an outage of the source or the catalog database, or of the warehouse
+        inside Spark: logged and counted, and the step is tried again on its next turn (follow mode
+        never exits for one)."""
+        from loader.retry import outage, outage_server, server_phrase
 
         what = outage(exc)
         if what is None:
@@ -181,7 +182,7 @@ class Follower:
         server, where = outage_server(exc, self.settings)
         self.metrics.outages.labels(server=server).inc()
         log.warning(
-            "%s will retry: the %s database %s is unavailable (%s)", step, server, where, what, extra={"server": server}
+            "%s will retry: %s is unavailable (%s)", step, server_phrase(server, where), what, extra={"server": server}
         )
         return True
 

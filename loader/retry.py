@@ -31,6 +31,7 @@ from loader.errors import (
     LandingUnavailableError,
     SourceUnavailableError,
     TransientError,
+    WarehouseUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -93,8 +94,18 @@ _JAVA_NETWORK = frozenset(
         "java.net.NoRouteToHostException",
         "java.net.SocketTimeoutException",
         "java.io.EOFException",
+        # Apache HttpClient's (the AWS SDK's transport): subclasses of the above, named apart.
+        "org.apache.http.conn.HttpHostConnectException",
+        "org.apache.http.conn.ConnectTimeoutException",
+        "org.apache.http.NoHttpResponseException",
+        # S3A's translations of an object store that is failing or throttling (after its retries).
+        "org.apache.hadoop.fs.s3a.AWSStatus500Exception",
+        "org.apache.hadoop.fs.s3a.AWSServiceThrottledException",
+        "org.apache.hadoop.fs.s3a.AWSNoResponseException",
     }
 )
+# Where a Java exception chain comes from the object store (S3A, the AWS SDK): the warehouse.
+_JAVA_OBJECT_STORE = ("org.apache.hadoop.fs.s3a.", "com.amazonaws.", "software.amazon.awssdk.")
 
 
 def _sqlstate_outage(state: str | None) -> bool:
@@ -138,9 +149,24 @@ def _java_outage(jexc: Any) -> str | None:
     return None
 
 
+def _java_classes(jexc: Any) -> list[str]:
+    """The class names along a Java exception chain (a py4j handle)."""
+    names: list[str] = []
+    for _ in range(20):
+        if jexc is None:
+            break
+        try:
+            names.append(str(jexc.getClass().getName()))
+            jexc = jexc.getCause()
+        except Exception:  # the JVM itself is gone
+            break
+    return names
+
+
 def outage(exc: BaseException) -> str | None:
-    """What went wrong, when ``exc`` (or what caused it) is an outage of a PostgreSQL server: the
-    source or the catalog database refusing, resetting, restarting, failing over or full; else None."""
+    """What went wrong, when ``exc`` (or what caused it) is an outage of a server the loader needs:
+    the source or the catalog database refusing, resetting, restarting, failing over or full, or the
+    warehouse's object store not answering inside Spark (S3A); else None."""
     try:
         import psycopg
     except ImportError:  # pragma: no cover - a dependency
@@ -163,11 +189,15 @@ def outage(exc: BaseException) -> str | None:
 
 
 def outage_server(exc: BaseException, settings: LoaderSettings) -> tuple[str, str]:
-    """(``source`` or ``catalog``, the redacted address) of the server an outage is about."""
+    """(``source``, ``catalog`` or ``warehouse``, the redacted address) of the server an outage is about."""
     from psycopg.conninfo import conninfo_to_dict
 
     from loader.config import redact
 
+    for e in _causes(exc):
+        jexc = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+        if jexc is not None and any(n.startswith(_JAVA_OBJECT_STORE) for n in _java_classes(jexc)):
+            return "warehouse", redact(settings.catalog.warehouse)
     for e in _causes(exc):
         if isinstance(e, SourceUnavailableError):
             return "source", redact(settings.source.dsn)
@@ -198,13 +228,21 @@ def outage_server(exc: BaseException, settings: LoaderSettings) -> tuple[str, st
 def unavailable(exc: BaseException, settings: LoaderSettings, attempts: int, seconds: float) -> TransientError:
     """The error a command ends with after an outage outlasted its retries (exit status 75)."""
     server, where = outage_server(exc, settings)
-    cls = SourceUnavailableError if server == "source" else CatalogUnavailableError
+    cls = {"source": SourceUnavailableError, "warehouse": WarehouseUnavailableError}.get(
+        server, CatalogUnavailableError
+    )
+    check = {"source": "LOADER_SOURCE__DSN", "warehouse": "LOADER_CATALOG__WAREHOUSE and LOADER_S3__ENDPOINT_URL"}
     return cls(
-        f"the {server} database {where} is unavailable: {outage(exc)} (after {attempts} attempts over {seconds:.0f} s)",
+        f"{server_phrase(server, where)} is unavailable: {outage(exc)} (after {attempts} attempts over {seconds:.0f} s)",
         hint="nothing was marked done; re-run when it is back (if it persists, check "
-        + ("LOADER_SOURCE__DSN" if server == "source" else "LOADER_CATALOG__URI")
+        + check.get(server, "LOADER_CATALOG__URI")
         + " and the server)",
     )
+
+
+def server_phrase(server: str, where: str) -> str:
+    """``the source database <dsn>``, ``the warehouse s3://...``: how messages name a server."""
+    return f"the warehouse {where}" if server == "warehouse" else f"the {server} database {where}"
 
 
 def through_outages(fn: Callable[[], T], settings: Callable[[], LoaderSettings]) -> T:
@@ -229,9 +267,8 @@ def through_outages(fn: Callable[[], T], settings: Callable[[], LoaderSettings])
         assert exc is not None
         server, where = outage_server(exc, settings())
         log.warning(
-            "the %s database %s is unavailable (%s), attempt %d of %d; retrying",
-            server,
-            where,
+            "%s is unavailable (%s), attempt %d of %d; retrying",
+            server_phrase(server, where),
             outage(exc),
             state.attempt_number,
             settings().retry.attempts,

@@ -167,6 +167,14 @@ def spark_conf(settings: LoaderSettings, reveal: bool = True) -> dict[str, str]:
             conf[h + "connection.ssl.enabled"] = str(s3.endpoint_url.startswith("https")).lower()
         conf[h + "path.style.access"] = str(s3.path_style).lower()
         conf[h + "endpoint.region"] = s3.region
+        # Bounded retries (see S3Settings): the SDK's attempts of one request, then S3A's own
+        # retries of the failed operation, then the error reaches the loader's retry policy.
+        conf[h + "attempts.maximum"] = str(s3.jvm_request_attempts - 1)  # the SDK counts retries
+        conf[h + "retry.limit"] = str(s3.jvm_request_attempts)
+        conf[h + "retry.interval"] = "500ms"
+        conf[h + "retry.throttle.limit"] = str(max(s3.jvm_request_attempts, 5))
+        conf[h + "connection.establish.timeout"] = str(int(s3.jvm_connect_timeout_s * 1000))
+        conf[h + "connection.timeout"] = str(int(s3.jvm_read_timeout_s * 1000))
         if s3.access_key_id:
             conf[h + "access.key"] = s3.access_key_id
             secret = secret_text(s3.secret_access_key) or ""
