@@ -17,9 +17,13 @@ from loader.landing.state import SLOT_STATE
 from loader.landing.store import LandingFile, LandingStore
 from loader.lsn import format_lsn, parse_lsn
 
-# Session settings that make wal2json's text output deterministic (UTC offsets, ISO dates,
-# shortest-exact floats), whatever the server defaults are.
-SESSION_OPTIONS = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3"
+# Session settings that make the text output of values deterministic (UTC offsets, ISO dates,
+# shortest-exact floats, hex bytea), whatever the server's, the database's or the role's defaults
+# are: decoding runs in the loader's session (or its walsender), so a DBA's ALTER DATABASE ... SET
+# bytea_output = 'escape' would otherwise change every bytea the plugin prints.
+SESSION_OPTIONS = (
+    "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
+)
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:

@@ -660,6 +660,7 @@ _ADBC_SESSION = (
     "SET DateStyle = 'ISO, YMD'",
     "SET IntervalStyle = 'postgres'",
     "SET extra_float_digits = 3",
+    "SET bytea_output = 'hex'",
     "SET client_encoding = 'UTF8'",
 )
 

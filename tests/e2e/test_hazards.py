@@ -638,3 +638,41 @@ def test_generated_columns_follow_their_base_columns(env: Env, plugin: str) -> N
     env.sql("UPDATE public.g SET x = x + 100 WHERE id IN (2, 6)")
     env.run_all()
     env.assert_reconciled()
+
+
+@pytest.mark.parametrize("plugin", ["wal2json", "pgoutput"])
+def test_the_database_s_own_output_settings_do_not_change_the_lake_s_values(env: Env, plugin: str) -> None:
+    """A DBA's ALTER DATABASE ... SET of an output setting (bytea_output escape, a DateStyle, an
+    IntervalStyle) applies to every new session, the loader's and the walsender's: the text form
+    of the values changes, no row does. The lake's values stay what they are under the defaults."""
+    if plugin == "pgoutput":
+        env.configure("source", plugin="pgoutput", publication=f"pub_{env.uid}")
+    db = env.sql("SELECT current_database()")[0][0]
+    env.sql(
+        "CREATE TABLE public.o (id int PRIMARY KEY, b bytea, d date, ts timestamp, tz timestamptz, iv interval, r real)"
+    )
+    row = (
+        "'\\x00ff5c27'::bytea, '2024-01-31', '2024-01-31 12:00:01.5', '2024-01-31 12:00:01.5+02', '1 day 02:00:03', 0.1"
+    )
+    env.sql(f"INSERT INTO public.o VALUES (1, {row})")
+    for setting, value in [
+        ("bytea_output", "escape"),
+        ("DateStyle", "SQL, DMY"),
+        ("IntervalStyle", "sql_standard"),
+        ("TimeZone", "America/New_York"),
+        ("extra_float_digits", "0"),
+    ]:
+        env.sql(f'ALTER DATABASE "{db}" SET {setting} = {value!r}')
+    try:
+        env.capture()
+        env.resync(["public.o"])
+        env.sql(f"INSERT INTO public.o VALUES (2, {row})")
+        env.sql("UPDATE public.o SET b = b || '\\x01'::bytea WHERE id = 1")
+        env.run_all()
+        env.assert_reconciled()
+        rows = {r["id"]: r for r in env.current("public.o").collect()}
+        assert bytes(rows[2]["b"]) == b"\x00\xff\x5c\x27" and bytes(rows[1]["b"]) == b"\x00\xff\x5c\x27\x01"
+        assert str(rows[2]["d"]) == "2024-01-31" and rows[1]["d"] == rows[2]["d"]
+        assert rows[1]["tz"] == rows[2]["tz"] and rows[1]["iv"] == rows[2]["iv"] == "1 day 02:00:03"
+    finally:
+        env.sql(f'ALTER DATABASE "{db}" RESET ALL')
