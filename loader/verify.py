@@ -34,6 +34,7 @@ from psycopg import sql
 
 from loader import canonical
 from loader.capture import slot as slots
+from loader.capture.source_tables import stored_rows
 from loader.config import LoaderSettings
 from loader.errors import SourceError
 from loader.lake.catalog import open_catalog, row_count, scan_batches, watermark
@@ -214,9 +215,7 @@ def _source_rows(conn: Any, table: SourceTable, pg_types: dict[str, str]) -> lis
             cols.append(sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE concat({0}) END AS {0}").format(ident))
         else:
             cols.append(ident)
-    query = sql.SQL("SELECT {} FROM {}.{}").format(
-        sql.SQL(", ").join(cols), sql.Identifier(table.schema), sql.Identifier(table.table)
-    )
+    query = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(cols), stored_rows(conn, table.schema, table.table))
     cur = conn.cursor()
     cur.execute(query)
     names = [d.name for d in cur.description]
@@ -386,7 +385,7 @@ def _source_checksums(
     kept = where if params else sql.SQL("true")
     query = sql.SQL(
         "SELECT _b, count(*) FILTER (WHERE _k), sum(CASE WHEN _k THEN {} END), count(*) FILTER (WHERE NOT _k)"
-        " FROM (SELECT *, {} AS _b, {} AS _k FROM (SELECT {} FROM {}.{} OFFSET 0) AS _r OFFSET 0) AS _s"
+        " FROM (SELECT *, {} AS _b, {} AS _k FROM (SELECT {} FROM {} OFFSET 0) AS _r OFFSET 0) AS _s"
         " GROUP BY _b"
     ).format(
         canonical.source_row_hash_sql(list(alias.values()))
@@ -397,8 +396,7 @@ def _source_checksums(
         sql.SQL(", ").join(
             sql.SQL("{} AS {}").format(canonical.source_text(c, t), alias[c]) for c, t in columns.items()
         ),
-        sql.Identifier(table.schema),
-        sql.Identifier(table.table),
+        stored_rows(conn, table.schema, table.table),
     )
     counts = np.zeros(1 << bits, np.int64)
     sums = np.zeros(1 << bits, np.int64)
@@ -442,10 +440,9 @@ def _drill(
     keys = {k: columns[k] for k in pk}
     names = list(columns)
     where, params = _skip_sql(keys, skipped)
-    query = sql.SQL("SELECT {} FROM {}.{} WHERE {} = ANY(%s){}").format(
+    query = sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s){}").format(
         sql.SQL(", ").join(canonical.source_piece(c, t) for c, t in columns.items()),
-        sql.Identifier(table.schema),
-        sql.Identifier(table.table),
+        stored_rows(conn, table.schema, table.table),
         canonical.source_bucket_sql(canonical.source_row_text(keys), bits),
         sql.SQL(" AND ") + where if params else sql.SQL(""),
     )
@@ -545,8 +542,8 @@ def _reconcile_keyless(
 
     wanted = differing.tolist()
     row_text = canonical.source_row_text(columns)
-    query = q.SQL("SELECT {} FROM {}.{} WHERE {} = ANY(%s)").format(
-        row_text, q.Identifier(table.schema), q.Identifier(table.table), canonical.source_bucket_sql(row_text, bits)
+    query = q.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
+        row_text, stored_rows(conn, table.schema, table.table), canonical.source_bucket_sql(row_text, bits)
     )
     counts: Counter[str] = Counter(r[0] for r in conn.execute(query, (wanted,)))
     wanted_set = set(wanted)
@@ -746,7 +743,7 @@ def _captured_without_history(
         table = SourceTable(*split_qualified(conn, qualified))
         row = conn.execute(
             sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS s").format(
-                sql.Identifier(table.schema, table.table)
+                stored_rows(conn, table.schema, table.table)
             ),
             (limit,),
         ).fetchone()

@@ -49,7 +49,7 @@ from psycopg import sql
 
 from loader.capture import slot as slots
 from loader.capture.source_filter import TableFilter, current_role, plan_source, read_relations
-from loader.capture.source_tables import column_types, list_tables, split_qualified, table_info
+from loader.capture.source_tables import column_types, list_tables, split_qualified, stored_rows, table_info
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, LandingError, LoaderError, UsageError
 from loader.lake.tables import unknown_tables
@@ -326,7 +326,7 @@ class Snapshot:
             ).format(sql.Identifier(c), sql.Identifier(f"_c{j}"))
             for j, (c, t) in enumerate(cols)
         )
-        query = sql.SQL("SELECT {} FROM {}.{} AS _t").format(select, sql.Identifier(schema), sql.Identifier(name))
+        query = sql.SQL("SELECT {} FROM {} AS _t").format(select, stored_rows(conn, schema, name))
         params: list[Any] = []
         if key:
             if after_key is not None:

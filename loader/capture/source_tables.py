@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from loader.lake.tables import SourceTable
 
@@ -191,6 +192,19 @@ def table_info(conn: psycopg.Connection, schema: str, table: str) -> SourceTable
     """Facts of one table, a partition included (its changes arrive under its own name)."""
     found = list_tables(conn, schema, table, partitions="leaf") or list_tables(conn, schema, table, partitions="root")
     return found[0] if found else None
+
+
+def stored_rows(conn: psycopg.Connection, schema: str, table: str) -> sql.Composed:
+    """The FROM item that reads exactly the rows the stream counts as ``schema.table``'s: ``ONLY``
+    the table, because a plain SELECT of a table with inheritance children (``INHERITS``) also
+    returns the children's rows, whose changes the WAL attributes to the children; the whole tree of
+    a partitioned table (``ONLY`` would read nothing: its partitions hold its rows)."""
+    row = conn.execute(
+        "SELECT c.relkind = 'p' FROM pg_class c WHERE c.oid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass",
+        (schema, table),
+    ).fetchone()
+    ident = sql.Identifier(schema, table)
+    return sql.SQL("{}").format(ident) if row and row[0] else sql.SQL("ONLY {}").format(ident)
 
 
 def column_types(conn: psycopg.Connection, schema: str, table: str, generated: bool = True) -> list[tuple[str, str]]:
