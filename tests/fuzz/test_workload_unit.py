@@ -77,6 +77,7 @@ FIXED_SQL = {
     "truncate_resync": r"(?m)^(TRUNCATE|VACUUM FULL) ",
     "retype_numeric_unconstrained": r"(?m)ALTER COLUMN \S+ TYPE numeric;?$",
     "datetime_infinity": r"'-?infinity'",
+    "database_output_settings": r"ALTER DATABASE %I SET bytea_output",
 }
 
 

@@ -37,6 +37,14 @@ KNOWN_GAPS: dict[str, str] = {
 # schema ``fz.other`` everywhere (by the source's catalog or the lake's tables, never the first dot).
 SCHEMAS = ("public", "fz.other")
 AUDIT_SCHEMA = "fz_audit"
+# Settings that change how values print (see generate).
+OUTPUT_SETTINGS = [
+    ("bytea_output", "escape"),
+    ("DateStyle", "SQL, DMY"),
+    ("IntervalStyle", "sql_standard"),
+    ("TimeZone", "Asia/Kolkata"),
+    ("extra_float_digits", "0"),
+]
 ENUM = "public.fz_mood"
 
 # --- steps ---------------------------------------------------------------------------------------
@@ -1053,6 +1061,18 @@ class Generator:
             f" INSERT INTO {AUDIT_SCHEMA}.changes (tbl, op) VALUES (TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 'truncate');"
             " RETURN NULL; END $$",
         )
+        if rng.random() < 0.4:
+            # A DBA's defaults for every new session, the loader's and its walsender's included:
+            # the text the plugin prints for values changes, no row does.
+            picked = rng.sample(OUTPUT_SETTINGS, rng.randint(1, len(OUTPUT_SETTINGS)))
+            self.sql(
+                "the database's own output settings (ALTER DATABASE ... SET)",
+                "DO $$ BEGIN "
+                + " ".join(
+                    f"EXECUTE format('ALTER DATABASE %I SET {k} = %L', current_database(), '{v}');" for k, v in picked
+                )
+                + " END $$",
+            )
         kinds = [*TABLE_KINDS, "deferrable"]
         rng.shuffle(kinds)
         kinds = kinds[: self.n_tables]
