@@ -18,11 +18,13 @@ from loader.landing.store import LandingFile, LandingStore
 from loader.lsn import format_lsn, parse_lsn
 
 # Session settings that make the text output of values deterministic (UTC offsets, ISO dates,
-# shortest-exact floats, hex bytea), whatever the server's, the database's or the role's defaults
-# are: decoding runs in the loader's session (or its walsender), so a DBA's ALTER DATABASE ... SET
-# bytea_output = 'escape' would otherwise change every bytea the plugin prints.
+# shortest-exact floats, hex bytea, money in the C locale's form), whatever the server's, the
+# database's or the role's defaults are: decoding runs in the loader's session (or its walsender),
+# so a DBA's ALTER DATABASE ... SET bytea_output = 'escape' would otherwise change every bytea the
+# plugin prints.
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
+    " -c lc_monetary=C"
 )
 
 

@@ -661,6 +661,7 @@ _ADBC_SESSION = (
     "SET IntervalStyle = 'postgres'",
     "SET extra_float_digits = 3",
     "SET bytea_output = 'hex'",
+    "SET lc_monetary = 'C'",
     "SET client_encoding = 'UTF8'",
 )
 
