@@ -35,8 +35,8 @@ from loader.capture.source_filter import (
     TableFilter,
     captured_plan,
     current_role,
-    may_select,
     publication_plan,
+    why_not_readable,
 )
 from loader.capture.source_tables import KeyLookup, split_qualified
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
@@ -1081,8 +1081,10 @@ class Capture:
             return True  # its table is unknown: the load must see it to park what may have lost a change
         if not self._captured(qualified):
             return False
-        if qualified not in self.source_plan.known and may_select(conn, qualified) is False:
-            why = f"skipped: role {self._role or current_role(conn)} lacks SELECT"
+        why = None
+        if qualified not in self.source_plan.known:
+            why = why_not_readable(conn, qualified, self._role or current_role(conn))
+        if why:
             self.source_plan.skipped[qualified] = result.skipped[qualified] = why
             return False
         return True

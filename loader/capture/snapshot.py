@@ -662,6 +662,7 @@ _ADBC_SESSION = (
     "SET extra_float_digits = 3",
     "SET bytea_output = 'hex'",
     "SET lc_monetary = 'C'",
+    "SET row_security = off",
     "SET client_encoding = 'UTF8'",
 )
 

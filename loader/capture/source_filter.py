@@ -98,6 +98,9 @@ class SourceRelation:
     selectable: bool  # the role may SELECT the captured table
     carries_changes: bool = True  # False: a partitioned table (its partitions carry the changes)
     has_identity: bool = True  # updates/deletes can be published (pgoutput refuses to publish otherwise)
+    # Row-level security would filter the role's reads of the captured table (PostgreSQL's own
+    # rule: row_security_active): a snapshot would read fewer rows than the stream describes.
+    row_security: bool = False
 
     @property
     def qualified(self) -> str:
@@ -143,8 +146,9 @@ def plan_source(
         plan.known.add(rel.logical)
         if not included(rel.logical):
             continue
-        if not rel.selectable:
-            plan.skipped[rel.logical] = f"skipped: role {role} lacks SELECT"
+        why = unreadable(role, rel.selectable, rel.row_security)
+        if why:
+            plan.skipped[rel.logical] = why
         else:
             plan.wanted.add(rel.logical)
     senders = [r for r in relations if r.carries_changes]
@@ -180,7 +184,8 @@ SELECT n.nspname, c.relname, c.relkind = 'r', c.relispartition,
        rn.nspname, r.relname,
        has_table_privilege(COALESCE(r.oid, c.oid), 'SELECT'),
        has_table_privilege(c.oid, 'SELECT'),
-       {HAS_IDENTITY_SQL}
+       {HAS_IDENTITY_SQL},
+       row_security_active(COALESCE(r.oid, c.oid))
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_class r ON c.relispartition AND r.oid = pg_partition_root(c.oid)
 LEFT JOIN pg_namespace rn ON rn.oid = r.relnamespace
@@ -193,17 +198,42 @@ ORDER BY 1, 2
 def read_relations(conn: psycopg.Connection, partitions: str = "root") -> list[SourceRelation]:
     """Every logged table of the source, with the captured table it counts as and the role's right."""
     out = []
-    for schema, name, is_table, is_partition, root_schema, root_name, root_select, own_select, ident in conn.execute(
-        _RELATIONS_SQL
-    ).fetchall():
+    for (
+        schema,
+        name,
+        is_table,
+        is_partition,
+        root_schema,
+        root_name,
+        root_select,
+        own_select,
+        ident,
+        rls,
+    ) in conn.execute(_RELATIONS_SQL).fetchall():
         if partitions == "root" and is_partition and root_name is not None:
             logical, selectable = f"{root_schema}.{root_name}", bool(root_select)
         elif partitions == "leaf" and not is_table:
             continue  # a partitioned table: its partitions are the tables
         else:
             logical, selectable = f"{schema}.{name}", bool(own_select)
-        out.append(SourceRelation(schema, name, logical, selectable, bool(is_table), bool(ident)))
+        out.append(SourceRelation(schema, name, logical, selectable, bool(is_table), bool(ident), bool(rls)))
     return out
+
+
+def unreadable(role: str, selectable: bool, row_security: bool) -> str | None:
+    """Why a table is not captured although the globs include it (None: it is). A role that
+    lacks SELECT cannot snapshot or verify it; one that row-level security filters would read
+    fewer rows than the stream describes (decoding ignores policies), silently: PostgreSQL's own
+    rule (``row_security_active``) decides, and every source session runs with ``row_security =
+    off``, so a read the policies would filter fails instead of returning less."""
+    if not selectable:
+        return f"skipped: role {role} lacks SELECT"
+    if row_security:
+        return (
+            f"skipped: row-level security hides rows from role {role} (give it BYPASSRLS, or capture as the "
+            "table's owner without FORCE ROW LEVEL SECURITY)"
+        )
+    return None
 
 
 def current_role(conn: psycopg.Connection) -> str:
@@ -211,15 +241,16 @@ def current_role(conn: psycopg.Connection) -> str:
     return str(row[0]) if row else "?"
 
 
-def may_select(conn: psycopg.Connection, qualified: str) -> bool | None:
-    """Whether the role may SELECT a table named now (``schema.table``); None if no such table."""
+def why_not_readable(conn: psycopg.Connection, qualified: str, role: str) -> str | None:
+    """:func:`unreadable` of a table named now (``schema.table``); None too if no such table."""
     schema, table = split_qualified(conn, qualified)
     row = conn.execute(
-        "SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+        "SELECT has_table_privilege(c.oid, 'SELECT'), row_security_active(c.oid) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s"
+        " AND c.relkind IN ('r', 'p')",
         (schema, table),
     ).fetchone()
-    return None if row is None else bool(row[0])
+    return None if row is None else unreadable(role, bool(row[0]), bool(row[1]))
 
 
 class TableFilter:

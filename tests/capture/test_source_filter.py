@@ -115,6 +115,39 @@ def test_a_table_the_role_may_not_select_never_lands_and_status_names_it(
     assert "skipped source tables" not in cli(settings, src.tmp, "status").output
 
 
+def test_a_table_row_level_security_filters_for_the_role_is_skipped_not_half_read(
+    src: Src, role: tuple[str, LoaderSettings]
+) -> None:
+    """Decoding ignores row-level security; a SELECT by a role the policies filter returns fewer
+    rows, silently: a snapshot would land part of the table, and verify (reading the same way)
+    would agree. PostgreSQL's rule (row_security_active) decides: such a table is skipped with the
+    reason, like one the role may not SELECT, and every source session runs with row_security =
+    off, so a read the policies would filter fails instead of returning less."""
+    name, settings = role
+    src.sql("CREATE TABLE orders (id int PRIMARY KEY, v text)")
+    src.sql("CREATE TABLE tenant_rows (id int PRIMARY KEY, tenant text, v text)")
+    src.sql("INSERT INTO tenant_rows VALUES (1, 'a', 'one'), (2, 'b', 'two')")
+    src.sql("ALTER TABLE tenant_rows ENABLE ROW LEVEL SECURITY")
+    src.sql("CREATE POLICY only_a ON tenant_rows USING (tenant = 'a')")
+    src.sql(f"GRANT SELECT ON orders, tenant_rows TO {name}")
+    first = cli(settings, src.tmp, "capture", "--snapshot")
+    assert first.exit_code == 0, first.output
+    why = f"skipped: row-level security hides rows from role {name}"
+    assert why in first.output and "public.tenant_rows" in first.output, first.output
+    src.sql("INSERT INTO tenant_rows VALUES (3, 'b', %s)", (MARK,))
+    src.sql("INSERT INTO orders VALUES (1, 'visible')")
+    res = Capture(settings).run()
+    assert res.skipped.get("public.tenant_rows", "").startswith(why), res.skipped
+    assert res.tables == {"public.orders"} and MARK.encode() not in landing_bytes(src)
+    with psycopg.connect(settings.source.dsn, options="-c row_security=off") as c, pytest.raises(psycopg.Error):
+        c.execute("SELECT count(*) FROM tenant_rows")  # what a read would do: refused, not filtered
+    # The role may read every row from now on: captured, resynced as a table included again.
+    src.sql(f"ALTER ROLE {name} BYPASSRLS")
+    res = cli(settings, src.tmp, "capture")
+    assert res.exit_code == 0 and "resynced: public.tenant_rows" in res.output, res.output
+    assert MARK.encode() in landing_bytes(src)
+
+
 def test_excluded_tables_are_not_decoded_for_the_loader(src: Src) -> None:
     src.sql("CREATE TABLE keep_a (id int PRIMARY KEY)")
     src.sql("CREATE TABLE noise (id int PRIMARY KEY, v text)")
