@@ -35,7 +35,7 @@ case "$cmd" in
       echo "postgres already running on 127.0.0.1:$PGPORT"; exit 0
     fi
     if ! as_owner "$PGBIN/pg_ctl" -D "$PGDATA_DIR" -l "$LOG" -w -t 60 start -o \
-      "-c listen_addresses=127.0.0.1 -p $PGPORT -k $PGHOST_DIR -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 -c max_connections=200 -c fsync=off -c full_page_writes=off -c shared_buffers=256MB" >/dev/null; then
+      "-c listen_addresses=127.0.0.1 -p $PGPORT -k $PGHOST_DIR -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 -c max_connections=200 -c max_prepared_transactions=10 -c fsync=off -c full_page_writes=off -c shared_buffers=256MB" >/dev/null; then
       if tail -n 20 "$LOG" 2>/dev/null | grep -q "Address already in use"; then
         holder="$(ss -Htlnp "sport = :$PGPORT" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -n 1)"
         echo "cannot start PostgreSQL: 127.0.0.1:$PGPORT is already in use${holder:+ by $holder}." >&2

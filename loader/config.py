@@ -118,6 +118,11 @@ class SourceSettings(_Redacted):
     max_changes_per_file: int = 50_000
     # Changes fetched from the slot per round trip of the server-side cursor.
     fetch_size: int = 5_000
+    # Creating a logical slot (the first capture, every resync's temporary slot) waits until every
+    # transaction in progress when it began has ended: a session left idle in a transaction, or a
+    # forgotten prepared transaction, holds it forever. Capture names them in a warning after 10 s
+    # (then every minute) and gives up after this many seconds, naming them (None: wait).
+    slot_create_timeout_s: float | None = Field(default=900.0, gt=0)
     # A capture whose backlog is at least this many MB of WAL has a fetcher process consume a
     # temporary copy of the slot in rounds (loader/capture/stream.py), so the server decodes the
     # next round while this process lands the last; smaller backlogs peek (the fetcher takes ~0.3 s

@@ -686,7 +686,9 @@ def reconcile(
         exported = None
         if at_cut and selected:
             name = f"{src.slot[:36]}_verify_{os.getpid()}_{secrets.token_hex(2)}"
-            exported = slots.create_slot_exporting_snapshot(src.conninfo(), name, temporary=True, plugin="pgoutput")
+            exported = slots.create_slot_exporting_snapshot(
+                src.conninfo(), name, temporary=True, plugin="pgoutput", timeout_s=src.slot_create_timeout_s
+            )
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             if exported is not None:

@@ -463,7 +463,9 @@ class Capture:
             plan = publication_plan(conn, self.settings)
             pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
             published = pgoutput.published_tables(conn, src.publication)
-        created_at = slots.create_slot(conn, src.slot, src.plugin)
+        created_at = slots.create_slot(
+            conn, src.slot, src.plugin, dsn=src.conninfo(), timeout_s=src.slot_create_timeout_s
+        )
         record_confirmed(self.store, src.slot, created_at)
         if src.plugin == "pgoutput" and published is not None:
             # What the publication listed as the slot began: a table a later sync adds (one created

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from loader import locks
 from loader.config import redact
-from loader.errors import SlotBusyError, SlotLostError, SlotMissingError, SourceError, SourceUnavailableError
+from loader.errors import (
+    LoaderError,
+    SlotBusyError,
+    SlotLostError,
+    SlotMissingError,
+    SourceError,
+    SourceUnavailableError,
+)
 from loader.landing.state import SLOT_STATE
 from loader.landing.store import LandingFile, LandingStore
 from loader.lsn import format_lsn, parse_lsn
@@ -142,12 +152,119 @@ def check_landed(info: SlotInfo | None, slot: str, store: LandingStore, files: S
     check_not_lost(info, slot, str(files[-1].last) if files else None, confirmed_by_us)
 
 
-def create_slot(conn: psycopg.Connection, slot: str, plugin: str = "wal2json") -> int:
-    """Create a logical slot with ``plugin``; returns its consistent point LSN."""
+log = logging.getLogger("loader.capture.slot")
+
+# Transactions a slot being created waits for: those that held a transaction id when it began
+# (sessions, walsenders) and prepared transactions (which outlive their sessions).
+_BLOCKERS_SQL = """
+SELECT 'pid ' || a.pid || ' (' || coalesce(a.usename, '?') || coalesce(', ' || nullif(a.application_name, ''), '')
+       || ', ' || coalesce(a.state, '?') || ', in a transaction since '
+       || to_char(a.xact_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC)'
+FROM pg_stat_activity a
+WHERE a.backend_xid IS NOT NULL AND a.pid <> %(creator)s AND a.xact_start <= %(since)s
+UNION ALL
+SELECT 'prepared transaction ' || quote_literal(p.gid) || ' (' || p.owner || ', prepared '
+       || to_char(p.prepared AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC)'
+FROM pg_prepared_xacts p WHERE p.prepared <= %(since)s
+ORDER BY 1
+"""
+_BLOCKERS_HINT = (
+    "a new logical slot waits until every transaction in progress when it began has ended: end them "
+    "(COMMIT or ROLLBACK in that session, ROLLBACK PREPARED 'gid' for a forgotten prepared transaction, or "
+    "SELECT pg_terminate_backend(pid)), or raise source.slot_create_timeout_s"
+)
+
+
+@dataclass
+class _SlotWait:
+    """Watches a slot's creation from a connection of its own: names the transactions it waits
+    for (a warning after ``first_report_s``, then every ``report_every_s``) and cancels it after
+    ``timeout_s``, keeping the names for the error."""
+
+    dsn: str
+    creator: int
+    slot: str
+    timeout_s: float | None
+    first_report_s: float = 10.0
+    report_every_s: float = 60.0
+    timed_out: list[str] | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            with connect(self.dsn) as conn:
+                since = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+                report_at = self.first_report_s
+                while not self.stop.wait(0.5):
+                    waited = time.monotonic() - started
+                    if self.timeout_s is not None and waited >= self.timeout_s:
+                        self.timed_out = self._blockers(conn, since)
+                        conn.execute("SELECT pg_cancel_backend(%s)", (self.creator,))
+                        return
+                    if waited >= report_at:
+                        report_at += self.report_every_s
+                        blockers = self._blockers(conn, since)
+                        if blockers:
+                            log.warning(
+                                "creating replication slot %s has waited %.0f s for %d transaction(s) in progress "
+                                "when it began: %s; %s",
+                                self.slot,
+                                waited,
+                                len(blockers),
+                                "; ".join(blockers),
+                                _BLOCKERS_HINT,
+                            )
+        except (psycopg.Error, LoaderError) as exc:  # the watch is advice: the creation goes on regardless
+            log.debug("slot creation watch ended: %s", exc)
+
+    def _blockers(self, conn: psycopg.Connection, since: Any) -> list[str]:
+        return [str(r[0]) for r in conn.execute(_BLOCKERS_SQL, {"creator": self.creator, "since": since}).fetchall()]
+
+
+@contextmanager
+def _watched_creation(conn: psycopg.Connection, dsn: str | None, slot: str, timeout_s: float | None) -> Iterator[None]:
+    """Run a slot's creation on ``conn`` watched by :class:`_SlotWait` (``dsn``: how to open its
+    connection; None: unwatched). A creation cancelled by the watch raises SourceError naming the
+    transactions it waited for."""
+    if dsn is None:
+        yield
+        return
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    wait = _SlotWait(dsn, int(row[0]), slot, timeout_s)
+    watcher = threading.Thread(target=wait.run, name=f"slot-create-{slot}", daemon=True)
+    watcher.start()
     try:
-        row = conn.execute(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin)
-        ).fetchone()
+        yield
+    except psycopg.errors.QueryCanceled as exc:
+        if wait.timed_out is None:
+            raise
+        named = "; ".join(wait.timed_out) or "none named (they ended as it gave up)"
+        raise SourceError(
+            f"creating replication slot {slot!r} waited {timeout_s:.0f} s for transactions in progress when it "
+            f"began, and gave up: {named}",
+            hint=_BLOCKERS_HINT,
+        ) from exc
+    finally:
+        wait.stop.set()
+        watcher.join(timeout=10)
+
+
+def create_slot(
+    conn: psycopg.Connection,
+    slot: str,
+    plugin: str = "wal2json",
+    dsn: str | None = None,
+    timeout_s: float | None = None,
+) -> int:
+    """Create a logical slot with ``plugin``; returns its consistent point LSN. With ``dsn``, the
+    transactions it waits for are named, and it gives up after ``timeout_s`` (see _SlotWait)."""
+    try:
+        with _watched_creation(conn, dsn, slot, timeout_s):
+            row = conn.execute(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin)
+            ).fetchone()
     except psycopg.errors.DuplicateObject as exc:
         raise SourceError(f"replication slot {slot!r} already exists") from exc
     except psycopg.Error as exc:
@@ -193,7 +310,7 @@ def require_slot(conn: psycopg.Connection, slot: str, plugin: str = "wal2json") 
 
 
 def create_slot_exporting_snapshot(
-    dsn: str, slot: str, *, temporary: bool = False, plugin: str = "wal2json"
+    dsn: str, slot: str, *, temporary: bool = False, plugin: str = "wal2json", timeout_s: float | None = None
 ) -> ExportedSnapshot:
     """Create a logical slot over a replication connection and keep its exported snapshot alive.
 
@@ -215,7 +332,8 @@ def create_slot_exporting_snapshot(
             raise SourceError(f"invalid replication slot name {slot!r}", hint="use lower-case letters, digits and _")
         if plugin not in ("wal2json", "pgoutput"):
             raise SourceError(f"unsupported logical decoding plugin {plugin!r}", hint="use wal2json or pgoutput")
-        row = repl.execute(f"CREATE_REPLICATION_SLOT {slot} {kind} {plugin} EXPORT_SNAPSHOT").fetchone()
+        with _watched_creation(repl, dsn, slot, timeout_s):
+            row = repl.execute(f"CREATE_REPLICATION_SLOT {slot} {kind} {plugin} EXPORT_SNAPSHOT").fetchone()
     except psycopg.errors.DuplicateObject as exc:
         repl.close()
         raise SourceError(f"replication slot {slot!r} already exists") from exc

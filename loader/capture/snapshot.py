@@ -172,7 +172,9 @@ class Snapshot:
 
                     plan = publication_plan(conn, self.settings)
                     pgoutput.ensure_publication(conn, src.publication, tables=sorted(plan.wanted))
-                exported = slots.create_slot_exporting_snapshot(src.conninfo(), src.slot, plugin=src.plugin)
+                exported = slots.create_slot_exporting_snapshot(
+                    src.conninfo(), src.slot, plugin=src.plugin, timeout_s=src.slot_create_timeout_s
+                )
                 from loader.landing.state import record_confirmed
 
                 record_confirmed(self.store, src.slot, exported.consistent_lsn)
@@ -186,7 +188,9 @@ class Snapshot:
             else:
                 slots.require_slot(conn, src.slot, src.plugin)
                 temp = f"{src.slot[:40]}_snap_{os.getpid()}"
-                exported = slots.create_slot_exporting_snapshot(src.conninfo(), temp, temporary=True, plugin=src.plugin)
+                exported = slots.create_slot_exporting_snapshot(
+                    src.conninfo(), temp, temporary=True, plugin=src.plugin, timeout_s=src.slot_create_timeout_s
+                )
                 try:
                     if self.stream_until is None:
                         raise RuntimeError("a snapshot beside an existing slot needs stream_until")

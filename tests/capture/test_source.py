@@ -723,3 +723,64 @@ def test_changes_of_a_partition_dropped_since_the_last_run_land_as_its_root(src:
     src.capture()
     tables = {r.qualified_table for r in src.changes() if r.op in ("I", "U", "D")}
     assert tables == {"public.p"}, tables
+
+
+def test_a_slot_waiting_for_a_forgotten_transaction_names_it_and_gives_up(src: Src) -> None:
+    """A new logical slot waits until every transaction in progress when it began has ended: a
+    session left idle in a transaction (or a forgotten prepared transaction, which outlives its
+    session) held the first capture, and every resync's temporary slot, forever and silently. The
+    creation now names them in a warning, and gives up after source.slot_create_timeout_s with an
+    error naming them and what to run."""
+    import time
+
+    from loader.errors import SourceError
+
+    src.sql("CREATE TABLE t (id int PRIMARY KEY)")
+    blocker = psycopg.connect(src.settings.source.dsn, autocommit=True, application_name="forgotten")
+    prepared = False
+    try:
+        blocker.execute("BEGIN")
+        blocker.execute("INSERT INTO t VALUES (1)")  # holds a transaction id, idle from now on
+        pid = blocker.info.backend_pid
+        if int(src.sql("SHOW max_prepared_transactions")[0][0]) > 0:
+            src.sql("BEGIN")
+            src.sql("INSERT INTO t VALUES (2)")
+            src.sql("PREPARE TRANSACTION 'lost_gid'")
+            prepared = True
+        settings = src.settings.model_copy(
+            update={"source": src.settings.source.model_copy(update={"slot_create_timeout_s": 3.0})}
+        )
+        started = time.monotonic()
+        with pytest.raises(SourceError) as err:
+            Capture(settings).run()
+        assert time.monotonic() - started < 30
+        text = str(err.value)
+        assert f"pid {pid} (" in text and "forgotten, idle in transaction" in text, text
+        assert not prepared or "prepared transaction 'lost_gid'" in text, text
+        assert (
+            "pg_terminate_backend" in (err.value.hint or "")
+            and slots.slot_info(src.conn, src.settings.source.slot) is None
+        )
+        # Without a bound it waits, saying what for, and goes on once they end.
+        unbounded = src.settings.model_copy(
+            update={"source": src.settings.source.model_copy(update={"slot_create_timeout_s": None})}
+        )
+
+        def end_them() -> None:
+            time.sleep(13)
+            blocker.execute("ROLLBACK")
+            if prepared:
+                with psycopg.connect(src.settings.source.dsn, autocommit=True) as c:
+                    c.execute("ROLLBACK PREPARED 'lost_gid'")
+
+        ender = threading.Thread(target=end_them)
+        ender.start()
+        res = cli(unbounded, src.tmp, "capture", "--snapshot")
+        ender.join()
+        assert res.exit_code == 0, res.output
+        warned = [line for line in res.output.splitlines() if "has waited" in line]
+        assert warned and f"pid {pid} (" in warned[0], res.output
+    finally:
+        blocker.close()
+        if prepared and src.sql("SELECT 1 FROM pg_prepared_xacts WHERE gid = 'lost_gid'"):
+            src.sql("ROLLBACK PREPARED 'lost_gid'")
