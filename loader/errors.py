@@ -52,6 +52,11 @@ class SlotBusyError(TransientError):
     """Another process holds the replication slot."""
 
 
+class SlotCreationBlockedError(TransientError):
+    """A new replication slot waited ``source.slot_create_timeout_s`` for transactions in progress
+    when its creation began (a session idle in a transaction, a forgotten prepared transaction)."""
+
+
 class LandingError(TerminalError):
     """A landing file or landing-area object is missing or not understood."""
 

@@ -18,6 +18,7 @@ from loader.config import redact
 from loader.errors import (
     LoaderError,
     SlotBusyError,
+    SlotCreationBlockedError,
     SlotLostError,
     SlotMissingError,
     SourceError,
@@ -241,7 +242,7 @@ def _watched_creation(conn: psycopg.Connection, dsn: str | None, slot: str, time
         if wait.timed_out is None:
             raise
         named = "; ".join(wait.timed_out) or "none named (they ended as it gave up)"
-        raise SourceError(
+        raise SlotCreationBlockedError(
             f"creating replication slot {slot!r} waited {timeout_s:.0f} s for transactions in progress when it "
             f"began, and gave up: {named}",
             hint=_BLOCKERS_HINT,

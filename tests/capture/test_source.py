@@ -733,7 +733,7 @@ def test_a_slot_waiting_for_a_forgotten_transaction_names_it_and_gives_up(src: S
     error naming them and what to run."""
     import time
 
-    from loader.errors import SourceError
+    from loader.errors import SlotCreationBlockedError, TransientError
 
     src.sql("CREATE TABLE t (id int PRIMARY KEY)")
     blocker = psycopg.connect(src.settings.source.dsn, autocommit=True, application_name="forgotten")
@@ -751,10 +751,11 @@ def test_a_slot_waiting_for_a_forgotten_transaction_names_it_and_gives_up(src: S
             update={"source": src.settings.source.model_copy(update={"slot_create_timeout_s": 3.0})}
         )
         started = time.monotonic()
-        with pytest.raises(SourceError) as err:
+        with pytest.raises(SlotCreationBlockedError) as err:  # transient: exit 75, follow mode retries
             Capture(settings).run()
         assert time.monotonic() - started < 30
         text = str(err.value)
+        assert isinstance(err.value, TransientError)
         assert f"pid {pid} (" in text and "forgotten, idle in transaction" in text, text
         assert not prepared or "prepared transaction 'lost_gid'" in text, text
         assert (
