@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
@@ -38,6 +39,28 @@ def s3_env(env: Env, s3_server: str) -> Iterator[tuple[Env, FlakyProxy]]:
     try:
         yield env, proxy
     finally:
+        proxy.close()
+
+
+@contextmanager
+def warehouse_behind_proxy(env: Env, s3_server: str, name: str) -> Iterator[tuple[FlakyProxy, str]]:
+    """The env's warehouse on moto's S3 behind a proxy that can cut requests off (a catalog of its
+    own): (the proxy, the bucket). The caller applies its settings to the session
+    (``configure_running_session``) once it has set the rest."""
+    if not env.settings.spark.extra_jars:
+        pytest.skip("no S3A jars: run 'make s3a-jars' (or set LOADER_SPARK__EXTRA_JARS) before the test session")
+    u = urlparse(s3_server)
+    proxy = FlakyProxy(u.hostname or "127.0.0.1", int(u.port or 80))
+    try:
+        _, bucket = s3_bucket(s3_server, name)
+        env.settings = env.settings.model_copy(
+            update={"catalog": env.settings.catalog.model_copy(update={"name": f"{name}_{env.uid}"})}
+        )
+        env.configure("catalog", warehouse=f"s3://{bucket}/wh")
+        env.configure("s3", endpoint_url=proxy.endpoint, access_key_id="testing", secret_access_key="testing")
+        yield proxy, bucket
+    finally:
+        proxy.up()
         proxy.close()
 
 
@@ -101,17 +124,7 @@ def test_warehouse_outage_during_a_driver_load_marks_nothing_loaded(env: Env, s3
     data or a half-marked batch; once it answers, the load completes with nothing lost or doubled.
     Every batch also holds a value that does not fit (a 2-d array): its reject, written before the
     history commit, is written once however the outage cut the load, and its table parks."""
-    if not env.settings.spark.extra_jars:
-        pytest.skip("no S3A jars: run 'make s3a-jars' (or set LOADER_SPARK__EXTRA_JARS) before the test session")
-    u = urlparse(s3_server)
-    proxy = FlakyProxy(u.hostname or "127.0.0.1", int(u.port or 80))
-    try:
-        _, bucket = s3_bucket(s3_server, "whout")
-        env.settings = env.settings.model_copy(
-            update={"catalog": env.settings.catalog.model_copy(update={"name": f"whout_{env.uid}"})}
-        )
-        env.configure("catalog", warehouse=f"s3://{bucket}/wh")
-        env.configure("s3", endpoint_url=proxy.endpoint, access_key_id="testing", secret_access_key="testing")
+    with warehouse_behind_proxy(env, s3_server, "whout") as (proxy, _):
         env.configure("source", max_changes_per_file=60)
         configure_running_session(env.spark, env.settings)
         wl = BankWorkload(env.settings.source.dsn, seed=41)
@@ -150,9 +163,6 @@ def test_warehouse_outage_during_a_driver_load_marks_nothing_loaded(env: Env, s3
         seen = [(r["landing_file"], r["line"]) for r in rejects]
         assert len(set(seen)) == len(seen) == 6, [(*key, r["reason"]) for key, r in zip(seen, rejects, strict=True)]
         assert "public.arr" in merge.parked, merge.parked
-    finally:
-        proxy.up()
-        proxy.close()
 
 
 @pytest.mark.skipif(not os.environ.get("LOADER_SOAK"), reason="minutes of Iceberg's own retries: run with make soak")
@@ -172,20 +182,8 @@ def test_warehouse_outage_inside_spark_is_a_bounded_transient_outage(env: Env, s
     from loader.maintain import Maintenance
     from loader.retry import outage, outage_server, unavailable
 
-    if not env.settings.spark.extra_jars:
-        pytest.skip("no S3A jars: run 'make s3a-jars' (or set LOADER_SPARK__EXTRA_JARS) before the test session")
-    u = urlparse(s3_server)
-    proxy = FlakyProxy(u.hostname or "127.0.0.1", int(u.port or 80))
-    try:
-        _, bucket = s3_bucket(s3_server, "sparkout")
-        env.settings = env.settings.model_copy(
-            update={
-                "catalog": env.settings.catalog.model_copy(update={"name": f"sparkout_{env.uid}"}),
-                "load": LoadSettings(driver_max_bytes=0),
-            }
-        )
-        env.configure("catalog", warehouse=f"s3://{bucket}/wh")
-        env.configure("s3", endpoint_url=proxy.endpoint, access_key_id="testing", secret_access_key="testing")
+    with warehouse_behind_proxy(env, s3_server, "sparkout") as (proxy, bucket):
+        env.settings = env.settings.model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
         env.configure("s3", jvm_request_attempts=1, jvm_connect_timeout_s=2.0, jvm_read_timeout_s=10.0)
         configure_running_session(env.spark, env.settings)
         wl = BankWorkload(env.settings.source.dsn, seed=43)
@@ -235,9 +233,6 @@ def test_warehouse_outage_inside_spark_is_a_bounded_transient_outage(env: Env, s
         assert_no_duplicate_positions(env)
         for table, key in KEYS.items():
             assert_history_matches(env, wl.log, table, key)
-    finally:
-        proxy.up()
-        proxy.close()
 
 
 def test_an_s3a_exception_chain_is_a_warehouse_outage(spark: Any) -> None:
