@@ -33,10 +33,14 @@ from loader.lsn import format_lsn, parse_lsn
 # database's or the role's defaults are: decoding runs in the loader's session (or its walsender),
 # so a DBA's ALTER DATABASE ... SET bytea_output = 'escape' would otherwise change every bytea the
 # plugin prints. row_security = off (as pg_dump runs): a read that row-level security would filter
-# fails instead of returning fewer rows (capture skips such tables: source_filter.unreadable).
+# fails instead of returning fewer rows (capture skips such tables: source_filter.unreadable). No
+# timeouts (as pg_dump): a database-wide statement_timeout or idle_in_transaction_session_timeout
+# meant for applications cancelled a snapshot's long reads and killed the sessions that hold its
+# exported snapshot between chunks.
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
     " -c lc_monetary=C -c row_security=off"
+    " -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout=0"
 )
 
 

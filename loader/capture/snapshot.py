@@ -667,6 +667,9 @@ _ADBC_SESSION = (
     "SET bytea_output = 'hex'",
     "SET lc_monetary = 'C'",
     "SET row_security = off",
+    "SET statement_timeout = 0",
+    "SET idle_in_transaction_session_timeout = 0",
+    "SET lock_timeout = 0",
     "SET client_encoding = 'UTF8'",
 )
 

@@ -785,3 +785,26 @@ def test_a_slot_waiting_for_a_forgotten_transaction_names_it_and_gives_up(src: S
         blocker.close()
         if prepared and src.sql("SELECT 1 FROM pg_prepared_xacts WHERE gid = 'lost_gid'"):
             src.sql("ROLLBACK PREPARED 'lost_gid'")
+
+
+def test_a_database_s_timeouts_for_applications_do_not_cut_a_snapshot(src: Src) -> None:
+    """A DBA's ALTER DATABASE ... SET statement_timeout (or idle_in_transaction_session_timeout),
+    meant for applications, cancelled the snapshot's long reads and killed the sessions holding its
+    exported snapshot between chunks ("invalid snapshot identifier"): the snapshot could never
+    finish. The loader's source sessions set no timeouts, as pg_dump does."""
+    db = src.sql("SELECT current_database()")[0][0]
+    src.sql("CREATE TABLE big (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO big SELECT g, repeat('x', 200) || g FROM generate_series(1, 300000) g")
+    for setting in ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout"):
+        src.sql(f'ALTER DATABASE "{db}" SET {setting} = 50')
+    try:
+        settings = src.settings.model_copy(
+            update={"source": src.settings.source.model_copy(update={"snapshot_chunk_rows": 50_000})}
+        )
+        res = cli(settings, src.tmp, "capture", "--snapshot")
+        assert res.exit_code == 0, res.output
+        src.sql("UPDATE big SET v = v || 'y' WHERE id % 3 = 0")
+        res = cli(settings, src.tmp, "capture")
+        assert res.exit_code == 0 and "captured 100000 changes" in res.output, res.output
+    finally:
+        src.sql(f'ALTER DATABASE "{db}" RESET ALL')
