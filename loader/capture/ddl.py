@@ -180,6 +180,13 @@ def may_install(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
+def read_only(conn: psycopg.Connection) -> bool:
+    """Whether the session's transactions are read-only (``default_transaction_read_only``, set
+    for the role or the database by an administrator who meant it: the loader does not override it)."""
+    row = conn.execute("SELECT current_setting('transaction_read_only') = 'on'").fetchone()
+    return bool(row and row[0])
+
+
 _warned: set[str] = set()
 
 
@@ -193,6 +200,16 @@ def ensure(conn: psycopg.Connection, enabled: bool = True) -> TriggerState:
         return found
     role = conn.execute("SELECT current_user").fetchone()
     name = role[0] if role else "?"
+    if read_only(conn):
+        if name not in _warned:
+            _warned.add(name)
+            log.warning(
+                "DDL capture is off: the loader's sessions are read-only (default_transaction_read_only is on for "
+                "role %s or its database), so capture compares catalogs between runs only; to enable it, an "
+                "administrator runs the SQL 'loader slot ddl-trigger' prints",
+                name,
+            )
+        return found
     if not may_install(conn):
         if name not in _warned:
             _warned.add(name)

@@ -634,7 +634,9 @@ def ensure_publication(
     except psycopg.errors.DuplicateObject:
         # Created concurrently by someone else: fine, as long as it publishes everything.
         _check_publication(conn, name)
-    except psycopg.errors.InsufficientPrivilege as exc:
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction) as exc:
+        # Read-only: default_transaction_read_only set for the loader's role or database, which an
+        # administrator meant; the loader does not override it.
         alternative = ""
         shown_tables = [_qualified_sql(conn, t) for t in (listed if listed is not None else captured_tables)]
         if shown_tables:
@@ -697,7 +699,11 @@ def sync_publication(conn: psycopg.Connection, name: str, tables: Iterable[str])
     stmt = _set_table_sql(conn, name, want, before)
     try:
         conn.execute(stmt)
-    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectNotInPrerequisiteState) as exc:
+    except (
+        psycopg.errors.InsufficientPrivilege,
+        psycopg.errors.ObjectNotInPrerequisiteState,
+        psycopg.errors.ReadOnlySqlTransaction,
+    ) as exc:
         raise PublicationNotSynced(
             f"cannot update publication {name!r} ({len(added)} table(s) to add, {len(removed)} to remove): "
             f"{str(exc).strip()}",

@@ -808,3 +808,37 @@ def test_a_database_s_timeouts_for_applications_do_not_cut_a_snapshot(src: Src) 
         assert res.exit_code == 0 and "captured 100000 changes" in res.output, res.output
     finally:
         src.sql(f'ALTER DATABASE "{db}" RESET ALL')
+
+
+def test_a_read_only_database_default_leaves_capture_working_without_its_own_writes(src: Src) -> None:
+    """``ALTER DATABASE ... SET default_transaction_read_only = on`` (or for the loader's role), a
+    DBA's way to keep a CDC role from writing: capture failed outright on installing its DDL
+    trigger. Capture needs no write of its own (slots, peeks, heartbeats all work read-only): the
+    trigger is left out with a warning (catalog comparison only), as for a role that may not create
+    one, and pgoutput's publication, which it must create, fails with what an administrator runs."""
+    from loader.errors import SourceError
+
+    db = src.sql("SELECT current_database()")[0][0]
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO t VALUES (1, 'a')")
+    src.sql(f'ALTER DATABASE "{db}" SET default_transaction_read_only = on')
+    try:
+        res = cli(src.settings, src.tmp, "capture", "--snapshot")
+        assert res.exit_code == 0, res.output
+        assert "DDL capture is off: the loader's sessions are read-only" in res.output, res.output
+        src.sql("INSERT INTO t VALUES (2, 'b')")
+        src.sql("UPDATE t SET v = 'c' WHERE id = 1")
+        got = Capture(src.settings, heartbeat=True).run()
+        assert got.changes == 2 and got.heartbeat_seen_at is not None, got.summary()
+        pg = src.settings.model_copy(
+            update={
+                "source": src.settings.source.model_copy(
+                    update={"plugin": "pgoutput", "slot": src.settings.source.slot + "_po", "publication": "po_ro"}
+                )
+            }
+        )
+        with pytest.raises(SourceError) as err:
+            Capture(pg).run()
+        assert "read-only transaction" in str(err.value) and "an administrator must run" in (err.value.hint or "")
+    finally:
+        src.sql(f'ALTER DATABASE "{db}" RESET ALL')
