@@ -29,7 +29,7 @@ from loader.landing.store import LandingFile, LandingStore
 from loader.lsn import format_lsn, parse_lsn
 
 # Session settings that make the text output of values deterministic (UTC offsets, ISO dates,
-# shortest-exact floats, hex bytea, money in the C locale's form), whatever the server's, the
+# shortest-exact floats, hex bytea, money in the C locale's form, UTF-8 text), whatever the server's, the
 # database's or the role's defaults are: decoding runs in the loader's session (or its walsender),
 # so a DBA's ALTER DATABASE ... SET bytea_output = 'escape' would otherwise change every bytea the
 # plugin prints. row_security = off (as pg_dump runs): a read that row-level security would filter
@@ -39,7 +39,7 @@ from loader.lsn import format_lsn, parse_lsn
 # exported snapshot between chunks.
 SESSION_OPTIONS = (
     "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
-    " -c lc_monetary=C -c row_security=off"
+    " -c lc_monetary=C -c client_encoding=UTF8 -c row_security=off"
     " -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout=0"
 )
 

@@ -842,3 +842,22 @@ def test_a_read_only_database_default_leaves_capture_working_without_its_own_wri
         assert "read-only transaction" in str(err.value) and "an administrator must run" in (err.value.hint or "")
     finally:
         src.sql(f'ALTER DATABASE "{db}" RESET ALL')
+
+
+def test_a_database_s_client_encoding_does_not_stop_capture(src: Src) -> None:
+    """``ALTER DATABASE ... SET client_encoding = 'LATIN1'`` (for old applications) applied to the
+    loader's sessions too: the server converted decoded text to LATIN1, and a character LATIN1 has
+    not (the euro sign) failed every capture from then on. Source sessions ask for UTF-8."""
+    db = src.sql("SELECT current_database()")[0][0]
+    src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    src.sql("INSERT INTO t VALUES (1, 'ü€😀')")
+    src.sql(f"ALTER DATABASE {db} SET client_encoding = 'LATIN1'")
+    try:
+        res = cli(src.settings, src.tmp, "capture", "--snapshot")
+        assert res.exit_code == 0, res.output
+        src.sql("INSERT INTO t VALUES (2, 'ä€😀')")
+        assert Capture(src.settings).run().changes == 1
+        landed = [c.value for rec in src.changes("t") for c in rec.columns if c.name == "v"]
+        assert landed[-2:] == ["ü€😀", "ä€😀"], landed  # the snapshot's row, then the stream's
+    finally:
+        src.sql(f'ALTER DATABASE "{db}" RESET ALL')
