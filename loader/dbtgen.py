@@ -128,7 +128,7 @@ def read_comments(dsn: str, tables: list[SourceTable]) -> Comments:
         WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
     """
     try:
-        with psycopg.connect(dsn, connect_timeout=5) as conn:
+        with psycopg.connect(dsn, connect_timeout=5, client_encoding="UTF8") as conn:
             rows = conn.execute(query).fetchall()
     except psycopg.Error:
         return out  # descriptions are a nicety: never fail the dbt run on them
