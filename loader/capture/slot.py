@@ -44,7 +44,17 @@ SESSION_OPTIONS = (
 )
 
 
+def session_label() -> str:
+    """How the loader's source sessions name themselves to a DBA (``application_name`` in
+    ``pg_stat_activity``, unless the DSN sets one): ``lakehouse-loader source <host>:<pid>``."""
+    import os
+    import socket
+
+    return f"lakehouse-loader source {socket.gethostname()}:{os.getpid()}"[:63]
+
+
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
+    kwargs.setdefault("fallback_application_name", session_label())
     try:
         return psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS, **kwargs)
     except psycopg.OperationalError as exc:
@@ -324,7 +334,13 @@ def create_slot_exporting_snapshot(
     SNAPSHOT``) until the returned object is closed, which also drops a temporary slot.
     """
     try:
-        repl = psycopg.connect(dsn, autocommit=True, replication="database", options=SESSION_OPTIONS)
+        repl = psycopg.connect(
+            dsn,
+            autocommit=True,
+            replication="database",
+            options=SESSION_OPTIONS,
+            fallback_application_name=session_label(),
+        )
     except psycopg.OperationalError as exc:
         raise SourceError(
             f"cannot open a replication connection to {redact(dsn)}: {str(exc).strip()}",

@@ -861,3 +861,16 @@ def test_a_database_s_client_encoding_does_not_stop_capture(src: Src) -> None:
         assert landed[-2:] == ["ü€😀", "ä€😀"], landed  # the snapshot's row, then the stream's
     finally:
         src.sql(f'ALTER DATABASE "{db}" RESET ALL')
+
+
+def test_source_sessions_name_themselves_to_the_dba(src: Src) -> None:
+    """pg_stat_activity shows which sessions are the loader's (host and pid), unless the DSN names
+    them itself."""
+    import os
+
+    with slots.connect(src.settings.source.dsn) as conn:
+        name = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()
+    assert name is not None and name[0].startswith("lakehouse-loader source ") and name[0].endswith(f":{os.getpid()}")
+    with slots.connect(src.settings.source.dsn + "?application_name=etl") as conn:
+        name = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()
+    assert name == ("etl",)
