@@ -313,13 +313,14 @@ class FuzzRun:
     def source_tables(self) -> dict[str, int]:
         """Captured source tables (partitioned tables as their root) and their row counts."""
         rows = self.env.sql(
-            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND n.nspname = ANY(%s)",
             (list(SCHEMAS),),
         )
         out = {}
-        for schema, name in rows:
-            count = self.env.sql(f'SELECT count(*) FROM "{schema}"."{name}"')[0][0]
+        for schema, name, kind in rows:
+            only = "" if kind == "p" else "ONLY "  # an inheritance parent's own rows, a partitioned table's all
+            count = self.env.sql(f'SELECT count(*) FROM {only}"{schema}"."{name}"')[0][0]
             out[f"{schema}.{name}"] = int(count)
         return out
 

@@ -78,6 +78,7 @@ FIXED_SQL = {
     "retype_numeric_unconstrained": r"(?m)ALTER COLUMN \S+ TYPE numeric;?$",
     "datetime_infinity": r"'-?infinity'",
     "database_output_settings": r"ALTER DATABASE %I SET bytea_output",
+    "inheritance_child": r"\(\) INHERITS \(",
 }
 
 

@@ -275,6 +275,9 @@ class Table:
     new_since_capture: bool = True
     unique_col: str | None = None  # int column under a DEFERRABLE UNIQUE constraint (swapped in deferred txns)
     low_partition: tuple[str, str] | None = None  # partitioned: (schema, name) of the partition of keys < 60
+    # An inheritance parent or child (INHERITS): no DDL is drawn for it, since PostgreSQL applies a
+    # parent's column DDL to its children too (the model would not follow).
+    frozen: bool = False
 
     @property
     def qname(self) -> str:
@@ -451,6 +454,21 @@ class Generator:
             self.tracked[t.qualified] = list(key)
         self.tables[t.qualified] = t
         self.sql(f"create {kind} table {t.qualified}", *stmts)
+
+    def inherit(self, parent: Table) -> None:
+        """A child of ``parent`` (``INHERITS``, the partitioning before PostgreSQL 10) with the
+        parent's columns and a key of its own, its keys from a range the parent's never reach: a
+        plain SELECT of the parent returns the child's rows too, the WAL gives them to the child."""
+        name = self.fresh("kid")
+        child = Table(parent.schema, name, "int", copy.deepcopy(parent.cols), ["id"], next_key=1_000_000)
+        # The parent's deferrable UNIQUE column is inherited as a plain column (constraints are not).
+        parent.frozen = child.frozen = True
+        self.tables[child.qualified] = child
+        self.sql(
+            f"inheritance child {child.qualified} of {parent.qualified}",
+            f"CREATE TABLE {child.qname} () INHERITS ({parent.qname})",
+            f"ALTER TABLE {child.qname} ADD PRIMARY KEY (id)",
+        )
 
     # --- DML ------------------------------------------------------------------------------
     def insert(self, t: Table, n: int) -> list[str]:
@@ -726,8 +744,11 @@ class Generator:
     # --- DDL ------------------------------------------------------------------------------
     def ddl(self) -> None:
         rng = self.rng
-        t = rng.choice(list(self.tables.values()))
-        fresh = [u for u in self.tables.values() if u.new_since_capture and not u.tracked]
+        open_to_ddl = [u for u in self.tables.values() if not u.frozen]
+        if not open_to_ddl:
+            return
+        t = rng.choice(open_to_ddl)
+        fresh = [u for u in open_to_ddl if u.new_since_capture and not u.tracked]
         if fresh and rng.random() < 0.3:
             t = rng.choice(fresh)  # DDL on a table created since the last capture: no earlier picture of it
         forms = [
@@ -1078,6 +1099,9 @@ class Generator:
         kinds = kinds[: self.n_tables]
         for i, kind in enumerate(kinds):
             self.create_table(kind, tracked=kind in KEY_KINDS and i % 2 == 0)
+        parents = [t for t in self.tables.values() if t.kind == "int" and not t.tracked]
+        if parents and rng.random() < 0.3:
+            self.inherit(rng.choice(parents))
         for t in list(self.tables.values()):
             self.sql(f"initial rows of {t.qualified}", *self.insert(t, rng.randint(0, 2)))
         self.loader("snapshot")  # creates the slot after a consistent snapshot of the rows so far
