@@ -9,6 +9,8 @@ import json
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -787,17 +789,29 @@ def test_a_slot_waiting_for_a_forgotten_transaction_names_it_and_gives_up(src: S
             src.sql("ROLLBACK PREPARED 'lost_gid'")
 
 
+@contextmanager
+def database_defaults(src: Src, **settings: str) -> Iterator[None]:
+    """The source database's defaults for new sessions (``ALTER DATABASE ... SET``, as a DBA sets
+    them for applications), reset after."""
+    from psycopg import sql
+
+    db = sql.Identifier(src.sql("SELECT current_database()")[0][0])
+    for name, value in settings.items():
+        src.sql(sql.SQL("ALTER DATABASE {} SET {} = {}").format(db, sql.Identifier(name), sql.Literal(value)))
+    try:
+        yield
+    finally:
+        src.sql(sql.SQL("ALTER DATABASE {} RESET ALL").format(db))
+
+
 def test_a_database_s_timeouts_for_applications_do_not_cut_a_snapshot(src: Src) -> None:
     """A DBA's ALTER DATABASE ... SET statement_timeout (or idle_in_transaction_session_timeout),
     meant for applications, cancelled the snapshot's long reads and killed the sessions holding its
     exported snapshot between chunks ("invalid snapshot identifier"): the snapshot could never
     finish. The loader's source sessions set no timeouts, as pg_dump does."""
-    db = src.sql("SELECT current_database()")[0][0]
     src.sql("CREATE TABLE big (id int PRIMARY KEY, v text)")
     src.sql("INSERT INTO big SELECT g, repeat('x', 200) || g FROM generate_series(1, 300000) g")
-    for setting in ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout"):
-        src.sql(f'ALTER DATABASE "{db}" SET {setting} = 50')
-    try:
+    with database_defaults(src, statement_timeout="50", idle_in_transaction_session_timeout="50", lock_timeout="50"):
         settings = src.settings.model_copy(
             update={"source": src.settings.source.model_copy(update={"snapshot_chunk_rows": 50_000})}
         )
@@ -806,8 +820,6 @@ def test_a_database_s_timeouts_for_applications_do_not_cut_a_snapshot(src: Src) 
         src.sql("UPDATE big SET v = v || 'y' WHERE id % 3 = 0")
         res = cli(settings, src.tmp, "capture")
         assert res.exit_code == 0 and "captured 100000 changes" in res.output, res.output
-    finally:
-        src.sql(f'ALTER DATABASE "{db}" RESET ALL')
 
 
 def test_a_read_only_database_default_leaves_capture_working_without_its_own_writes(src: Src) -> None:
@@ -818,11 +830,9 @@ def test_a_read_only_database_default_leaves_capture_working_without_its_own_wri
     one, and pgoutput's publication, which it must create, fails with what an administrator runs."""
     from loader.errors import SourceError
 
-    db = src.sql("SELECT current_database()")[0][0]
     src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     src.sql("INSERT INTO t VALUES (1, 'a')")
-    src.sql(f'ALTER DATABASE "{db}" SET default_transaction_read_only = on')
-    try:
+    with database_defaults(src, default_transaction_read_only="on"):
         res = cli(src.settings, src.tmp, "capture", "--snapshot")
         assert res.exit_code == 0, res.output
         assert "DDL capture is off: the loader's sessions are read-only" in res.output, res.output
@@ -840,27 +850,21 @@ def test_a_read_only_database_default_leaves_capture_working_without_its_own_wri
         with pytest.raises(SourceError) as err:
             Capture(pg).run()
         assert "read-only transaction" in str(err.value) and "an administrator must run" in (err.value.hint or "")
-    finally:
-        src.sql(f'ALTER DATABASE "{db}" RESET ALL')
 
 
 def test_a_database_s_client_encoding_does_not_stop_capture(src: Src) -> None:
     """``ALTER DATABASE ... SET client_encoding = 'LATIN1'`` (for old applications) applied to the
     loader's sessions too: the server converted decoded text to LATIN1, and a character LATIN1 has
     not (the euro sign) failed every capture from then on. Source sessions ask for UTF-8."""
-    db = src.sql("SELECT current_database()")[0][0]
     src.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     src.sql("INSERT INTO t VALUES (1, 'ü€😀')")
-    src.sql(f"ALTER DATABASE {db} SET client_encoding = 'LATIN1'")
-    try:
+    with database_defaults(src, client_encoding="LATIN1"):
         res = cli(src.settings, src.tmp, "capture", "--snapshot")
         assert res.exit_code == 0, res.output
         src.sql("INSERT INTO t VALUES (2, 'ä€😀')")
         assert Capture(src.settings).run().changes == 1
         landed = [c.value for rec in src.changes("t") for c in rec.columns if c.name == "v"]
         assert landed[-2:] == ["ü€😀", "ä€😀"], landed  # the snapshot's row, then the stream's
-    finally:
-        src.sql(f'ALTER DATABASE "{db}" RESET ALL')
 
 
 def test_source_sessions_name_themselves_to_the_dba(src: Src) -> None:
