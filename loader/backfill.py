@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, UsageError
+from loader.lake.catalog import lake_source_table
 from loader.lake.tables import SourceTable, TableNames
 from loader.lake.types import quote_ident, sql_string
 from loader.landing.store import LandingFile, LandingStore, open_landing
@@ -98,7 +99,7 @@ class Backfill:
 
         if to_lsn < from_lsn:
             raise UsageError("--to-lsn is before --from-lsn", hint="give the range in commit order")
-        selected = [self._table(t) for t in tables] if tables else None
+        selected = [lake_source_table(self.settings, t) for t in tables] if tables else None
         from loader.landing.state import RETENTION_STATE
 
         retired = (self.store.read_state(RETENTION_STATE) or {}).get("retired_through")
@@ -123,14 +124,9 @@ class Backfill:
             out.rebuilt = sorted(t.table for t in merge.tables if "rebuilt" in t.note)
         return out
 
-    def _table(self, qualified: str) -> SourceTable:
-        from loader.lake.catalog import history_source_tables
-
-        return SourceTable.among(qualified, history_source_tables(self.settings))
-
     def position_at(self, table: str, timestamp: datetime) -> ChangePosition:
         """The end of the last transaction of ``table``'s history committed at or before ``timestamp``."""
-        hist = self.names.history(self._table(table))
+        hist = self.names.history(lake_source_table(self.settings, table))
         row = self.spark.sql(
             f"SELECT max(pg_lsn) FROM {hist} WHERE pg_txn_timestamp <= {time_literal(timestamp)}"
         ).collect()[0]
@@ -146,10 +142,9 @@ def as_of_sql(settings: LoaderSettings, table: str, timestamp: datetime) -> dict
     each key valid at the time. Ties of commit timestamps are resolved by commit order.
     """
     from loader.dbtgen import model_name
-    from loader.lake.catalog import history_source_tables
 
     c = settings.catalog
-    t = SourceTable.among(table, history_source_tables(settings))
+    t = lake_source_table(settings, table)
     name = t.iceberg_name
     ts = time_literal(timestamp)
     scd2 = ".".join(quote_ident(p) for p in (c.name, settings.dbt.analytics_namespace, model_name(name) + "__scd2"))

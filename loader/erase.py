@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
-from loader.lake.catalog import history_source_tables
+from loader.lake.catalog import history_source_tables, lake_source_table
 from loader.lake.commits import ensure_loader_tables
 from loader.lake.erased import ERASED_KEYS_DDL, PROP_SALT, value_hash
 from loader.lake.iceberg import (
@@ -130,7 +130,7 @@ def resolve(
         column, sep, value = key.partition("=")
         if not sep:
             raise ConfigError(f"--key {key!r} is not column=value", hint="e.g. --key customer_id=123")
-        return f"{table}.{column}", [Target(SourceTable.among(table, history_source_tables(settings)), column, value)]
+        return f"{table}.{column}", [Target(lake_source_table(settings, table), column, value)]
     raise ConfigError("name a subject", hint="use --subject type=value, or --table schema.table --key column=value")
 
 

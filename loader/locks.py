@@ -47,7 +47,7 @@ def _lock_name(settings: LoaderSettings, stage: str) -> str:
     return f"lakehouse-loader:{c.name}:{c.loader_namespace}:{stage}"
 
 
-def _holder_label(stage: str) -> str:
+def holder_label(stage: str) -> str:
     return f"lakehouse-loader {stage} {socket.gethostname()}:{os.getpid()}"
 
 
@@ -105,7 +105,7 @@ def _pg_lock(settings: LoaderSettings, stage: str, wait: float) -> Iterator[None
 
     name = _lock_name(settings, stage)
     try:
-        conn = psycopg.connect(settings.catalog.conninfo(), autocommit=True, application_name=_holder_label(stage)[:63])
+        conn = psycopg.connect(settings.catalog.conninfo(), autocommit=True, application_name=holder_label(stage)[:63])
     except psycopg.OperationalError as exc:
         from loader.errors import CatalogError, CatalogUnavailableError
         from loader.retry import outage

@@ -61,10 +61,9 @@ def assert_no_duplicate_positions(env: Any) -> None:
 def lake_table(settings: Any, table: str) -> Any:
     """The lake's ``SourceTable`` named ``table`` (``schema.table``; a dot inside a name resolved
     against the lake's tables, as the CLI resolves ``--table``)."""
-    from loader.lake.catalog import history_source_tables
-    from loader.lake.tables import SourceTable
+    from loader.lake.catalog import lake_source_table
 
-    return SourceTable.among(table, history_source_tables(settings))
+    return lake_source_table(settings, table)
 
 
 def history_rows(settings: Any, table: str, columns: list[str]) -> list[dict[str, Any]]:

@@ -29,28 +29,35 @@ from loader.landing.store import LandingFile, LandingStore
 from loader.lsn import format_lsn, parse_lsn
 
 # Session settings that make the text output of values deterministic (UTC offsets, ISO dates,
-# shortest-exact floats, hex bytea, money in the C locale's form, UTF-8 text), whatever the server's, the
-# database's or the role's defaults are: decoding runs in the loader's session (or its walsender),
-# so a DBA's ALTER DATABASE ... SET bytea_output = 'escape' would otherwise change every bytea the
-# plugin prints. row_security = off (as pg_dump runs): a read that row-level security would filter
+# shortest-exact floats, hex bytea, money in the C locale's form, UTF-8 text), whatever the
+# server's, the database's or the role's defaults are: decoding runs in the loader's session (or
+# its walsender), so a DBA's ALTER DATABASE ... SET bytea_output = 'escape' would otherwise change
+# every bytea the plugin prints. row_security = off (as pg_dump runs): a read that row-level security would filter
 # fails instead of returning fewer rows (capture skips such tables: source_filter.unreadable). No
 # timeouts (as pg_dump): a database-wide statement_timeout or idle_in_transaction_session_timeout
 # meant for applications cancelled a snapshot's long reads and killed the sessions that hold its
 # exported snapshot between chunks.
-SESSION_OPTIONS = (
-    "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex"
-    " -c lc_monetary=C -c client_encoding=UTF8 -c row_security=off"
-    " -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout=0"
-)
+SESSION_SETTINGS = {
+    "TimeZone": "UTC",
+    "DateStyle": "ISO,YMD",
+    "IntervalStyle": "postgres",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+    "lc_monetary": "C",
+    "client_encoding": "UTF8",
+    "row_security": "off",
+    "statement_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+    "lock_timeout": "0",
+}
+SESSION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
 
 
 def session_label() -> str:
     """How the loader's source sessions name themselves to a DBA (``application_name`` in
-    ``pg_stat_activity``, unless the DSN sets one): ``lakehouse-loader source <host>:<pid>``."""
-    import os
-    import socket
-
-    return f"lakehouse-loader source {socket.gethostname()}:{os.getpid()}"[:63]
+    ``pg_stat_activity``, unless the DSN sets one): ``lakehouse-loader source <host>:<pid>``, as
+    its catalog sessions name the stage they hold."""
+    return locks.holder_label("source")[:63]
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:

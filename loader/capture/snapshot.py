@@ -657,21 +657,9 @@ class Snapshot:
         result.files += files
 
 
-# Session settings the ADBC reader shares with every source connection (slot.SESSION_OPTIONS): the
-# text form of timestamps, dates, intervals and floats depends on them.
-_ADBC_SESSION = (
-    "SET TimeZone = 'UTC'",
-    "SET DateStyle = 'ISO, YMD'",
-    "SET IntervalStyle = 'postgres'",
-    "SET extra_float_digits = 3",
-    "SET bytea_output = 'hex'",
-    "SET lc_monetary = 'C'",
-    "SET row_security = off",
-    "SET statement_timeout = 0",
-    "SET idle_in_transaction_session_timeout = 0",
-    "SET lock_timeout = 0",
-    "SET client_encoding = 'UTF8'",
-)
+# The ADBC reader sets what every psycopg source connection gets as options (slot.SESSION_SETTINGS):
+# the text form of timestamps, dates, intervals, floats and bytea, row security and timeouts.
+_ADBC_SESSION = tuple(f"SET {name} = '{value}'" for name, value in slots.SESSION_SETTINGS.items())
 
 
 @contextmanager
@@ -703,7 +691,7 @@ def _readable(
 ) -> Iterator[tuple[int, str, str, str, list[tuple[str, str]], list[str]]]:
     """The snapshot's tables as the reader sees them: (index, qualified name, schema, name,
     columns, key); a table dropped since the snapshot was planned is left out. Generated columns
-    only when ``generated`` (see ``Snapshotter._generated``)."""
+    only when ``generated`` (see ``Snapshot._generated``)."""
     for i, qualified in enumerate(tables):
         schema, name = split_qualified(reader, qualified)
         info = table_info(reader, schema, name)

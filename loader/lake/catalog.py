@@ -82,6 +82,14 @@ def history_source_tables(settings: LoaderSettings) -> list[SourceTable]:
     return sorted(SourceTable.from_iceberg_name(i[-1]) for i in idents)
 
 
+def lake_source_table(settings: LoaderSettings, qualified: str) -> SourceTable:
+    """The lake's table a user names ``schema.table`` (:meth:`SourceTable.among` over the lake's
+    tables: a dot inside a name does not move the split)."""
+    from loader.lake.tables import SourceTable
+
+    return SourceTable.among(qualified, history_source_tables(settings))
+
+
 def lake_tables(settings: LoaderSettings) -> list[str]:
     """The source tables the lake holds (``schema.table`` of every history table), without a JVM."""
     return sorted(t.qualified for t in history_source_tables(settings))

@@ -387,13 +387,14 @@ def test_tables_whose_names_hold_dots_are_snapshotted_resynced_and_parked(env: E
     env.run_all()
     env.assert_reconciled()
     # What users name on the command line resolves against the lake's tables the same way.
-    from loader.backfill import Backfill
+    from loader.lake.catalog import lake_source_table
     from loader.lake.tables import SourceTable
     from loader.merge.current import CurrentMerge
 
     rebuilt = CurrentMerge(env.spark, env.settings).rebuild("app.v2.t")
     assert rebuilt.table == "app.v2.t" and not rebuilt.skipped_reason, rebuilt
-    assert Backfill(env.spark, env.settings)._table("app.v2.t") == SourceTable("app.v2", "t")
+    # backfill's and erase's --table resolution
+    assert lake_source_table(env.settings, "app.v2.t") == SourceTable("app.v2", "t")
     env.assert_reconciled()
 
     env.sql('CREATE SCHEMA "a.b"')
