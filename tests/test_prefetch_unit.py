@@ -50,6 +50,23 @@ def test_a_consumer_that_stops_early_stops_the_producer() -> None:
     assert not [t for t in threading.enumerate() if t.name == "prefetch"]
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_the_producer_holds_at_most_depth_parts_beyond_the_consumers(depth: int) -> None:
+    """The memory bound the load's read-ahead relies on: while the consumer holds a part, at most
+    ``depth`` more have been produced (or are being produced), however slow the consumer."""
+    produced: list[int] = []
+
+    def parts() -> Iterator[int]:
+        for i in range(20):
+            produced.append(i)
+            yield i
+
+    for p in prefetched(parts(), depth=depth):
+        time.sleep(0.05)  # a slow consumer: the producer runs as far ahead as it may
+        assert len(produced) <= p + 1 + depth, (p, produced)
+    assert produced == list(range(20))
+
+
 def test_rolling_parquet_cuts_by_bytes_and_keeps_every_row() -> None:
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
     done: list[tuple[int, bytes]] = []

@@ -237,28 +237,31 @@ class _OpenFile:
 
 
 def prefetched(parts: Iterator[Any], depth: int) -> Iterator[Any]:
-    """``parts`` produced on a thread of its own, at most ``depth`` ahead of the consumer (Arrow
-    releases the GIL, so producing and consuming overlap on two cores); its exception is raised
-    here, and a consumer that stops early stops the producer at its next part."""
+    """``parts`` produced on a thread of its own, at most ``depth`` ahead of the consumer (the
+    part being produced counted: the consumer's part and ``depth`` more are held at most). Arrow
+    releases the GIL, so producing and consuming overlap on two cores; the producer's exception is
+    raised here, and a consumer that stops early stops the producer at its next part."""
     import queue
     import threading
 
     done = object()
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    q: queue.Queue[Any] = queue.Queue()
+    room = threading.Semaphore(depth)  # taken before a part is produced, given back when it is consumed
     stop = threading.Event()
 
     def produce() -> None:
         try:
-            for part in parts:
-                while not stop.is_set():
-                    try:
-                        q.put((None, part), timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
+            it = iter(parts)
+            while True:
+                while not room.acquire(timeout=0.5):
+                    if stop.is_set():
+                        return
                 if stop.is_set():
                     return
-            q.put((None, done))
+                part = next(it, done)
+                q.put((None, part))
+                if part is done:
+                    return
         except BaseException as exc:  # handed to the consumer
             q.put((exc, None))
 
@@ -271,11 +274,9 @@ def prefetched(parts: Iterator[Any], depth: int) -> Iterator[Any]:
                 raise exc
             if part is done:
                 return
+            room.release()
             yield part
     finally:
         stop.set()
-        while worker.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                worker.join(0.1)
+        room.release()  # a producer waiting for room wakes and sees the stop
+        worker.join()

@@ -167,10 +167,11 @@ class TextGroup:
     files: list[LandingFile]
     texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None
     not_plain: str | None = None
+    plain: PlainBatch | None = None  # its records checked and numbered (:func:`checked_ahead`)
 
     @property
     def streamed(self) -> bool:
-        return self.texts is None and self.not_plain is None
+        return self.texts is None and self.not_plain is None and self.plain is None
 
 
 def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) -> Iterator[TextGroup]:
@@ -214,6 +215,27 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
             group, texts, size, reason = [], [], 0, None
     if group:
         yield TextGroup(group, texts, reason)
+
+
+def checked_ahead(groups: Iterator[TextGroup], store: LandingStore, max_bytes: int) -> Iterator[TextGroup]:
+    """``groups`` each read and checked (its :class:`PlainBatch` built: records parsed, positions
+    checked, shapes numbered) on another thread while the caller loads the group before it: the
+    files' reading and checking overlap the previous group's typing, writes and commits (Arrow,
+    numpy, zstd and the Parquet writer release the GIL for most of their work). One group is read
+    ahead at most, so two are held at most. Reading commits nothing: a group read ahead and never
+    loaded (the load failed, or was killed) is read again by the next load."""
+    from loader.lake.files import prefetched
+
+    def checked(group: TextGroup) -> TextGroup:
+        if group.texts is not None and group.not_plain is None:
+            try:
+                group.plain = PlainBatch(store, group.files, max_bytes, group.texts)
+            except NotPlain as exc:
+                group.not_plain = str(exc)
+            group.texts = None
+        return group
+
+    return prefetched(map(checked, groups), depth=1)
 
 
 class PlainBatch:

@@ -260,7 +260,7 @@ class HistoryLoad:
         (loader.load.driver.plain_groups: read once, here, lazily, so one group is in memory at a
         time), with what was read of them (None: the driver reads them when it loads them)."""
         from loader.landing.store import CHANGES, JSONL
-        from loader.load.driver import plain_groups
+        from loader.load.driver import checked_ahead, plain_groups
 
         max_bytes = self.settings.load.driver_max_bytes
         for segment in _by_format(batch):
@@ -268,7 +268,8 @@ class HistoryLoad:
             if segment[0].format not in (JSONL, CHANGES) or not max_bytes or not _disjoint(segment):
                 yield segment, None
                 continue
-            read_next = functools.partial(next, plain_groups(self.store, segment, max_bytes), None)
+            groups = checked_ahead(plain_groups(self.store, segment, max_bytes), self.store, max_bytes)
+            read_next = functools.partial(next, groups, None)
             while (group := _landing_read_explained(read_next)) is not None:
                 yield group.files, group
 
@@ -445,6 +446,8 @@ class HistoryLoad:
             plain: PlainBatch | SnapshotBatch | StreamedPlainBatch
             if formats == {ARROW}:
                 plain = _landing_read_explained(lambda: SnapshotBatch(self.store, batch, max_bytes))
+            elif group is not None and group.plain is not None:
+                plain = group.plain
             elif group is not None and group.streamed:
                 plain = _landing_read_explained(lambda: StreamedPlainBatch(self.store, batch, max_bytes))
             else:
