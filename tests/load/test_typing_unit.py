@@ -371,3 +371,29 @@ def test_constant_arrays_are_the_value_repeated(value: Any, n: int) -> None:
     got = constant_array(value, t, n)
     got.validate(full=True)
     assert got.equals(pa.array([value] * n, t))
+
+
+# --- the plain-form test (values.plain) against the regex it stands for ------------------------
+
+_NUMBER_TEXT = st.text(alphabet="0123456789-.+eE x\u0663\n", max_size=8)
+_PLAIN_FORMS = ["INT", "BIGINT", "DECIMAL(18,2)", "DECIMAL(38,10)", "DATE", "TIMESTAMP", "TIMESTAMP_NTZ", "DOUBLE"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.one_of(st.none(), _NUMBER_TEXT, st.from_regex(r"-?[0-9]{1,5}(\.[0-9]{1,3})?", fullmatch=True))),
+    sql=st.sampled_from(_PLAIN_FORMS),
+    sliced=st.integers(0, 3),
+)
+def test_plain_is_exactly_the_plain_forms_regex(texts: list[str | None], sql: str, sliced: int) -> None:
+    """The fast tests only ever accept what the regex accepts, and the regex decides the rest: the
+    answer is RE2's for every text (a slice too: offsets not starting at 0)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from loader.lake.types import plain_text
+    from loader.load.values import plain
+
+    values = pa.array(["5", "x", None, *texts], pa.string()).slice(min(sliced, len(texts)))
+    want = pc.fill_null(pc.match_substring_regex(values, plain_text(sql)), True).to_pylist()
+    assert plain(values, sql).tolist() == want
