@@ -368,11 +368,12 @@ class LoadSettings(_Section):
     # Batches in which nothing is unusual (see loader.load.driver: intact files, row changes only,
     # values Arrow types as Spark does) are read, typed and appended on the driver with Arrow,
     # without a Spark job, in groups of up to this many bytes of landing text, each cut after a file
-    # that ends a transaction (loader.load.driver.plain_groups); the driver holds about twice a
-    # group in memory; one transaction longer than this is read again file by file as its rows
-    # are written (StreamedPlainBatch). A group that is not plain goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
+    # that ends a transaction (loader.load.driver.plain_groups); the next group is read and
+    # checked on a second thread while one is typed and written (driver.checked_ahead): the driver
+    # holds about four groups' worth in memory; one transaction longer than this is read again file
+    # by file as its rows are written (StreamedPlainBatch). A group that is not plain goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
     # a driver load are the same transient errors (exit 75) as on the Spark path.
-    driver_max_bytes: int = Field(default=128 << 20, ge=0)
+    driver_max_bytes: int = Field(default=64 << 20, ge=0)
 
 
 class DbtSettings(_Section):
