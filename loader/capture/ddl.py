@@ -64,7 +64,7 @@ SCHEMA = "loader"
 FUNCTION = "loader.ddl_message()"
 TRIGGERS = {"loader_ddl_end": "ddl_command_end", "loader_ddl_rewrite": "table_rewrite"}
 # The function's comment: which version of it is installed (capture replaces an older one).
-VERSION = "lakehouse-loader ddl trigger v2"
+VERSION = "lakehouse-loader ddl trigger v3"
 
 # table_rewrite reasons (PostgreSQL's AT_REWRITE_* bits).
 REWRITE_PERSISTENCE = 1
@@ -126,7 +126,10 @@ def install_sql() -> str:
     that may not (``loader slot ddl-trigger`` prints them)."""
     triggers = "\n".join(
         f"DROP EVENT TRIGGER IF EXISTS {name};\n"
-        f"CREATE EVENT TRIGGER {name} ON {event} EXECUTE FUNCTION loader.ddl_message();"
+        f"CREATE EVENT TRIGGER {name} ON {event} EXECUTE FUNCTION loader.ddl_message();\n"
+        # Also for sessions with session_replication_role = replica (pg_restore --disable-triggers,
+        # migration tools): an event trigger enabled the default way does not fire for them.
+        f"ALTER EVENT TRIGGER {name} ENABLE ALWAYS;"
         for name, event in TRIGGERS.items()
     )
     return (
@@ -164,6 +167,15 @@ def state(conn: psycopg.Connection) -> TriggerState:
     disabled = [name for name, _, enabled in rows if enabled == "D"]
     if disabled:
         return TriggerState(None, f"event trigger {', '.join(disabled)} is disabled")
+    # 'O' (ALTER EVENT TRIGGER ... ENABLE) fires for ordinary sessions only, 'R' for replica ones
+    # only: DDL of the other kind would be missing from a stream capture trusted ('A': always).
+    partial = [name for name, _, enabled in rows if enabled != "A"]
+    if partial:
+        return TriggerState(
+            None,
+            f"event trigger {', '.join(partial)} is disabled for some sessions (session_replication_role;"
+            " the loader installs it ENABLE ALWAYS)",
+        )
     if not row[1]:
         # Its messages cannot be emitted: nothing in the stream would say a DDL happened.
         return TriggerState(None, f"the owner of {FUNCTION} may not execute pg_logical_emit_message")

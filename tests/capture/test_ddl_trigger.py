@@ -26,7 +26,7 @@ def test_ddl_in_the_stream_on_tables_created_since_the_last_capture(env: Env, pl
     env.sql("CREATE TABLE public.k (id int PRIMARY KEY, v text)")
     env.sql("CREATE TABLE public.same (id int PRIMARY KEY, v text)")
     env.capture()  # the slot, and the trigger with it (the test role is a superuser)
-    assert triggers(env) == [("loader_ddl_end", "O"), ("loader_ddl_rewrite", "O")]
+    assert triggers(env) == [("loader_ddl_end", "A"), ("loader_ddl_rewrite", "A")]
     env.sql("INSERT INTO public.k SELECT g, 'k' || g FROM generate_series(1, 10) g")
     env.sql("INSERT INTO public.same SELECT g, 's' || g FROM generate_series(1, 10) g")
     env.run_all()
@@ -161,6 +161,32 @@ def test_a_broken_trigger_never_stops_the_ddl_and_capture_falls_back(env: Env) -
     assert "rewritten" in cap.resynced["public.t"], cap.resynced
     env.assert_reconciled()
     assert ddl.state(env.conn).token is not None  # left as found: capture does not replace it
+
+
+def test_ddl_under_session_replication_role_replica_is_in_the_stream(env: Env) -> None:
+    """A session with ``session_replication_role = replica`` (pg_restore --disable-triggers,
+    migration tools that skip foreign-key triggers) fires only event triggers enabled ALWAYS or
+    REPLICA. Its ``ALTER ... TYPE ... USING`` rewrites the table's values without a row change in the
+    WAL; had the trigger not fired, the rewrite would look like a ``VACUUM FULL`` and nothing would
+    be resynced. The trigger is installed ENABLE ALWAYS; one enabled only for ordinary sessions (a
+    plain ``ALTER EVENT TRIGGER ... ENABLE``) is not trusted."""
+    env.sql("CREATE TABLE public.t (id int PRIMARY KEY, v text)")
+    env.capture()
+    env.sql("INSERT INTO public.t SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    env.run_all()
+    assert triggers(env) == [("loader_ddl_end", "A"), ("loader_ddl_rewrite", "A")]
+    replica = "SET LOCAL session_replication_role = replica"
+    env.transaction(replica, "ALTER TABLE public.t ALTER COLUMN v TYPE text USING upper(v)")
+    cap, _, _ = env.run_all()
+    assert "public.t" in cap.resynced, cap.resynced
+    env.assert_reconciled()
+    # Enabled for ordinary sessions only: capture does not trust it (a rewrite is then resynced).
+    env.sql("ALTER EVENT TRIGGER loader_ddl_rewrite ENABLE")
+    env.transaction(replica, "ALTER TABLE public.t ALTER COLUMN v TYPE text USING lower(v)")
+    cap, _, _ = env.run_all()
+    assert triggers(env) == [("loader_ddl_end", "A"), ("loader_ddl_rewrite", "O")]
+    assert "rewritten" in cap.resynced["public.t"], cap.resynced
+    env.assert_reconciled()
 
 
 def test_a_disabled_trigger_is_left_disabled_and_rewrites_are_resynced(env: Env) -> None:

@@ -46,6 +46,19 @@ OUTPUT_SETTINGS = [
     ("extra_float_digits", "0"),
 ]
 ENUM = "public.fz_mood"
+# DDL forms the fuzz may run from a session with session_replication_role = replica (they write no rows).
+REPLICA_ROLE_FORMS = frozenset(
+    {
+        "add_column",
+        "add_column_default",
+        "add_column_volatile",
+        "retype_widen",
+        "retype_text",
+        "set_default",
+        "not_null",
+    }
+    | {"vacuum_full", "enum_rename"}
+)
 
 # --- steps ---------------------------------------------------------------------------------------
 
@@ -792,7 +805,21 @@ class Generator:
             form = "add_column"
         if form == "unlogged" and t.new_since_capture and not self.ddl_trigger:
             form = "add_column"  # what the catalog comparison alone cannot see (Workload.ddl_trigger)
+        before = len(self.steps)
         getattr(self, f"ddl_{form}")(t)
+        # Some DDL from a session with session_replication_role = replica (pg_restore
+        # --disable-triggers, migration tools), for which only event triggers enabled ALWAYS fire.
+        # Only forms that write no rows: the audit log's row triggers do not fire there either. A
+        # draw of its own, so the workload's other draws (and every seed's workload) stay the same.
+        replica = random.Random(f"{self.seed} replica {before}").random() < 0.2
+        if replica and form in REPLICA_ROLE_FORMS:
+            for i in range(before, len(self.steps)):
+                step = self.steps[i]
+                if isinstance(step, Sql):
+                    self.steps[i] = Sql(
+                        ("SET session_replication_role = replica", *step.statements, "RESET session_replication_role"),
+                        f"{step.note} (session_replication_role = replica)",
+                    )
 
     def _value_cols(self, t: Table, kinds: tuple[str, ...] | None = None) -> list[Col]:
         return [c for c in t.value_cols() if c.name != t.unique_col and (kinds is None or c.kind in kinds)]
