@@ -45,6 +45,9 @@ class Column:
     # {"enum": {label oid: label}} or {"composite": [[attnum, name, type], ...]}; None for other
     # types, and in a picture an older version of the loader saved.
     type_sig: Any = None
+    # pg_attribute.attgenerated: '' plain, 's' stored generated; None in a picture an older version
+    # of the loader saved.
+    generated: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class TableFacts:
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["columns"] = {n: [c.name, c.type, c.has_missing, c.type_sig] for n, c in self.columns.items()}
+        doc["columns"] = {n: [c.name, c.type, c.has_missing, c.type_sig, c.generated] for n, c in self.columns.items()}
         return doc
 
     @classmethod
@@ -102,7 +105,7 @@ class TableFacts:
             primary_key=list(doc["primary_key"]),
             identity_index_columns=list(doc["identity_index_columns"]),
             columns={
-                n: Column(str(c[0]), str(c[1]), bool(c[2]), c[3] if len(c) > 3 else None)
+                n: Column(str(c[0]), str(c[1]), bool(c[2]), c[3] if len(c) > 3 else None, c[4] if len(c) > 4 else None)
                 for n, c in doc["columns"].items()
             },
             partitions=list(doc.get("partitions", [])),
@@ -159,6 +162,13 @@ def column_changes(old: TableFacts, now: TableFacts, rewritten: bool) -> tuple[l
                 added_plain.append(col.name)
         elif prev.name != col.name:
             reasons.append(f"column {prev.name} was renamed to {col.name}")
+        elif prev.generated is not None and col.generated is not None and prev.generated != col.generated:
+            # DROP EXPRESSION keeps the values and rewrites nothing; pgoutput never sent them.
+            reasons.append(
+                f"column {col.name} is no longer generated (DROP EXPRESSION): its values come from the stream now, and pgoutput never sent them"
+                if prev.generated
+                else f"column {col.name} became generated"
+            )
         elif prev.type != col.type and rewritten:
             reasons.append(f"column {col.name} changed type from {prev.type} to {col.type} with a table rewrite")
         elif prev.type != col.type and not retype_in_place(prev.type, col.type):
@@ -365,7 +375,7 @@ SELECT n.nspname AS nspname, c.relname AS relname, c.oid::bigint AS oid, c.relfi
        {index_columns_sql("primary")} AS primary_key,
        {index_columns_sql("identity")} AS identity_columns,
        COALESCE((SELECT json_agg(json_build_array(a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.atthasmissing,
-                                                  {_TYPE_SIGNATURE_SQL})
+                                                  {_TYPE_SIGNATURE_SQL}, a.attgenerated)
                          ORDER BY a.attnum)
                  FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]') AS columns,
        c.relkind AS relkind, c.relispartition AS is_partition,
@@ -410,7 +420,12 @@ def facts_from_rows(rows: Any) -> list[tuple[str, TableFacts, str, bool, str | N
             replica_identity=IDENTITY_NAMES.get(ident, ident),
             primary_key=list(pk or []),
             identity_index_columns=list(idx or []),
-            columns={str(a[0]): Column(str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None) for a in cols},
+            columns={
+                str(a[0]): Column(
+                    str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None, a[5] if len(a) > 5 else None
+                )
+                for a in cols
+            },
             identity_ok=bool(ident_ok),
             created_xid=None if xid is None else int(xid),
         )

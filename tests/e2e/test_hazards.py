@@ -639,6 +639,13 @@ def test_generated_columns_follow_their_base_columns(env: Env, plugin: str) -> N
     env.sql("UPDATE public.g SET x = x + 100 WHERE id IN (2, 6)")
     env.run_all()
     env.assert_reconciled()
+    # DROP EXPRESSION makes it a plain column holding its values, without a rewrite or a row
+    # change: pgoutput sends it from now on, and the rows it never sent must get their values.
+    env.sql("ALTER TABLE public.g ALTER COLUMN doubled DROP EXPRESSION")
+    env.sql("UPDATE public.g SET x = 0 WHERE id = 1")
+    cap, _, _ = env.run_all()
+    assert "generated" in cap.resynced.get("public.g", ""), cap.resynced
+    env.assert_reconciled()
 
 
 @pytest.mark.parametrize("plugin", ["wal2json", "pgoutput"])
