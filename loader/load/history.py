@@ -257,8 +257,9 @@ class HistoryLoad:
         """``batch`` as the batches the load takes one after another, each with its ledger rows:
         snapshot chunks (landing v2) apart from the change stream's files (v1, or v2 change files:
         one format per segment), and those in groups the driver holds
-        (loader.load.driver.plain_groups: read once, here, lazily, so one group is in memory at a
-        time), with what was read of them (None: the driver reads them when it loads them)."""
+        (loader.load.driver.plain_groups: read once, the next one read and checked ahead on a second
+        thread while one is loaded, loader.load.driver.checked_ahead, so two are in memory at most),
+        with what was read of them (None: the driver reads them when it loads them)."""
         from loader.landing.store import CHANGES, JSONL
         from loader.load.driver import checked_ahead, plain_groups
 
