@@ -222,11 +222,13 @@ def read_batches(data: bytes, header_from_doc: Any, names: Any, types: Any = Non
         reader = pa.ipc.open_stream(pa.BufferReader(data))
         meta = reader.schema.metadata or {}
         header = header_from_doc(json.loads(meta[METADATA_KEY].decode("utf-8")))
+        # A column name that is not UTF-8 (a flipped bit in the schema message) raises here too.
+        stream_names = reader.schema.names
     except (pa.ArrowException, ValueError, KeyError, TypeError, UnicodeDecodeError, OSError) as exc:
         # Arrow raises a plain OSError for a damaged schema message ("Invalid flatbuffers
         # message"): damage to the bytes in hand, not a failed read.
         return None, [], f"no readable Arrow stream header: {exc}"
-    if reader.schema.names != names(header):
+    if stream_names != names(header):
         return None, [], "Arrow stream columns do not match its header"
     wrong = types(header, reader.schema) if types is not None else None
     if wrong is not None:
@@ -238,7 +240,7 @@ def read_batches(data: bytes, header_from_doc: Any, names: Any, types: Any = Non
             batch.validate(full=True)
         except StopIteration:
             break
-        except (pa.ArrowException, ValueError, OSError) as exc:
+        except (pa.ArrowException, ValueError, OSError) as exc:  # (UnicodeDecodeError is a ValueError)
             return header, batches, f"Arrow stream damaged after {sum(b.num_rows for b in batches)} rows: {exc}"
         batches.append(batch)
     return header, batches, None

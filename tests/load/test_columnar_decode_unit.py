@@ -120,6 +120,28 @@ def test_columnar_decoding_gives_the_row_paths_rows(
     assert pa.Table.from_batches([got]).to_pylist() == pa.Table.from_batches([want]).to_pylist()
 
 
+def test_a_column_name_damaged_into_invalid_utf8_is_damage_not_a_crash(tmp_path: Path) -> None:
+    """A flipped byte inside a column name of the stream's schema message (found by the test
+    above: Arrow then raises UnicodeDecodeError when the names are read): the file's header is
+    unreadable, which parks its tables, and both decoders say so instead of stopping the load."""
+    from loader.landing import changefile
+
+    records = [
+        ChangeRecord(
+            "I", 500, 1, 7, "2026-01-01 00:00:00+00", "public", "t", 499, [Column("id", "integer", "1")], [], ["id"]
+        ),
+        ChangeRecord(COMMIT, 500, 2, 7, "2026-01-01 00:00:00+00"),
+    ]
+    name, data = _file(tmp_path / "land", records)
+    at = data.index(b"change_lsn")
+    damaged = data[:at] + b"\xff" + data[at + 1 :]
+    got = changefile.salvage(damaged)
+    assert got.header is None and got.damage is not None and "header" in got.damage, got.damage
+    rows, span = _row_path(name, damaged)
+    assert plain_change_rows(name, damaged, span) is None
+    assert rows and all(r["op"] == "park" or r["reject_reason"] is not None for r in rows), rows
+
+
 def test_plain_files_are_taken_in_columns(tmp_path: Path) -> None:
     """The common file (row changes of a few shapes, nulls, unchanged TOAST left out) is taken:
     the executors decode it without a Python object per record."""
