@@ -49,6 +49,12 @@ class Column:
     # of the loader saved.
     generated: str | None = None
 
+    @classmethod
+    def from_array(cls, a: list[Any]) -> Column:
+        """A column as the picture stores it: [name, type, has_missing, type_sig, generated] (the
+        last two missing from pictures older versions saved)."""
+        return cls(str(a[0]), str(a[1]), bool(a[2]), a[3] if len(a) > 3 else None, a[4] if len(a) > 4 else None)
+
 
 @dataclass(frozen=True)
 class TableFacts:
@@ -104,10 +110,7 @@ class TableFacts:
             replica_identity=str(doc["replica_identity"]),
             primary_key=list(doc["primary_key"]),
             identity_index_columns=list(doc["identity_index_columns"]),
-            columns={
-                n: Column(str(c[0]), str(c[1]), bool(c[2]), c[3] if len(c) > 3 else None, c[4] if len(c) > 4 else None)
-                for n, c in doc["columns"].items()
-            },
+            columns={n: Column.from_array(c) for n, c in doc["columns"].items()},
             partitions=list(doc.get("partitions", [])),
             identity_ok=bool(doc.get("identity_ok", True)),
             created_xid=None if doc.get("created_xid") is None else int(doc["created_xid"]),
@@ -420,12 +423,7 @@ def facts_from_rows(rows: Any) -> list[tuple[str, TableFacts, str, bool, str | N
             replica_identity=IDENTITY_NAMES.get(ident, ident),
             primary_key=list(pk or []),
             identity_index_columns=list(idx or []),
-            columns={
-                str(a[0]): Column(
-                    str(a[1]), str(a[2]), bool(a[3]), a[4] if len(a) > 4 else None, a[5] if len(a) > 5 else None
-                )
-                for a in cols
-            },
+            columns={str(a[0]): Column.from_array(a[1:]) for a in cols},  # [attnum, *the stored array]
             identity_ok=bool(ident_ok),
             created_xid=None if xid is None else int(xid),
         )

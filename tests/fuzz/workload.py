@@ -56,8 +56,9 @@ REPLICA_ROLE_FORMS = frozenset(
         "retype_text",
         "set_default",
         "not_null",
+        "vacuum_full",
+        "enum_rename",
     }
-    | {"vacuum_full", "enum_rename"}
 )
 
 # --- steps ---------------------------------------------------------------------------------------
