@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -242,15 +243,18 @@ class HistoryLoad:
             # Snapshot chunks (landing v2) and v1 files load as batches of their own, one after
             # another, each with its ledger rows: each can take its own driver path. A v1 backlog
             # larger than load.driver_max_bytes loads as several driver batches (bounded memory).
-            for segment, group in self._sub_batches(batch):
-                part = LoadResult()
-                self._load_batch(segment, part, group=group)
-                result.files += part.files
-                for t, n in part.rows_per_table.items():
-                    result.rows_per_table[t] = result.rows_per_table.get(t, 0) + n
-                part.rows_per_table = {}
-                result.absorb(part)
-                result.loaded_through = part.loaded_through or result.loaded_through
+            # A group the driver typed is committed on a thread of its own while the next group is
+            # typed (_Committer: commits stay in group order, one group at a time).
+            with _Committer(result) as committer:
+                for segment, group in self._sub_batches(batch):
+                    part = LoadResult()
+                    commit = self._typed_group(segment, part, group, committer.settle)
+                    committer.settle()  # the group before is committed (or its error raised here)
+                    if commit is None:
+                        self._load_batch(segment, part, group=group)
+                        committer.add(part)
+                    else:
+                        committer.submit(commit, part)
             return result
 
     def _sub_batches(self, batch: list[LandingFile]) -> Iterator[tuple[list[LandingFile], TextGroup | None]]:
@@ -301,12 +305,6 @@ class HistoryLoad:
         group: TextGroup | None = None,
     ) -> None:
         """``group``: ``batch`` as :meth:`_sub_batches` read it (its text, or why it is not plain)."""
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
-        from loader.config import executor_settings_json
-        from loader.spark import executor_environment
-
         self._positions_unique = _disjoint(batch)
         if row_filter is None and not dry_run:
             plain = self._driver_load(batch, result, group)
@@ -318,10 +316,29 @@ class HistoryLoad:
                 return
         else:
             self._spark_reason = "a replay or a dry run"
+        self._spark_load(batch, result, self._spark_reason, row_filter, ledger, dry_run)
+
+    def _spark_load(
+        self,
+        batch: list[LandingFile],
+        result: LoadResult,
+        reason: str,
+        row_filter: str | None = None,
+        ledger: bool = True,
+        dry_run: bool = False,
+    ) -> None:
+        """Load ``batch`` through Spark (``reason``: why not on the driver): the files decoded in
+        the executors, every table appended, then the ledger."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        from loader.config import executor_settings_json
+        from loader.spark import executor_environment
+
         # Credentials reach executors as their environment, never in the pickled function.
         self.spark.sparkContext.environment.update(executor_environment(self.settings))
-        result.engines.append(f"spark ({len(batch)} files): {self._spark_reason}")
-        log.info("load: %d files through Spark: %s", len(batch), self._spark_reason)
+        result.engines.append(f"spark ({len(batch)} files): {reason}")
+        log.info("load: %d files through Spark: %s", len(batch), reason)
         files_df = self.spark.createDataFrame([(f.name,) for f in batch], "landing_file STRING")
         parallelism = max(1, min(len(batch), self.spark.sparkContext.defaultParallelism * 2))
         decoded = files_df.repartition(parallelism).mapInArrow(
@@ -423,7 +440,57 @@ class HistoryLoad:
     ) -> BatchSurvey | None:
         """Load a plain batch on the driver (loader.load.driver): its survey, or None when the
         batch is not plain (nothing was appended; the Spark path loads it)."""
-        from loader.lake.catalog import open_catalog
+        typed = self._driver_typed(batch, result, group)
+        if typed is None:
+            return None
+        plain, prepared = typed
+        reason = self._driver_append_all(plain, prepared, batch, result)
+        if reason is not None:
+            self._spark_reason = reason
+            return None
+        return plain.survey
+
+    def _typed_group(
+        self, batch: list[LandingFile], result: LoadResult, group: TextGroup | None, before_change: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """A group of the change stream the driver read and checked ahead (``group.plain``) typed
+        here, table by table (their history tables created or evolved first, after
+        ``before_change``, which commits the group before), and what commits it: its tables'
+        appends, then its ledger rows (or, should a table turn out not plain while it is appended,
+        the Spark path's load of the batch), in the order a load without this stage commits them.
+        None when the group is not one for this stage (the Spark path's batches, snapshot chunks,
+        a transaction streamed file by file) or not plain (then ``group.not_plain`` says why, so
+        :meth:`_load_batch` takes the Spark path without typing it again)."""
+        if group is None or group.plain is None:
+            return None
+        self._positions_unique = _disjoint(batch)
+        typed = self._driver_typed(batch, result, group, before_change)
+        if typed is None:
+            group.plain, group.not_plain = None, self._spark_reason
+            return None
+        plain, prepared = typed
+
+        def commit() -> None:
+            reason = self._driver_append_all(plain, prepared, batch, result)
+            if reason is not None:
+                self._spark_load(batch, result, reason)
+                return
+            result.engines.append(f"driver ({len(batch)} files)")
+            result.files = [f.name for f in batch]
+            self._write_ledger(batch, self._ledger_rows(plain.survey, batch), result)
+
+        return commit
+
+    def _driver_typed(
+        self,
+        batch: list[LandingFile],
+        result: LoadResult,
+        group: TextGroup | None = None,
+        before_change: Callable[[], None] = lambda: None,
+    ) -> tuple[Any, list[_DriverTable]] | None:
+        """A plain batch read (unless ``group`` holds it read) and its tables prepared for the
+        driver's append (:meth:`_driver_prepare`): (the batch, its tables), or None when the batch
+        is not plain (``_spark_reason`` says why; nothing was committed)."""
         from loader.landing.store import ARROW
         from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch, StreamedPlainBatch
 
@@ -457,11 +524,28 @@ class HistoryLoad:
                 plain = _landing_read_explained(lambda: PlainBatch(self.store, batch, max_bytes, texts))
             read = time.perf_counter()
             for table, (columns, pk) in sorted(plain.survey.tables().items()):
-                prepared.append(self._driver_prepare(plain, table, columns, pk, result))
+                prepared.append(self._driver_prepare(plain, table, columns, pk, result, before_change))
         except NotPlain as exc:
             self._spark_reason = str(exc)
             return None
-        typed = time.perf_counter()
+        log.debug(
+            "load on the driver: %d changes read %.2fs, tables prepared %.2fs",
+            plain.num_rows,
+            read - started,
+            time.perf_counter() - read,
+        )
+        return plain, prepared
+
+    def _driver_append_all(
+        self, plain: Any, prepared: list[_DriverTable], batch: list[LandingFile], result: LoadResult
+    ) -> str | None:
+        """Append a driver batch's tables (``prepared``), each in one commit: None, or why the
+        batch goes through the Spark path after all (a table found not plain while it was
+        appended; the tables appended before it are skipped by the Spark path's anti-join)."""
+        from loader.lake.catalog import open_catalog
+        from loader.load.driver import NotPlain
+
+        started = time.perf_counter()
         catalog = open_catalog(self.settings)
         last_file = batch[-1]
 
@@ -474,29 +558,30 @@ class HistoryLoad:
             for part in each_table(prepared, append_one, self.settings.spark.table_threads, "load"):
                 result.absorb(part)
         except NotPlain as exc:
-            # Found while a snapshot too big to hold was typed file by file: nothing of that table
-            # was committed; tables appended before it are skipped by the Spark path's anti-join.
-            self._spark_reason = f"{exc} (found while appending)"
-            log.warning("load: %s; the batch goes through Spark", self._spark_reason)
-            return None
-        log.debug(
-            "load on the driver: %d changes read %.2fs, tables prepared %.2fs, appended %.2fs",
-            plain.num_rows,
-            read - started,
-            typed - read,
-            time.perf_counter() - typed,
-        )
-        return plain.survey
+            # Found while a snapshot too big to hold was typed file by file, or its rejects read
+            # again: nothing of that table was committed.
+            reason = f"{exc} (found while appending)"
+            log.warning("load: %s; the batch goes through Spark", reason)
+            return reason
+        log.debug("load on the driver: %d changes appended %.2fs", plain.num_rows, time.perf_counter() - started)
+        return None
 
     def _driver_prepare(
-        self, plain: Any, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], result: LoadResult
+        self,
+        plain: Any,
+        table: SourceTable,
+        columns: list[tuple[str, str]],
+        pk: list[str],
+        result: LoadResult,
+        before_change: Callable[[], None] = lambda: None,
     ) -> _DriverTable:
         """One table of a plain batch: its history table created or evolved, its rows typed (rows
         whose values do not fit as the Spark path leaves them: in the rejects table, with a park).
         NotPlain (nothing appended yet) for what only the Spark path does.
 
         The table is read, and created when missing, with pyiceberg: only a table to evolve goes
-        through Spark's DDL, which starts a JVM."""
+        through Spark's DDL, which starts a JVM. ``before_change`` runs before the catalog is
+        changed (a table created or evolved): the commits of groups before this one are made first."""
         from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
@@ -533,15 +618,17 @@ class HistoryLoad:
             pg_types, props = _history_table_spec(table, columns, pk)
             lake_columns = source_columns(pg_types, HISTORY_METADATA)
             where = default_location(self.settings.catalog.warehouse, *py_ident)
+            before_change()
             with warehouse_answers(f"creating {ident}", "re-run 'loader load' once the warehouse answers"):
                 hist = create_table(
                     catalog, py_ident, lake_columns, props, "pg_txn_timestamp", ["pg_lsn", "pg_seq"], where
                 )
             hist_columns = [HistoryColumn(n, t) for n, t in pg_types.items()]
         elif hist_columns is None:
+            before_change()
             hist_columns, _ = self._ensure_history_table(table, columns, pk, None, result)  # type: ignore[arg-type]
             hist = catalog.load_table(py_ident)
-        if self._dropped_columns(ident, table, plain.survey, hist_columns, hist.properties):
+        if self._dropped_columns(ident, table, plain.survey, hist_columns, hist.properties, before_change):
             raise NotPlain(f"{table.qualified}: columns dropped at the source")
         first, last = plain.span(table)
         if not _all_new(hist.properties, lambda: hist.current_snapshot() is None, first):
@@ -1059,6 +1146,7 @@ class HistoryLoad:
         batch_survey: BatchSurvey,
         columns: list[HistoryColumn],
         props: dict[str, str] | None = None,
+        before_change: Callable[[], None] = lambda: None,
     ) -> dict[str, ChangePosition]:
         """Columns dropped at the source, with the position the drop was first seen (see
         :meth:`loader.load.survey.BatchSurvey.dropped_columns`). Updates after that position carry
@@ -1070,6 +1158,7 @@ class HistoryLoad:
         known, changed = batch_survey.dropped_columns(table, known, [(c.source, c.pg_type) for c in columns])
         if changed:
             value = json.dumps({c: p.token() for c, p in sorted(known.items())})
+            before_change()
             update_properties(self.spark, ident, {PROP_DROPPED_COLUMNS: value})
         return known
 
@@ -1138,6 +1227,63 @@ class HistoryLoad:
         self._newest_ts = batch_survey.newest_ts()
         now = datetime.now(UTC)
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
+
+
+class _Committer:
+    """The commits of a load's driver groups, on a thread of their own: a group's appends and
+    ledger (``submit``) run while the load types the next group, one group at a time and in group
+    order, so a load killed anywhere leaves what a load without this stage leaves (a prefix of
+    the groups committed, each table's append before its group's ledger). :meth:`settle` waits
+    for the group submitted before, adds its results to the load's, or raises its error (nothing
+    after it is committed then). A load that fails while a group commits waits for that commit,
+    whatever its outcome, before it raises.
+
+    Memory: a group committing, one being typed and one read ahead (loader.load.driver.checked_ahead).
+    """
+
+    def __init__(self, result: LoadResult) -> None:
+        self.result = result
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: tuple[Future[None], LoadResult] | None = None
+
+    def __enter__(self) -> _Committer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc is None:
+                self.settle()
+            elif self._pending is not None:
+                pending, self._pending = self._pending[0], None
+                wait([pending])  # its commit finishes (or fails) before the load's error is raised
+                if pending.exception() is not None:
+                    log.warning("load: a group's commit failed too: %s", pending.exception())
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+    def submit(self, commit: Callable[[], None], part: LoadResult) -> None:
+        assert self._pending is None, "settle() before the next submit()"
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="load-commit")
+        self._pending = (self._pool.submit(commit), part)
+
+    def settle(self) -> None:
+        if self._pending is None:
+            return
+        (future, part), self._pending = self._pending, None
+        future.result()
+        self.add(part)
+
+    def add(self, part: LoadResult) -> None:
+        """A group's results, once committed, in the load's."""
+        result = self.result
+        result.files += part.files
+        for t, n in part.rows_per_table.items():
+            result.rows_per_table[t] = result.rows_per_table.get(t, 0) + n
+        part.rows_per_table = {}
+        result.absorb(part)
+        result.loaded_through = part.loaded_through or result.loaded_through
 
 
 @dataclass
