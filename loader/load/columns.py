@@ -75,7 +75,7 @@ def text_lists(chunked: Any) -> tuple[np.ndarray, pa.Array]:
 
 
 def shape_ids(row_codes: list[np.ndarray], lists: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, int]:
-    """Rows numbered by their shape, densely from 0: rows get the same number exactly when their
+    """Rows numbered by their shape, densely from 0 in order of first appearance: rows get the same number exactly when their
     ``row_codes`` and their code lists (``(row offsets, codes)``) are equal.
 
     The codes are combined as digits of one number per row (mixed radix); when the next digit
@@ -110,8 +110,29 @@ def shape_ids(row_codes: list[np.ndarray], lists: list[tuple[np.ndarray, np.ndar
             values = np.zeros(n, np.int64)
             values[has] = items[offsets[:-1][has] + k] + 1
             digit(values, radix)
-    uniq, inverse = np.unique(acc, return_inverse=True)
-    return inverse.ravel().astype(np.int64), len(uniq)
+    return dense_ids(acc)
+
+
+def dense_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integers numbered densely from 0 in the order they first appear (equal values, equal
+    numbers), by Arrow's hash table: no sort. Returns (numbers, how many)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(pa.array(values, pa.int64()))
+    return np.asarray(encoded.indices).astype(np.int64), len(encoded.dictionary)
+
+
+def first_rows(ids: np.ndarray) -> np.ndarray:
+    """Where each number of :func:`dense_ids` first appears (the rows where the running maximum
+    rises: numbers are given in order of first appearance), for number 0, 1, ..."""
+    import numpy as np
+
+    if not len(ids):
+        return np.zeros(0, np.int64)
+    running = np.maximum.accumulate(ids)
+    return np.flatnonzero(np.diff(running, prepend=-1) > 0)
 
 
 def text_codes(texts: Any) -> tuple[np.ndarray, Any]:

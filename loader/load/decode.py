@@ -420,7 +420,7 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
     import pyarrow.compute as pc
 
     from loader.landing import changefile
-    from loader.load.columns import NotPlain, RecordColumns
+    from loader.load.columns import NotPlain, RecordColumns, first_rows
     from loader.lsn import positions_after
 
     got = changefile.salvage(data, decode=False)
@@ -462,8 +462,7 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
         return None
     if n:
         shape, _, _ = cols.shape_ids(ops, schema_col, table_col)
-        _, first_rows = np.unique(shape, return_index=True)
-        for r in first_rows.tolist():
+        for r in first_rows(shape).tolist():
             kind = cols.shape(ops, schema_col, table_col, r)
             if _shape_problem(kind.record(), kind.names, kind.key_names) is not None:
                 return None

@@ -37,7 +37,7 @@ from loader.lake.tables import SourceTable
 from loader.lake.types import UTC_TEXT
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import LandingFile, LandingStore
-from loader.load.columns import NotPlain, RecordColumns, RecordShape
+from loader.load.columns import NotPlain, RecordColumns, RecordShape, dense_ids, first_rows
 from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.kernel import absent_columns, json_objects, typed_column
 from loader.load.sql import HistoryColumn
@@ -363,9 +363,8 @@ class PlainBatch:
             for part in texts:
                 if len(part) and pc.any(pc.match_substring_regex(part, f"[{_SEP_FIELD}{_SEP_ITEM}]")).as_py():
                     raise NotPlain("a name holding control characters")
-        uniq, first_row = np.unique(self.shape, return_index=True)
         self.shapes: list[RecordShape | None] = [None] * n_shapes
-        for s, r in zip(uniq.tolist(), first_row.tolist(), strict=True):
+        for s, r in enumerate(first_rows(self.shape).tolist()):
             if not change[r]:
                 continue  # commit markers: no shape
             info = cols.shape(self.op, schema_col, table_col, r)
@@ -383,9 +382,13 @@ class PlainBatch:
         n_shapes = max(1, len(self.shapes))
         group = (self.file_of.astype(np.int64) * n_shapes + self.shape)[self.change]
         at = np.flatnonzero(self.change)
-        keys, first = np.unique(group, return_index=True)
-        _, last_rev, counts = np.unique(group[::-1], return_index=True, return_counts=True)
-        first, last = at[first], at[len(group) - 1 - last_rev]
+        ids, n_groups = dense_ids(group)
+        first = first_rows(ids)
+        last = np.zeros(n_groups, np.int64)
+        np.maximum.at(last, ids, np.arange(len(ids)))
+        counts = np.bincount(ids, minlength=n_groups)
+        order = np.argsort(group[first], kind="stable")  # by file, then shape, as before
+        keys, first, last, counts = group[first][order], at[first[order]], at[last[order]], counts[order]
         seen: dict[tuple[int, str], int] = {}
         merged: dict[tuple[Any, ...], dict[str, Any]] = {}
         for g, a, b, n in zip(keys.tolist(), first.tolist(), last.tolist(), counts.tolist(), strict=True):

@@ -335,7 +335,7 @@ def test_rows_share_a_shape_number_exactly_when_their_codes_are_equal(rows: list
     in Python; codes large enough to force the renumbering the mixed radix needs."""
     import numpy as np
 
-    from loader.load.columns import shape_ids
+    from loader.load.columns import first_rows, shape_ids
 
     def lists(which: int) -> tuple[Any, Any]:
         lengths = [len(r[which]) for r in rows]
@@ -348,6 +348,9 @@ def test_rows_share_a_shape_number_exactly_when_their_codes_are_equal(rows: list
     )
     assert count == len({(a, b, tuple(c), tuple(d)) for a, b, c, d in rows})
     assert sorted(set(ids.tolist())) == list(range(count))
+    # Numbered in order of first appearance, which first_rows reads back.
+    assert list(dict.fromkeys(ids.tolist())) == list(range(count))
+    assert first_rows(ids).tolist() == [ids.tolist().index(k) for k in range(count)]
     for i, ri in enumerate(rows):
         for j, rj in enumerate(rows):
             assert (ids[i] == ids[j]) == (
@@ -397,3 +400,67 @@ def test_plain_is_exactly_the_plain_forms_regex(texts: list[str | None], sql: st
     values = pa.array(["5", "x", None, *texts], pa.string()).slice(min(sliced, len(texts)))
     want = pc.fill_null(pc.match_substring_regex(values, plain_text(sql)), True).to_pylist()
     assert plain(values, sql).tolist() == want
+
+
+# --- dates and timestamps typed in C (values._plain_temporal) against RE2 and Arrow's cast ---------
+
+_TEMPORAL_TEXT = st.one_of(
+    st.text(alphabet="0123456789-: .+", max_size=30),
+    st.builds(
+        lambda y, mo, d, h, mi, s, frac, tail: f"{y:04d}-{mo:02d}-{d:02d} {h:02d}:{mi:02d}:{s:02d}{frac}{tail}",
+        st.integers(0, 9999),
+        st.integers(0, 13),
+        st.integers(0, 32),
+        st.integers(0, 24),
+        st.integers(0, 60),
+        st.integers(0, 60),
+        st.sampled_from(["", ".5", ".123456", ".1234567", ".", ".000001"]),
+        st.sampled_from(["", "+00", "+01", "-00", "+00:00", " BC", "+0"]),
+    ),
+    st.builds(
+        lambda y, mo, d, tail: f"{y:04d}-{mo:02d}-{d:02d}{tail}",
+        st.integers(0, 9999),
+        st.integers(0, 13),
+        st.integers(0, 32),
+        st.sampled_from(["", " BC", " ", "0"]),
+    ),
+    st.sampled_from(["infinity", "-infinity", "2024-02-29", "2023-02-29", "1900-02-29", "2000-02-29 00:00:00+00"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.one_of(st.none(), _TEMPORAL_TEXT), max_size=30),
+    sql=st.sampled_from(["DATE", "TIMESTAMP", "TIMESTAMP_NTZ"]),
+    start=st.integers(0, 3),
+)
+def test_compiled_temporal_typing_equals_the_regex_and_casts(texts: list[str | None], sql: str, start: int) -> None:
+    """The compiled parser (loader/load/_temporal.c) gives every date and timestamp text exactly
+    what the RE2 plain-form test, Arrow's cast and temporal_number give it: the same value, or
+    the same Misfit; on a sliced array too (an offset into the buffers)."""
+    import pyarrow as pa
+
+    from loader.load import values
+
+    if values._temporal_c is None:
+        pytest.skip("the compiled parser is not built here")
+    pg_type = {"DATE": "date", "TIMESTAMP": "timestamp with time zone", "TIMESTAMP_NTZ": "timestamp"}[sql]
+    array = pa.array(["2020-01-01"] * start + texts, pa.string()).slice(start)
+
+    def typed() -> Any:
+        try:
+            return values.typed(array, pg_type, "t.c")
+        except values.Misfit as exc:
+            return str(exc)
+
+    fast = typed()
+    built, values._temporal_c = values._temporal_c, None
+    try:
+        slow = typed()
+    finally:
+        values._temporal_c = built
+    if isinstance(slow, str):
+        assert fast == slow, texts  # the same misfit, naming the same text
+    else:
+        assert not isinstance(fast, str), (texts, fast)
+        assert fast.equals(slow), (texts, fast, slow)
