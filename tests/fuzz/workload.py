@@ -272,7 +272,7 @@ TABLE_KINDS = ("int", "text", "composite", "uuid", "full", "default", "index", "
 @dataclass
 class Col:
     name: str
-    kind: str  # a TYPES key, or "big" (TOASTed text, STORAGE EXTERNAL)
+    kind: str  # a TYPES key, "big" (TOASTed text, STORAGE EXTERNAL), or "gen" (GENERATED ALWAYS ... STORED)
 
 
 @dataclass
@@ -310,7 +310,19 @@ class Table:
         return {"deferrable": "int", "partitioned": "int", "index": "text"}.get(self.kind, self.kind)
 
     def value_cols(self) -> list[Col]:
-        return [c for c in self.cols if c.name not in self.key]
+        """The columns statements write (a generated column is computed by PostgreSQL)."""
+        return [c for c in self.cols if c.name not in self.key and c.kind != "gen"]
+
+    def generated_expression(self) -> str:
+        """A stored generated column's expression: over the key (never dropped; renames follow
+        it), so every key change recomputes it; a constant for a keyless table."""
+        if not self.key:
+            return "7"
+        first = ident(self.key[0])
+        kind = self.key_kind
+        if kind in ("int", "composite"):
+            return f"({first} * 2 + 1)"
+        return f"length({first}::text)"
 
 
 class Generator:
@@ -428,6 +440,11 @@ class Generator:
             key, key_defs = [], []
         t = Table(schema, name, kind, [Col(k, "key") for k in key] + cols, key, tracked=tracked)
         defs = key_defs + [f"{ident(c.name)} {'text' if c.kind == 'big' else TYPES[c.kind]}" for c in cols]
+        # A stored generated column, some of the time (a draw of its own: every seed's other draws
+        # stay as they were).
+        if random.Random(f"{self.seed} generated {name}").random() < 0.25:
+            t.cols.append(Col("g0", "gen"))
+            defs.append(f"g0 bigint GENERATED ALWAYS AS ({t.generated_expression()}) STORED")
         if kind == "int" and rng.random() < 0.5:
             t.unique_col = "uq"
             t.cols.append(Col("uq", "i8"))
@@ -821,6 +838,36 @@ class Generator:
                         ("SET session_replication_role = replica", *step.statements, "RESET session_replication_role"),
                         f"{step.note} (session_replication_role = replica)",
                     )
+
+        self.ddl_generated(t, before)
+
+    def ddl_generated(self, t: Table, at: int) -> None:
+        """Sometimes, after a DDL step, DDL of stored generated columns on the same table (a draw
+        of its own, so every seed's other draws stay as they were): ``ADD COLUMN ... GENERATED
+        ALWAYS AS (...) STORED`` (PostgreSQL rewrites the table to fill it: no row change in the
+        WAL), or ``ALTER COLUMN ... DROP EXPRESSION`` (a plain column from then on, keeping its
+        values: no rewrite, no row change)."""
+        draw = random.Random(f"{self.seed} generated ddl {at}")
+        if draw.random() >= 0.12 or self.tables.get(t.qualified) is not t or t.frozen:
+            return
+        generated = [c for c in t.cols if c.kind == "gen"]
+        if generated and draw.random() < 0.5:
+            c = draw.choice(generated)
+            c.kind = "i8"
+            self.sql(
+                f"generated column {c.name} of {t.qualified} made plain (DROP EXPRESSION)",
+                f"ALTER TABLE {t.qname} ALTER COLUMN {ident(c.name)} DROP EXPRESSION",
+            )
+            return
+        if t.new_since_capture and not self.ddl_trigger:
+            return  # a rewrite of a table with no earlier picture: no trace (Workload.ddl_trigger)
+        c = Col(self.fresh("g_"), "gen")
+        t.cols.append(c)
+        self.sql(
+            f"stored generated column added to {t.qualified} (a rewrite)",
+            f"ALTER TABLE {t.qname} ADD COLUMN {ident(c.name)} bigint"
+            f" GENERATED ALWAYS AS ({t.generated_expression()}) STORED",
+        )
 
     def _value_cols(self, t: Table, kinds: tuple[str, ...] | None = None) -> list[Col]:
         return [c for c in t.value_cols() if c.name != t.unique_col and (kinds is None or c.kind in kinds)]
