@@ -30,7 +30,7 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml setup.py loader/capture/_wal2json.c loader/load/_temporal.c
+$(STAMP): pyproject.toml setup.py loader/capture/_wal2json.c loader/load/_typing.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,lint]'

@@ -68,6 +68,10 @@ def typed(values: Any, pg_type: str, where: str) -> Any:
         return _temporal(values, sql, pg_type, where)
     if plain_text(sql) is None:  # pragma: no cover - every storage type is handled above or has a plain form
         raise Misfit(f"{where}: no typing for {pg_type}")
+    if sql.startswith("DECIMAL("):
+        fast = _plain_decimal(values, arrow_type(sql))
+        if fast is not None:
+            return fast
     if not plain(values, sql).all():
         raise Misfit(f"{where}: a {pg_type} value outside its plain form")
     try:
@@ -315,7 +319,7 @@ _TEMPORAL_KIND = {"DATE": 0, "TIMESTAMP_NTZ": 1, "TIMESTAMP": 2}
 
 def _plain_temporal(values: Any, sql: str) -> tuple[Any, np.ndarray] | None:
     """A string array of dates or timestamps (``sql``) converted by the compiled parser
-    (``loader/load/_temporal.c``: the plain form, checked and converted in one pass, about 10 ns a
+    (``loader/load/_typing.c``: the plain form, checked and converted in one pass, about 10 ns a
     value against RE2's 50-70 and the cast's as much): (the typed values, with nulls where the
     text is NULL or odd; whether each value is odd: not in its plain form, or no real date and
     time, for :func:`temporal_number` to decide). None where the parser is not built or the array
@@ -323,13 +327,13 @@ def _plain_temporal(values: Any, sql: str) -> tuple[Any, np.ndarray] | None:
     import numpy as np
     import pyarrow as pa
 
-    if _temporal_c is None or not pa.types.is_string(values.type):
+    if _typing_c is None or not pa.types.is_string(values.type):
         return None
     _, offsets, data = values.buffers()
     n = len(values)
     if offsets is None:
         return None
-    numbers, odd = _temporal_c.parse(offsets, data if data is not None else b"", values.offset, n, _TEMPORAL_KIND[sql])
+    numbers, odd = _typing_c.temporal(offsets, data if data is not None else b"", values.offset, n, _TEMPORAL_KIND[sql])
     odd_np = np.frombuffer(odd, np.bool_)
     valid = None
     if values.null_count:
@@ -341,10 +345,36 @@ def _plain_temporal(values: Any, sql: str) -> tuple[Any, np.ndarray] | None:
     return base.cast(arrow_type(sql)), odd_np
 
 
+def _plain_decimal(values: Any, storage: Any) -> Any:
+    """A string array of numerics typed as ``storage`` (a decimal128) by the compiled parser
+    (``loader/load/_typing.c``) when every text is in the plain form and fits: exactly what the
+    plain-form test and Arrow's cast give then, in one pass (about 10 ns a value against their
+    60). None when one text is not, or where the parser is not built: the caller's regex and cast
+    decide, as before."""
+    import numpy as np
+    import pyarrow as pa
+
+    if _typing_c is None or not pa.types.is_string(values.type):
+        return None
+    _, offsets, data = values.buffers()
+    if offsets is None:
+        return None
+    n = len(values)
+    nulls = values.is_null().to_numpy(zero_copy_only=False).view(np.uint8) if values.null_count else b""
+    numbers = _typing_c.decimal(
+        offsets, data if data is not None else b"", values.offset, n, nulls, storage.precision, storage.scale
+    )
+    if numbers is None:
+        return None
+    # A NULL text is a NULL value: the validity bitmap of is_valid()'s answer (its own offset 0).
+    validity = values.is_valid().buffers()[1] if values.null_count else None
+    return pa.Array.from_buffers(storage, n, [validity, pa.py_buffer(numbers)])
+
+
 try:
-    from loader.load import _temporal as _temporal_c  # type: ignore[attr-defined]
+    from loader.load import _typing as _typing_c  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - built wherever a C compiler is (setup.py)
-    _temporal_c = None
+    _typing_c = None
 
 
 # --- bytea ----------------------------------------------------------------------------------

@@ -435,14 +435,14 @@ _TEMPORAL_TEXT = st.one_of(
     start=st.integers(0, 3),
 )
 def test_compiled_temporal_typing_equals_the_regex_and_casts(texts: list[str | None], sql: str, start: int) -> None:
-    """The compiled parser (loader/load/_temporal.c) gives every date and timestamp text exactly
+    """The compiled parser (loader/load/_typing.c) gives every date and timestamp text exactly
     what the RE2 plain-form test, Arrow's cast and temporal_number give it: the same value, or
     the same Misfit; on a sliced array too (an offset into the buffers)."""
     import pyarrow as pa
 
     from loader.load import values
 
-    if values._temporal_c is None:
+    if values._typing_c is None:
         pytest.skip("the compiled parser is not built here")
     pg_type = {"DATE": "date", "TIMESTAMP": "timestamp with time zone", "TIMESTAMP_NTZ": "timestamp"}[sql]
     array = pa.array(["2020-01-01"] * start + texts, pa.string()).slice(start)
@@ -454,13 +454,66 @@ def test_compiled_temporal_typing_equals_the_regex_and_casts(texts: list[str | N
             return str(exc)
 
     fast = typed()
-    built, values._temporal_c = values._temporal_c, None
+    built, values._typing_c = values._typing_c, None
     try:
         slow = typed()
     finally:
-        values._temporal_c = built
+        values._typing_c = built
     if isinstance(slow, str):
         assert fast == slow, texts  # the same misfit, naming the same text
     else:
         assert not isinstance(fast, str), (texts, fast)
         assert fast.equals(slow), (texts, fast, slow)
+
+
+_NUMERIC_TEXT = st.one_of(
+    st.text(alphabet="0123456789-.", max_size=14),
+    st.builds(
+        lambda sign, whole, frac: f"{sign}{whole}{frac}",
+        st.sampled_from(["", "-", "+"]),
+        st.text(alphabet="0123456789", min_size=0, max_size=40),
+        st.one_of(st.just(""), st.text(alphabet="0123456789", max_size=12).map(lambda f: "." + f)),
+    ),
+    st.sampled_from(["0", "-0", "-0.00", "00012.50", "NaN", "Infinity", "1e5", " 1", "1.", ".5"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.one_of(st.none(), _NUMERIC_TEXT), max_size=25),
+    pg_type=st.sampled_from(["numeric(14,4)", "numeric(38,10)", "numeric(5,0)", "numeric(38,38)", "numeric(18,2)"]),
+    start=st.integers(0, 3),
+)
+def test_compiled_decimal_typing_equals_the_regex_and_cast(texts: list[str | None], pg_type: str, start: int) -> None:
+    """Numerics typed by the compiled parser (loader/load/_typing.c) where every text is plain and
+    fits are exactly what the plain-form test and Arrow's cast give; anything else is left to them
+    (the same Misfit), on sliced arrays and with nulls."""
+    import pyarrow as pa
+
+    from loader.load import values
+
+    if values._typing_c is None:
+        pytest.skip("the compiled parser is not built here")
+    array = pa.array(["1"] * start + texts, pa.string()).slice(start)
+
+    def typed() -> Any:
+        try:
+            return values.typed(array, pg_type, "t.c")
+        except values.Misfit as exc:
+            return str(exc)
+
+    fast = typed()
+    built, values._typing_c = values._typing_c, None
+    try:
+        slow = typed()
+    finally:
+        values._typing_c = built
+    if isinstance(slow, str):
+        assert fast == slow, texts
+    else:
+        assert not isinstance(fast, str), (texts, fast)
+        fast.validate(full=True)
+        assert fast.equals(slow), (texts, fast, slow)
+    storage = values.arrow_type(values.spark_type(pg_type).sql)
+    # The compiled path answers exactly the all-plain, in-range columns (None otherwise).
+    assert (values._plain_decimal(array, storage) is not None) <= (not isinstance(slow, str))
