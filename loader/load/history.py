@@ -473,6 +473,8 @@ class HistoryLoad:
         def commit() -> None:
             reason = self._driver_append_all(plain, prepared, batch, result)
             if reason is not None:
+                # (The Spark path reads _positions_unique, which the typing thread may have set for
+                # a later group by now: True for this one, so a later False only adds a dedupe.)
                 self._spark_load(batch, result, reason)
                 return
             result.engines.append(f"driver ({len(batch)} files)")

@@ -440,12 +440,17 @@ def test_compiled_temporal_typing_equals_the_regex_and_casts(texts: list[str | N
     the same Misfit; on a sliced array too (an offset into the buffers)."""
     import pyarrow as pa
 
+    pg_type = {"DATE": "date", "TIMESTAMP": "timestamp with time zone", "TIMESTAMP_NTZ": "timestamp"}[sql]
+    _compiled_and_not_alike(pa.array(["2020-01-01"] * start + texts, pa.string()).slice(start), pg_type)
+
+
+def _compiled_and_not_alike(array: Any, pg_type: str) -> Any:
+    """``array`` typed as ``pg_type`` with the compiled parser and without it: the same values,
+    or the same Misfit (naming the same text). Returns the typing without it (a Misfit's text)."""
     from loader.load import values
 
     if values._typing_c is None:
         pytest.skip("the compiled parser is not built here")
-    pg_type = {"DATE": "date", "TIMESTAMP": "timestamp with time zone", "TIMESTAMP_NTZ": "timestamp"}[sql]
-    array = pa.array(["2020-01-01"] * start + texts, pa.string()).slice(start)
 
     def typed() -> Any:
         try:
@@ -460,10 +465,12 @@ def test_compiled_temporal_typing_equals_the_regex_and_casts(texts: list[str | N
     finally:
         values._typing_c = built
     if isinstance(slow, str):
-        assert fast == slow, texts  # the same misfit, naming the same text
+        assert fast == slow, array
     else:
-        assert not isinstance(fast, str), (texts, fast)
-        assert fast.equals(slow), (texts, fast, slow)
+        assert not isinstance(fast, str), (array, fast)
+        fast.validate(full=True)
+        assert fast.equals(slow), (array, fast, slow)
+    return slow
 
 
 _NUMERIC_TEXT = st.one_of(
@@ -492,28 +499,8 @@ def test_compiled_decimal_typing_equals_the_regex_and_cast(texts: list[str | Non
 
     from loader.load import values
 
-    if values._typing_c is None:
-        pytest.skip("the compiled parser is not built here")
     array = pa.array(["1"] * start + texts, pa.string()).slice(start)
-
-    def typed() -> Any:
-        try:
-            return values.typed(array, pg_type, "t.c")
-        except values.Misfit as exc:
-            return str(exc)
-
-    fast = typed()
-    built, values._typing_c = values._typing_c, None
-    try:
-        slow = typed()
-    finally:
-        values._typing_c = built
-    if isinstance(slow, str):
-        assert fast == slow, texts
-    else:
-        assert not isinstance(fast, str), (texts, fast)
-        fast.validate(full=True)
-        assert fast.equals(slow), (texts, fast, slow)
+    slow = _compiled_and_not_alike(array, pg_type)
     storage = values.arrow_type(values.spark_type(pg_type).sql)
     # The compiled path answers exactly the all-plain, in-range columns (None otherwise).
     assert (values._plain_decimal(array, storage) is not None) <= (not isinstance(slow, str))
