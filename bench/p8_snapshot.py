@@ -83,11 +83,31 @@ def _descendants(root: int) -> dict[int, tuple[float, int]]:
     return out
 
 
+# Runs a command as a child of this small process and writes the child's own peak RSS (KiB) to the
+# file named first. Linux's ru_maxrss of a process counts the memory of the process it was spawned
+# from (vfork or fork, then exec: the old address space's high-water mark is kept), so a command
+# spawned straight from a benchmark holding a million rows read as the benchmark's size.
+_PEAK_RSS = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[2], sys.argv[2:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "with open(sys.argv[1], 'w') as f:\n"
+    "    f.write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status) % 256)\n"
+)
+
+
 def _stage(name: str, args: list[str], env: dict[str, str], sample_s: float) -> Stage:
-    """Run ``loader <args>`` to the end, sampling its process tree; raise if it fails."""
+    """Run ``loader <args>`` to the end, sampling its process tree; raise if it fails. Its peak
+    RSS is its own (``_PEAK_RSS``) or the sampled tree's, whichever is higher."""
+    import tempfile
+
     started = time.perf_counter()
+    peak_file = Path(tempfile.mkstemp(prefix="bench-peak-")[1])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loader.cli", *args],
+        [sys.executable, "-c", _PEAK_RSS, str(peak_file), sys.executable, "-m", "loader.cli", *args],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -102,7 +122,9 @@ def _stage(name: str, args: list[str], env: dict[str, str], sample_s: float) -> 
         while not done.is_set():
             tree = _descendants(proc.pid)
             for pid, (c, _) in tree.items():
-                if pid != proc.pid:
+                st = _proc_stat(pid)
+                # The wrapper and the command are counted by wait4 (the command is waited for).
+                if pid != proc.pid and st is not None and st[0] != proc.pid:
                     cpu[pid] = c
             peak[0] = max(peak[0], sum(r for _, r in tree.values()))
             done.wait(sample_s)
@@ -118,8 +140,10 @@ def _stage(name: str, args: list[str], env: dict[str, str], sample_s: float) -> 
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"loader {' '.join(args)} failed (exit {proc.returncode}):\n{output}")
-    own = usage.ru_utime + usage.ru_stime
-    peak_mb = max(peak[0] / 2**20, usage.ru_maxrss / 1024)
+    own = usage.ru_utime + usage.ru_stime  # the wrapper's and (waited for) the command's
+    own_peak_kib = int(peak_file.read_text() or 0)
+    peak_file.unlink()
+    peak_mb = max(peak[0] / 2**20, own_peak_kib / 1024)
     stage = Stage(name, wall, own + sum(cpu.values()), peak_mb, output)
     print(f"  {name}: {wall:.1f}s wall, {stage.cpu_s:.1f}s CPU, peak RSS {peak_mb:,.0f} MB", flush=True)
     return stage
