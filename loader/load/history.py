@@ -309,10 +309,7 @@ class HistoryLoad:
         if row_filter is None and not dry_run:
             plain = self._driver_load(batch, result, group)
             if plain is not None:
-                result.engines.append(f"driver ({len(batch)} files)")
-                result.files = [f.name for f in batch]
-                if ledger:
-                    self._write_ledger(batch, self._ledger_rows(plain, batch), result)
+                self._driver_loaded(batch, plain, result, ledger)
                 return
         else:
             self._spark_reason = "a replay or a dry run"
@@ -477,11 +474,19 @@ class HistoryLoad:
                 # a later group by now: True for this one, so a later False only adds a dedupe.)
                 self._spark_load(batch, result, reason)
                 return
-            result.engines.append(f"driver ({len(batch)} files)")
-            result.files = [f.name for f in batch]
-            self._write_ledger(batch, self._ledger_rows(plain.survey, batch), result)
+            self._driver_loaded(batch, plain.survey, result)
 
         return commit
+
+    def _driver_loaded(
+        self, batch: list[LandingFile], survey: BatchSurvey, result: LoadResult, ledger: bool = True
+    ) -> None:
+        """A batch the driver appended: its engine and files in ``result``, then (``ledger``) its
+        ledger rows committed."""
+        result.engines.append(f"driver ({len(batch)} files)")
+        result.files = [f.name for f in batch]
+        if ledger:
+            self._write_ledger(batch, self._ledger_rows(survey, batch), result)
 
     def _driver_typed(
         self,

@@ -283,27 +283,11 @@ def _temporal(values: Any, sql: str, pg_type: str, where: str) -> Any:
 
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    fast = _plain_temporal(values, sql)
-    if fast is not None:
-        base, odd_np = fast
-        n_odd = int(odd_np.sum())
-        odd = pa.array(odd_np)
-    else:
-        odd_np = ~plain(values, sql)
-        n_odd = int(odd_np.sum())
-        odd = pa.array(odd_np)
-        stood_in = values if not n_odd else pc.if_else(odd, pa.scalar(_STAND_IN[sql], values.type), values)
-        try:
-            if sql == "TIMESTAMP":  # '...+00': the UTC instant of the local date-time before the offset
-                base = pc.utf8_slice_codeunits(stood_in, 0, -3).cast(pa.timestamp("us")).cast(arrow_type(sql))
-            else:
-                base = stood_in.cast(arrow_type(sql))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            # A plain-looking text Arrow refuses (2024-02-30): every value one by one, to name it.
-            odd = pc.is_valid(values)
-            n_odd, base = len(values) - values.null_count, pa.nulls(len(values), arrow_type(sql))
+    base, odd_np = _plain_temporal(values, sql) or _cast_temporal(values, sql)
+    n_odd = int(odd_np.sum())
     if not n_odd:
         return base
+    odd = pa.array(odd_np)
     numbers = []
     for text in values.filter(odd).to_pylist():
         number = temporal_number(text, sql)
@@ -314,7 +298,40 @@ def _temporal(values: Any, sql: str, pg_type: str, where: str) -> Any:
     return pc.replace_with_mask(base, odd, pa.array(numbers, storage).cast(arrow_type(sql)))
 
 
+def _cast_temporal(values: Any, sql: str) -> tuple[Any, np.ndarray]:
+    """Dates or timestamps (``sql``) whose text has the plain form (RE2) cast by Arrow: (the typed
+    values, nulls where a text is NULL or odd; whether each value is odd, for
+    :func:`temporal_number` to decide). A plain-looking text Arrow refuses (2024-02-30) makes
+    every value odd, so that the one that does not fit is named."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    odd_np = ~plain(values, sql)
+    stood_in = values
+    if odd_np.any():
+        stood_in = pc.if_else(pa.array(odd_np), pa.scalar(_STAND_IN[sql], values.type), values)
+    try:
+        if sql == "TIMESTAMP":  # '...+00': the UTC instant of the local date-time before the offset
+            return pc.utf8_slice_codeunits(stood_in, 0, -3).cast(pa.timestamp("us")).cast(arrow_type(sql)), odd_np
+        return stood_in.cast(arrow_type(sql)), odd_np
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pa.nulls(len(values), arrow_type(sql)), values.is_valid().to_numpy(zero_copy_only=False)
+
+
 _TEMPORAL_KIND = {"DATE": 0, "TIMESTAMP_NTZ": 1, "TIMESTAMP": 2}
+
+
+def _string_buffers(values: Any) -> tuple[Any, Any] | None:
+    """A string array's offsets and character buffers, for the compiled parser (``_typing_c``);
+    None where the parser is not built or the array is not a plain string array."""
+    import pyarrow as pa
+
+    if _typing_c is None or not pa.types.is_string(values.type):
+        return None
+    _, offsets, data = values.buffers()
+    if offsets is None:
+        return None
+    return offsets, data if data is not None else b""
 
 
 def _plain_temporal(values: Any, sql: str) -> tuple[Any, np.ndarray] | None:
@@ -327,13 +344,11 @@ def _plain_temporal(values: Any, sql: str) -> tuple[Any, np.ndarray] | None:
     import numpy as np
     import pyarrow as pa
 
-    if _typing_c is None or not pa.types.is_string(values.type):
+    buffers = _string_buffers(values)
+    if buffers is None:
         return None
-    _, offsets, data = values.buffers()
     n = len(values)
-    if offsets is None:
-        return None
-    numbers, odd = _typing_c.temporal(offsets, data if data is not None else b"", values.offset, n, _TEMPORAL_KIND[sql])
+    numbers, odd = _typing_c.temporal(*buffers, values.offset, n, _TEMPORAL_KIND[sql])
     odd_np = np.frombuffer(odd, np.bool_)
     valid = None
     if values.null_count:
@@ -354,16 +369,12 @@ def _plain_decimal(values: Any, storage: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    if _typing_c is None or not pa.types.is_string(values.type):
-        return None
-    _, offsets, data = values.buffers()
-    if offsets is None:
+    buffers = _string_buffers(values)
+    if buffers is None:
         return None
     n = len(values)
     nulls = values.is_null().to_numpy(zero_copy_only=False).view(np.uint8) if values.null_count else b""
-    numbers = _typing_c.decimal(
-        offsets, data if data is not None else b"", values.offset, n, nulls, storage.precision, storage.scale
-    )
+    numbers = _typing_c.decimal(*buffers, values.offset, n, nulls, storage.precision, storage.scale)
     if numbers is None:
         return None
     # A NULL text is a NULL value: the validity bitmap of is_valid()'s answer (its own offset 0).
