@@ -978,7 +978,7 @@ class Capture:
             return
         record_confirmed(self.store, src.slot, confirm)
         checkpoint("capture-before-advance")
-        slots.advance_slot(conn, src.slot, confirm)
+        slots.advance_slot(conn, src.slot, confirm, settle=final)
         checkpoint("capture-after-advance")
         self._last_confirm = confirm
         self._last_advance = time.monotonic()

@@ -465,9 +465,29 @@ def plugin_supports(conn: psycopg.Connection, slot: str, option: str, value: str
         return False
 
 
-def advance_slot(conn: psycopg.Connection, slot: str, lsn: int) -> None:
-    """Confirm everything up to ``lsn``; call only once those changes are durable."""
+# The restart point a confirmation may leave behind before advance_slot(settle=True) advances again:
+# the server removes WAL a segment (16 MB by default) at a time.
+SETTLE_SLACK_BYTES = 16 * 1024 * 1024
+
+
+def advance_slot(conn: psycopg.Connection, slot: str, lsn: int, settle: bool = False) -> None:
+    """Confirm everything up to ``lsn``; call only once those changes are durable.
+
+    ``settle`` (the end of a run): also bring the slot's restart point as close to ``lsn`` as the
+    server allows. PostgreSQL takes one new restart candidate per confirmation, the first
+    running-transactions record decoded past the slot's previous confirmed position, so one advance
+    leaves the restart point near where the last run ended: a slot confirmed once per scheduled run
+    kept a whole interval of WAL, whatever else the server wrote meanwhile. A second advance to the
+    same position decodes again (fast-forward: no output) from the new restart point, where every
+    such record before the confirmed position is taken at once: the restart point moves to the last
+    one. Done only when the first leaves more than ``SETTLE_SLACK_BYTES`` behind.
+    """
     try:
         conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+        if not settle:
+            return
+        info = slot_info(conn, slot)
+        if info is not None and info.restart_lsn is not None and lsn - info.restart_lsn > SETTLE_SLACK_BYTES:
+            conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
     except psycopg.errors.ObjectInUse as exc:
         raise SlotBusyError(f"replication slot {slot!r} is held by another process") from exc
