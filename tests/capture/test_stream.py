@@ -206,9 +206,9 @@ def test_a_pipelined_read_advances_the_slot_at_most_every_confirm_interval(
     advances: list[int] = []
     real = slots.advance_slot
 
-    def counting(conn: psycopg.Connection, slot: str, lsn: int) -> None:
+    def counting(conn: psycopg.Connection, slot: str, lsn: int, settle: bool = False) -> None:
         advances.append(lsn)
-        real(conn, slot, lsn)
+        real(conn, slot, lsn, settle=settle)
 
     monkeypatch.setattr(slots, "advance_slot", counting)
     published: list[str] = []
