@@ -105,7 +105,9 @@ def runs(data: bytes) -> Iterator[tuple[bytes, bool]]:
         if found is None:
             yield data[at:], True
             return
-        special = found.start()
+        # The line it is on (wal2json prints one row a line; a line that holds more is the row
+        # decoder's to refuse whole, not to be cut in two runs).
+        special = data.rfind(b"\n", at, found.start()) + 1 or at
         if special > at:
             yield data[at:special], True
         end = data.find(b"\n", special) + 1 or n
