@@ -103,6 +103,9 @@ class Workload:
     # of this seed, in rounds of this many plugin rows; 0: capture peeks (backlogs this small
     # otherwise always peek). Drawn last, so the rest of a seed's workload does not depend on it.
     pipelined_rounds: int = 0
+    # source.plugin for this seed: pgoutput (with its publication, kept by capture) one seed in four,
+    # drawn from a generator of its own so every other draw of a seed is the same either way.
+    plugin: str = "wal2json"
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
@@ -111,6 +114,8 @@ class Workload:
             out.insert(1, "-- (source.ddl_trigger = false: the loader compares catalogs only)")
         if self.pipelined_rounds:
             out.insert(1, f"-- (pipelined capture in rounds of {self.pipelined_rounds} rows)")
+        if self.plugin != "wal2json":
+            out.insert(1, f"-- (source.plugin = {self.plugin})")
         for i, step in enumerate(self.steps[: None if upto is None else upto + 1]):
             if isinstance(step, Loader):
                 what = " ".join(x for x in (step.action, step.stage, step.point) if x)
@@ -333,6 +338,7 @@ class Generator:
         self.rounds = rounds
         self.gaps = gaps
         self.ddl_trigger = seed % 3 != 2
+        self.plugin = "pgoutput" if random.Random(f"plugin {seed}").random() < 0.25 else "wal2json"
         self.tables: dict[str, Table] = {}
         self.steps: list[Step] = []
         self.tracked: dict[str, list[str]] = {}
@@ -1206,6 +1212,7 @@ class Generator:
             ddl_trigger=self.ddl_trigger,
             gaps=self.gaps,
             pipelined_rounds=rng.choice((0, 0, 7, 100_000)),
+            plugin=self.plugin,
         )
 
 
