@@ -484,10 +484,14 @@ def advance_slot(conn: psycopg.Connection, slot: str, lsn: int, settle: bool = F
     """
     try:
         conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
-        if not settle:
-            return
-        info = slot_info(conn, slot)
-        if info is not None and info.restart_lsn is not None and lsn - info.restart_lsn > SETTLE_SLACK_BYTES:
-            conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
     except psycopg.errors.ObjectInUse as exc:
         raise SlotBusyError(f"replication slot {slot!r} is held by another process") from exc
+    if not settle:
+        return
+    info = slot_info(conn, slot)
+    if info is None or info.restart_lsn is None or lsn - info.restart_lsn <= SETTLE_SLACK_BYTES:
+        return
+    try:  # everything is confirmed already: a slot taken meanwhile only keeps this WAL a run longer
+        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+    except psycopg.errors.ObjectInUse:
+        log.warning("replication slot %r was taken by another process before its restart point moved", slot)
