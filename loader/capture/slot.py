@@ -475,21 +475,30 @@ def advance_slot(conn: psycopg.Connection, slot: str, lsn: int, settle: bool = F
 
     ``settle`` (the end of a run): also bring the slot's restart point as close to ``lsn`` as the
     server allows. PostgreSQL takes one new restart candidate per confirmation, the first
-    running-transactions record decoded past the slot's previous confirmed position, so one advance
-    leaves the restart point near where the last run ended: a slot confirmed once per scheduled run
-    kept a whole interval of WAL, whatever else the server wrote meanwhile. A second advance to the
-    same position decodes again (fast-forward: no output) from the new restart point, where every
-    such record before the confirmed position is taken at once: the restart point moves to the last
-    one. Done only when the first leaves more than ``SETTLE_SLACK_BYTES`` behind.
+    running-transactions record decoded past the slot's previous confirmed position (every one
+    before that position is taken at once), so one advance leaves the restart point near where the
+    last run ended: a slot confirmed once per scheduled run kept a whole interval of WAL, whatever
+    else the server wrote meanwhile. A second advance to the same position decodes again
+    (fast-forward: no output) from the new restart point, now before the confirmed position, and
+    takes the last such record. Done only when it can move: the first advance took a record past
+    the previous confirmed position (else there is none after it) and left more than
+    ``SETTLE_SLACK_BYTES`` behind. So it reads at most the WAL this run covered, never again and
+    again the WAL of a busy server's 15 s between such records on every follow-mode cycle.
     """
+    before = slot_info(conn, slot) if settle else None
     try:
         conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
     except psycopg.errors.ObjectInUse as exc:
         raise SlotBusyError(f"replication slot {slot!r} is held by another process") from exc
-    if not settle:
+    if before is None or before.confirmed_flush_lsn is None:
         return
     info = slot_info(conn, slot)
-    if info is None or info.restart_lsn is None or lsn - info.restart_lsn <= SETTLE_SLACK_BYTES:
+    if (
+        info is None
+        or info.restart_lsn is None
+        or info.restart_lsn < before.confirmed_flush_lsn
+        or lsn - info.restart_lsn <= SETTLE_SLACK_BYTES
+    ):
         return
     try:  # everything is confirmed already: a slot taken meanwhile only keeps this WAL a run longer
         conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
