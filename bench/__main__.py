@@ -19,6 +19,7 @@ from pathlib import Path
 MODULES = [
     "p3_capture",
     "p2_load",
+    "p2_columnar",
     "p6_tables",
     "p4_freshness",
     "p1_merge",
