@@ -829,6 +829,10 @@ class Generator:
             form = "add_column"
         if form == "unlogged" and t.new_since_capture and not self.ddl_trigger:
             form = "add_column"  # what the catalog comparison alone cannot see (Workload.ddl_trigger)
+        if form == "unlogged" and self.plugin == "pgoutput":
+            # PostgreSQL refuses SET UNLOGGED for a table in a publication (found by make fuzz, seed
+            # 1726); one outside it (no replica identity) is not followed under pgoutput anyway.
+            form = "add_column"
         before = len(self.steps)
         getattr(self, f"ddl_{form}")(t)
         # Some DDL from a session with session_replication_role = replica (pg_restore
