@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+import sys
 import time
-from pathlib import Path
 
 from bench.common import (
     Figure,
@@ -30,11 +30,11 @@ from bench.common import (
     scratch_database,
     scratch_dir,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.p4_freshness import _pgbench
 
 
 def run() -> None:
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
     from pyiceberg.expressions import GreaterThan
 
@@ -50,12 +50,13 @@ def run() -> None:
         scratch_database("bench_colcat") as catalog_dsn,
         scratch_dir("bench-col-") as root,
     ):
-        subprocess.run(["pgbench", "-i", "-q", "-s", str(scale), source_dsn], check=True, capture_output=True)
+        subprocess.run([_pgbench(), "-i", "-q", "-s", str(scale), source_dsn], check=True, capture_output=True)
         settings = lake_settings(root, catalog_dsn, source_dsn, source={"include": ["public.pgbench_*"]})
         env = loader_env(settings, LOADER_SOURCE__INCLUDE='["public.pgbench_*"]')
 
         def loader(*args: str) -> None:
-            done = subprocess.run([str(ROOT / ".venv/bin/loader"), *args], env=env, capture_output=True, text=True)
+            command = [sys.executable, "-m", "loader.cli", *args]  # as the other benchmarks run the CLI
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
             assert done.returncode == 0, f"loader {' '.join(args)}: {done.stderr[-2000:]}"
 
         loader("capture", "--snapshot")
@@ -64,8 +65,8 @@ def run() -> None:
         times, cpus = [], []
         for _ in range(repeats):
             before = open_catalog(settings).load_table(ident)
-            last = before.scan(selected_fields=("pg_lsn",)).to_arrow().column("pg_lsn")
-            after_lsn = max(last.to_pylist()) if len(last) else -1
+            newest = pc.max(before.scan(selected_fields=("pg_lsn",)).to_arrow().column("pg_lsn")).as_py()
+            after_lsn = -1 if newest is None else newest
             loader("resync", "--table", "public.pgbench_accounts")
             started, cpu0 = time.perf_counter(), time.process_time()
             res = HistoryLoad(None, settings).run()

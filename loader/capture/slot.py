@@ -486,8 +486,9 @@ def advance_slot(conn: psycopg.Connection, slot: str, lsn: int, settle: bool = F
     again the WAL of a busy server's 15 s between such records on every follow-mode cycle.
     """
     before = slot_info(conn, slot) if settle else None
+    advance, position = "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn))
     try:
-        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+        conn.execute(advance, position)
     except psycopg.errors.ObjectInUse as exc:
         raise SlotBusyError(f"replication slot {slot!r} is held by another process") from exc
     if before is None or before.confirmed_flush_lsn is None:
@@ -501,6 +502,6 @@ def advance_slot(conn: psycopg.Connection, slot: str, lsn: int, settle: bool = F
     ):
         return
     try:  # everything is confirmed already: a slot taken meanwhile only keeps this WAL a run longer
-        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+        conn.execute(advance, position)
     except psycopg.errors.ObjectInUse:
         log.warning("replication slot %r was taken by another process before its restart point moved", slot)
