@@ -618,6 +618,7 @@ class Capture:
             roots_before=dict(state.get("partition_roots", {})) if state else {},
             roots_now=self.roots,
             ddl_in_stream=ddl_in_stream,
+            skipped=self.source_plan.skipped,
         )
         self._ddl_known = ddl.known_from(before or {})
         self._ddl_names = {f.oid: t for t, f in (before or {}).items()}

@@ -48,7 +48,7 @@ import psycopg
 from psycopg import sql
 
 from loader.capture import slot as slots
-from loader.capture.source_filter import TableFilter, current_role, plan_source, read_relations
+from loader.capture.source_filter import TableFilter, captured_plan
 from loader.capture.source_tables import column_types, list_tables, split_qualified, stored_rows, table_info
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, LandingError, LoaderError, UsageError
@@ -253,11 +253,11 @@ class Snapshot:
 
     def _select_tables(self, conn: psycopg.Connection) -> list[str]:
         available = [t.qualified for t in list_tables(conn, partitions=self.settings.source.partitions)]
-        # Tables the role may not read are never captured (loader.capture.source_filter).
-        src = self.settings.source
-        skipped = plan_source(
-            read_relations(conn, src.partitions), self.filter, src.include, src.exclude, current_role(conn)
-        ).skipped
+        # A snapshot takes what capture captures, by the same rule (loader.capture.source_filter):
+        # never a table the role may not read, nor (pgoutput) one the publication cannot list. A
+        # table snapshotted but not captured would keep a history that never moves again, and the
+        # catalog watch would not see it renamed or dropped (make fuzz, seed 1729).
+        skipped = captured_plan(conn, self.settings).skipped
         if self.requested and not self.recover:  # a lost slot lost changes of every table
             problem = unknown_tables(self.requested, available, "source table")
             if problem:
@@ -272,7 +272,7 @@ class Snapshot:
             if unreadable:
                 raise ConfigError(
                     f"cannot snapshot {', '.join(unreadable)}: {skipped[unreadable[0]]}",
-                    hint="GRANT SELECT on it to the loader's role first",
+                    hint="make it capturable first (the reason says how), then snapshot it",
                 )
             return list(self.requested)
         return [t for t in available if self.filter(t) and t not in skipped]

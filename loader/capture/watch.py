@@ -192,12 +192,15 @@ def plan_watch(
     roots_before: dict[str, str] | None = None,
     roots_now: dict[str, str] | None = None,
     ddl_in_stream: bool = False,
+    skipped: dict[str, str] | None = None,
 ) -> WatchPlan:
     """Decisions for every table, from the catalog as the previous run saw it and as it is now.
 
     ``roots_*``: leaf partition -> partitioned table, when partitions land as their root.
     ``ddl_in_stream``: the DDL trigger was in place since the previous run, so a rewrite without a
     column change goes to ``plan.deferred`` instead of ``plan.resync``.
+    ``skipped``: tables the configuration includes but capture cannot follow, and why (the role
+    may not read it; pgoutput: no replica identity): the reason a park shows.
     """
     plan = WatchPlan()
     roots_before, roots_now = roots_before or {}, roots_now or {}
@@ -208,7 +211,8 @@ def plan_watch(
     for table, facts in sorted(now.items()):
         if not included(table):
             if table in before and was_included(table):
-                plan.park[table] = "excluded from capture by configuration: its changes are no longer captured"
+                why = (skipped or {}).get(table, "excluded from capture by configuration")
+                plan.park[table] = f"{why}: its changes are no longer captured"
             continue
         old = before.get(table)
         renamed_from = by_oid_before.get(facts.oid)

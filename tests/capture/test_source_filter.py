@@ -254,6 +254,31 @@ def test_pgoutput_publication_lists_the_captured_tables_and_follows_the_configur
     assert MARK.encode() not in landing_bytes(src)
 
 
+def test_pgoutput_snapshots_only_what_it_follows_and_parks_a_table_that_stops_being_followed(src: Src) -> None:
+    """A table pgoutput cannot publish (no replica identity: PostgreSQL's rule, a DEFERRABLE key
+    is none) is neither captured nor snapshotted: a snapshot capture never follows would keep a
+    history that stops at the snapshot, and the catalog watch would not see it renamed or dropped
+    (make fuzz, seed 1729). A followed table that loses its identity is parked with the reason."""
+    pub = f"pub_{uuid.uuid4().hex[:8]}"
+    settings = with_source(src.settings, plugin="pgoutput", publication=pub)
+    src.sql("CREATE TABLE keyed (id int PRIMARY KEY, v text)")
+    src.sql("CREATE TABLE deferred (id int PRIMARY KEY DEFERRABLE INITIALLY IMMEDIATE, v text)")
+    src.sql("INSERT INTO keyed VALUES (1, 'one')")
+    src.sql("INSERT INTO deferred VALUES (1, %s)", (MARK,))
+    res = cli(settings, src.tmp, "capture", "--snapshot")
+    assert res.exit_code == 0, res.output
+    assert "skipped: no replica identity" in res.output and "public.deferred" in res.output, res.output
+    assert MARK.encode() not in landing_bytes(src) and b"one" in landing_bytes(src)
+    assert published(src, pub) == {"public.keyed"}
+    src.sql("ALTER TABLE keyed REPLICA IDENTITY NOTHING")
+    out = Capture(settings).run()
+    why = out.parked.get("public.keyed", "")
+    assert why.startswith("skipped: no replica identity") and why.endswith("no longer captured"), out.parked
+    assert published(src, pub) == set()
+    asked = cli(settings, src.tmp, "resync", "--table", "public.deferred")
+    assert asked.exit_code != 0 and "cannot snapshot public.deferred: skipped: no replica identity" in asked.output
+
+
 def test_the_every_table_default_warns_once_per_slot(src: Src, caplog: pytest.LogCaptureFixture) -> None:
     src.sql("CREATE TABLE t (id int PRIMARY KEY)")
     with caplog.at_level("WARNING", logger="loader.capture"):

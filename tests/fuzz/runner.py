@@ -314,10 +314,19 @@ class FuzzRun:
         return {r[0] for r in rows}
 
     def source_tables(self) -> dict[str, int]:
-        """Captured source tables (partitioned tables as their root) and their row counts."""
+        """Captured source tables (partitioned tables as their root) and their row counts.
+
+        pgoutput: a table without a replica identity by PostgreSQL's own rule (FULL, or an index
+        ``pg_get_replica_identity_index`` names) cannot be published without making its UPDATE and
+        DELETE fail, so it is not captured (and not snapshotted): left out here."""
+        followed = (
+            " AND (c.relkind <> 'r' OR c.relreplident = 'f' OR pg_get_replica_identity_index(c.oid) IS NOT NULL)"
+            if self.w.plugin == "pgoutput"
+            else ""
+        )
         rows = self.env.sql(
             "SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND n.nspname = ANY(%s)",
+            " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND n.nspname = ANY(%s)" + followed,
             (list(SCHEMAS),),
         )
         out = {}
