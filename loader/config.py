@@ -144,9 +144,10 @@ class SourceSettings(_Redacted):
     # "jsonl" (landing v1, gzip JSON lines, as before).
     snapshot_format: Literal["jsonl", "arrow"] = "arrow"
     # Landing format of the change stream's files: "arrow" (landing v2, one Arrow IPC stream of
-    # records per file, loaded without parsing a line: schemas/landing-change.v2.md) or "jsonl"
-    # (landing v1, gzip JSON lines, as before). Every consumer reads both.
-    stream_format: Literal["jsonl", "arrow"] = "arrow"
+    # records per file, loaded without parsing a line: schemas/landing-change.v2.md), "tables"
+    # (landing v3, each table's changes in columns of their own: schemas/landing-change.v3.md) or
+    # "jsonl" (landing v1, gzip JSON lines, as before). Every consumer reads all three.
+    stream_format: Literal["jsonl", "arrow", "tables"] = "arrow"
     # With stream_format "arrow", a pipelined read decodes blocks of plain wal2json rows in columns
     # (Arrow's JSON reader, loader/capture/wal2json_arrow.py) instead of one row at a time; the same
     # records and the same bytes either way. False: every row through the row decoder.

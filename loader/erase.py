@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loader.config import LoaderSettings
 from loader.errors import ConfigError, DecompressedSizeError, ErasureIncompleteError
@@ -56,7 +56,7 @@ from loader.lake.iceberg import (
 from loader.lake.tables import SUMMARY_LOADED_THROUGH, SourceTable, TableNames
 from loader.lake.types import quote_ident, sql_string
 from loader.landing.records import FileHeader, parse_header
-from loader.landing.store import ARROW, CHANGES, GZIP_DAMAGE, LandingStore, gunzip_bounded, open_landing
+from loader.landing.store import ARROW, CHANGES, GZIP_DAMAGE, TABLES, LandingStore, gunzip_bounded, open_landing
 from loader.locks import stage_lock
 from loader.names import lake_column
 
@@ -267,8 +267,8 @@ class Erasure:
         removed = files = 0
         for f in self.store.files():
             data = self.store.open_bytes(f.name)
-            if f.format in (ARROW, CHANGES):
-                scrub = self._scrub_arrow if f.format == ARROW else self._scrub_changes
+            if f.format in (ARROW, CHANGES, TABLES):
+                scrub = self._scrub_arrow if f.format == ARROW else functools.partial(self._scrub_changes, f.format)
                 n = scrub(f.name, data, by_table, spelled, dry_run, unreadable)
                 removed += n
                 files += 1 if n else 0
@@ -307,6 +307,7 @@ class Erasure:
 
     def _scrub_changes(
         self,
+        format: str,
         name: str,
         data: bytes,
         by_table: dict[str, list[Target]],
@@ -314,12 +315,14 @@ class Erasure:
         dry_run: bool,
         unreadable: list[str],
     ) -> int:
-        """A landing v2 change file rewritten without the records carrying a target value (new or
-        old key), as a v1 file is (each record judged by its v1 line); returns the records removed."""
-        from loader.landing import changefile
+        """A landing v2 or v3 change file rewritten (in its format) without the records carrying a
+        target value (new or old key), as a v1 file is (each record judged by its v1 line); returns
+        the records removed."""
+        from loader.landing import changefile, tablefile
 
+        module: Any = tablefile if format == TABLES else changefile
         try:
-            records = list(changefile.records(data))
+            records = list(module.records(data))
         except ValueError as exc:
             log.error("landing file %s cannot be read (%s): the erasure cannot scrub it", name, exc)
             unreadable.append(name)
@@ -328,7 +331,7 @@ class Erasure:
         dropped = len(records) - len(kept)
         if not dropped or dry_run:
             return dropped
-        self._republish(name, lambda path: changefile.write_file(path, kept))
+        self._republish(name, lambda path: module.write_file(path, kept))
         return dropped
 
     def _scrub_arrow(

@@ -53,7 +53,7 @@ from loader.landing.state import (
     record_confirmed,
     unfinished_snapshot,
 )
-from loader.landing.store import CHANGES, LandingStore, LandingWriter, open_landing, stream_landing_format
+from loader.landing.store import STREAM_FORMATS, LandingStore, LandingWriter, open_landing, stream_landing_format
 from loader.lsn import ChangePosition, format_lsn, parse_lsn
 from loader.progress import bar
 
@@ -908,7 +908,7 @@ class Capture:
         try:
             try:
                 published = len(result.files)
-                columnar = writer.format == CHANGES and self.settings.source.columnar_decode
+                columnar = writer.format in STREAM_FORMATS and self.settings.source.columnar_decode
 
                 def one_by_one(lines: list[bytes]) -> None:
                     nonlocal published

@@ -61,14 +61,20 @@ MAX_DECOMPRESSED = 4096 << 20  # landing.max_decompressed_mb's default
 # What reading damaged gzip raises (the gzip module's, zlib's and ISA-L's errors).
 GZIP_DAMAGE: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, cast(type, igzip_lib.IsalError))
 _UNREADABLE: tuple[type[BaseException], ...] = (*GZIP_DAMAGE, UnicodeDecodeError)
-_NAME_RE = re.compile(r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])(\.jsonl\.gz|\.arrows|\.changes\.arrow)\Z")
+_NAME_RE = re.compile(
+    r"^([0-9A-F]{16}\.\d{10})_([0-9A-F]{16}\.\d{10})_([cp])(\.jsonl\.gz|\.arrows|\.changes\.arrow|\.tables\.arrow)\Z"
+)
 # Landing formats by file name: v1 gzip JSON lines (every kind of record); v2 Arrow IPC streams,
 # either one snapshot chunk (loader.landing.arrowfile, schemas/landing-snapshot.v2.md) or records of
-# the change stream (loader.landing.changefile, schemas/landing-change.v2.md).
+# the change stream (loader.landing.changefile, schemas/landing-change.v2.md); v3, the change
+# stream with each table's changes in columns (loader.landing.tablefile, schemas/landing-change.v3.md).
 JSONL = "jsonl"
 ARROW = "arrow"
 CHANGES = "changes"
-_SUFFIX = {JSONL: ".jsonl.gz", ARROW: ".arrows", CHANGES: ".changes.arrow"}
+TABLES = "tables"
+_SUFFIX = {JSONL: ".jsonl.gz", ARROW: ".arrows", CHANGES: ".changes.arrow", TABLES: ".tables.arrow"}
+# The formats of the change stream's files (either is read by every reader of records).
+STREAM_FORMATS = (CHANGES, TABLES)
 
 
 def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
@@ -107,8 +113,8 @@ class LandingFile:
 
     @property
     def format(self) -> str:
-        """``jsonl`` (landing v1), ``arrow`` (landing v2, a snapshot chunk) or ``changes`` (landing
-        v2, records of the change stream)."""
+        """``jsonl`` (landing v1), ``arrow`` (landing v2, a snapshot chunk), ``changes`` (landing
+        v2, records of the change stream) or ``tables`` (landing v3, the change stream by table)."""
         return format_of(self.name)
 
     @classmethod
@@ -130,15 +136,22 @@ class LandingFile:
 
 def stream_landing_format(setting: str) -> str:
     """The landing format of the change stream's files for ``source.stream_format``."""
-    return CHANGES if setting == "arrow" else JSONL
+    return {"arrow": CHANGES, "tables": TABLES}.get(setting, JSONL)
 
 
 def format_of(name: str) -> str:
     """A landing file's format, by its name."""
-    for fmt in (CHANGES, ARROW):
+    for fmt in (CHANGES, TABLES, ARROW):
         if name.endswith(_SUFFIX[fmt]):
             return fmt
     return JSONL
+
+
+def _arrow_module(name: str) -> Any:
+    """The module that reads a landing file in Arrow, by its name."""
+    from loader.landing import arrowfile, changefile, tablefile
+
+    return {CHANGES: changefile, TABLES: tablefile}.get(format_of(name), arrowfile)
 
 
 class LandingStore(ABC):
@@ -238,17 +251,13 @@ class LandingStore(ABC):
         yield from lines
 
     def _salvage(self, name: str) -> Any:
-        """A v2 file (either kind) read batch by batch (its module's ``Salvage``)."""
-        from loader.landing import arrowfile, changefile
-
-        return (changefile if format_of(name) == CHANGES else arrowfile).salvage(self.open_bytes(name))
+        """A v2 or v3 file read batch by batch (its module's ``Salvage``)."""
+        return _arrow_module(name).salvage(self.open_bytes(name))
 
     def _arrow_records(self, name: str, got: Any) -> Iterator[ChangeRecord]:
-        """The records of a salvaged v2 file (``got``), or LandingError when it is not intact."""
-        from loader.landing import arrowfile, changefile
-
+        """The records of a salvaged v2 or v3 file (``got``), or LandingError when it is not intact."""
         try:
-            yield from (changefile if format_of(name) == CHANGES else arrowfile).intact_records(got)
+            yield from _arrow_module(name).intact_records(got)
         except ValueError as exc:
             raise LandingError(
                 f"landing file {self.url}/{name} is damaged ({exc})",
@@ -459,15 +468,15 @@ class LandingWriter:
     def __init__(
         self, store: LandingStore, max_changes: int, spool_dir: Path | None = None, format: str = JSONL
     ) -> None:
-        if format not in (JSONL, CHANGES):
-            raise ValueError(f"landing writer format {format!r}: 'jsonl' or 'changes'")
+        if format not in (JSONL, *STREAM_FORMATS):
+            raise ValueError(f"landing writer format {format!r}: 'jsonl', 'changes' or 'tables'")
         self.store = store
         self.max_changes = max_changes
         self.spool_dir = spool_dir
         self.format = format
         self._tmp: Path | None = None
         self._gz: gzip.GzipFile | None = None
-        self._arrow: Any = None  # changefile.Spool of the open v2 file
+        self._arrow: Any = None  # the changefile.Spool (v2) or tablefile.Spool (v3) of the open file
         self._spool: IO[bytes] | None = None
         self._first: ChangePosition | None = None
         self._last: tuple[ChangePosition, bool] | None = None  # the open file's last record: position, is commit
@@ -522,7 +531,7 @@ class LandingWriter:
     def write_batch(self, batch: Any, tables: Any) -> list[int]:
         """Append the records of ``batch`` (a v2 change-file batch, decoded schema; ``tables``: each
         record's ``schema.table``, null for commit markers), exactly as :meth:`write` would one by
-        one: the same files, cut at the same records, with the same bytes. Only for v2 files.
+        one: the same files, cut at the same records, with the same bytes. Only for v2 and v3 files.
 
         Returns, for each file this closed, the index of its last record in ``batch`` (-1: the
         file ended before the batch)."""
@@ -530,7 +539,7 @@ class LandingWriter:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        assert self.format == CHANGES
+        assert self.format in STREAM_FORMATS
         n = batch.num_rows
         ops = batch.column(0)
         counted = pc.invert(pc.is_in(ops, value_set=pa.array(_UNCOUNTED_OPS))).to_numpy(zero_copy_only=False)
@@ -592,10 +601,8 @@ class LandingWriter:
         fd, tmp = tempfile.mkstemp(suffix=suffix, dir=self.spool_dir)  # mode 0600
         self._tmp = Path(tmp)
         self._spool = os.fdopen(fd, "wb")  # closed in _close_spool, after the writer on it
-        if self.format == CHANGES:
-            from loader.landing import changefile
-
-            self._arrow = changefile.Spool(self._spool)
+        if self.format in STREAM_FORMATS:
+            self._arrow = _arrow_module(_SUFFIX[self.format]).Spool(self._spool)
         else:
             # No name and no time in the gzip header: a re-capture writes byte-identical files.
             self._gz = igzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self._spool, mtime=0)
@@ -615,7 +622,7 @@ class LandingWriter:
         self._cut_due = False
         if not self._open:
             return None
-        arrow = self._arrow is not None
+        arrow = self._arrow
         self._close_spool()
         last = self._last
         assert self._tmp is not None and self._first is not None and last is not None
@@ -624,7 +631,9 @@ class LandingWriter:
         tables = dict(sorted(self._tables.items()))
         try:
             with open_private(final) as out:
-                if arrow:
+                if self.format == TABLES:
+                    arrow.finish(self._tmp, tables, self._records, out)
+                elif arrow is not None:
                     from loader.landing import changefile
 
                     changefile.Spool.finish(self._tmp, changefile.ChangeHeader(tables, self._records), out)

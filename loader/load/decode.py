@@ -32,7 +32,7 @@ from typing import Any
 
 from loader.errors import DecompressedSizeError
 from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, parse_header
-from loader.landing.store import CHANGES, JSONL, MAX_DECOMPRESSED, format_of, gunzip_bounded, too_large
+from loader.landing.store import CHANGES, JSONL, MAX_DECOMPRESSED, TABLES, format_of, gunzip_bounded, too_large
 from loader.lsn import ChangePosition
 from loader.names import lake_column
 
@@ -363,11 +363,16 @@ def _decode_arrow_file(
     records of the change stream, loader.landing.changefile): the rows a v1 file with the same
     records gives (line numbers as there: the header is line 1), every readable batch kept, the
     header's counts checked like v1's. A record's raw text (in a reject) is its v1 line."""
-    from loader.landing import arrowfile, changefile
+    from loader.landing import arrowfile, changefile, tablefile
 
     records: Iterator[ChangeRecord] = iter(())
-    header: changefile.ChangeHeader | arrowfile.SnapshotHeader | None
-    if format_of(file) == CHANGES:
+    header: changefile.ChangeHeader | arrowfile.SnapshotHeader | tablefile.TablesHeader | None
+    if format_of(file) == TABLES:
+        got_tables = tablefile.salvage(data)
+        header, damage = got_tables.header, got_tables.damage
+        if header is not None:
+            records = tablefile.readable_records(got_tables)
+    elif format_of(file) == CHANGES:
         got_changes = changefile.salvage(data)
         header, damage = got_changes.header, got_changes.damage
         if header is not None:

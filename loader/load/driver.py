@@ -35,8 +35,8 @@ from loader.errors import LandingUnavailableError
 from loader.faults import checkpoint
 from loader.lake.tables import SourceTable
 from loader.lake.types import UTC_TEXT
-from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
-from loader.landing.store import LandingFile, LandingStore
+from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
+from loader.landing.store import TABLES, LandingFile, LandingStore
 from loader.load.columns import NotPlain, RecordColumns, RecordShape, dense_ids, first_rows
 from loader.load.decode import _TIMESTAMP, _shape_problem
 from loader.load.kernel import absent_columns, json_objects, typed_column
@@ -140,18 +140,24 @@ def _read_changes(name: str, data: bytes) -> tuple[pa.Table, FileHeader]:
     return table, FileHeader(got.header.tables)
 
 
-def _read_file(store: LandingStore, f: LandingFile) -> tuple[bytes | pa.Table, FileHeader | None]:
-    """A landing file's records as the driver reads them: v1 record lines, or a v2 change file's
-    Arrow table."""
-    from loader.landing.store import CHANGES
+def _read_file(store: LandingStore, f: LandingFile) -> tuple[bytes | pa.Table | TablesBody, FileHeader | None]:
+    """A landing file's records as the driver reads them: v1 record lines, a v2 change file's
+    Arrow table, or a v3 file's segments."""
+    from loader.landing import tablefile
+    from loader.landing.store import CHANGES, TABLES
 
     data = store.open_bytes(f.name)
     if f.format == CHANGES:
         return _read_changes(f.name, data)
+    if f.format == TABLES:
+        got = tablefile.salvage(data)
+        if got.header is None or got.damage is not None:
+            raise NotPlain(f"{f.name}: damaged ({got.damage})")
+        return TablesBody(got), FileHeader(got.header.tables)
     return _read_text(f.name, data, store.max_decompressed)
 
 
-def _size(body: bytes | pa.Table | None) -> int:
+def _size(body: bytes | pa.Table | TablesBody | None) -> int:
     if body is None:
         return 0
     return len(body) if isinstance(body, bytes) else int(body.nbytes)
@@ -165,9 +171,9 @@ class TextGroup:
     longer than the bound, read again file by file (``streamed``)."""
 
     files: list[LandingFile]
-    texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None
+    texts: list[tuple[bytes | pa.Table | TablesBody, FileHeader | None]] | None
     not_plain: str | None = None
-    plain: PlainBatch | None = None  # its records checked and numbered (:func:`checked_ahead`)
+    plain: PlainBatch | TablesBatch | None = None  # its records checked and numbered (:func:`checked_ahead`)
 
     @property
     def streamed(self) -> bool:
@@ -185,11 +191,11 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
     own that the driver reads again file by file (``streamed``, :class:`StreamedPlainBatch`). The
     text of such groups is dropped as soon as that is known. The groups after it are read as before."""
     group: list[LandingFile] = []
-    texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None = []
+    texts: list[tuple[bytes | pa.Table | TablesBody, FileHeader | None]] | None = []
     size, reason = 0, None
     problem: str | None
     for f in files:
-        body: bytes | pa.Table | None
+        body: bytes | pa.Table | TablesBody | None
         try:
             body, header = _read_file(store, f)
         except NotPlain as exc:
@@ -229,7 +235,10 @@ def checked_ahead(groups: Iterator[TextGroup], store: LandingStore, max_bytes: i
     def checked(group: TextGroup) -> TextGroup:
         if group.texts is not None and group.not_plain is None:
             try:
-                group.plain = PlainBatch(store, group.files, max_bytes, group.texts)
+                if group.files[0].format == TABLES:
+                    group.plain = TablesBatch(store, group.files, max_bytes, group.texts)
+                else:
+                    group.plain = PlainBatch(store, group.files, max_bytes, group.texts)
             except NotPlain as exc:
                 group.not_plain = str(exc)
             group.texts = None
@@ -247,7 +256,7 @@ class PlainBatch:
         store: LandingStore,
         batch: list[LandingFile],
         max_bytes: int,
-        texts: list[tuple[bytes | pa.Table, FileHeader | None]] | None = None,
+        texts: list[tuple[Any, FileHeader | None]] | None = None,
     ) -> None:
         """``texts``: the files' records (v1 lines or a v2 change file's Arrow table) and headers
         as :func:`plain_groups` read them (else read here)."""
@@ -263,6 +272,8 @@ class PlainBatch:
                 body, header = _read_file(store, f)
             else:
                 body, header = texts[i]
+            if isinstance(body, TablesBody):
+                raise NotPlain(f"{f.name}: a landing v3 file in a batch of records")
             size += _size(body)
             if size > max_bytes:
                 raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of landing text")
@@ -1002,3 +1013,256 @@ class SnapshotBatch:
         seq = out["pg_seq"].to_numpy()[bad]
         self.misfits.setdefault(table, []).append(Misfits(where, np.full(len(where), header.commit_lsn, np.int64), seq))
         return history.filter(pa.array(~bad))
+
+
+@dataclass
+class TablesBody:
+    """A landing v3 change file as read (:func:`_read_file`): its salvaged segments."""
+
+    got: Any  # loader.landing.tablefile.Salvage
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for _, b in self.got.segments if b is not None)
+
+
+class TablesBatch:
+    """A batch of landing v3 change files (loader.landing.tablefile) in Arrow, with the interface
+    of :class:`PlainBatch`: its survey and, per table, its history rows. Each table's changes are
+    already columns of their own in the files (one per source column, a segment per shape), so
+    nothing is parsed, flattened or numbered by shape: the segments' columns are concatenated in
+    position order and typed column by column with ``_typed_or_misfit``, as every other path does.
+
+    Plain means what :class:`PlainBatch` takes: intact files whose records segments hold commit
+    markers only (control records, truncates, quarantined input and damage go through the Spark
+    path, which says what each one is), positions strictly increasing in each file and inside its
+    name's range, commit times in capture's form, shapes the decoder's checks pass, and every
+    table's count as the header announces. Anything else raises NotPlain."""
+
+    def __init__(
+        self,
+        store: LandingStore,
+        batch: list[LandingFile],
+        max_bytes: int,
+        texts: list[tuple[Any, FileHeader | None]] | None = None,
+    ) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        from loader.landing import tablefile
+
+        self.batch = batch
+        self.misfits: dict[SourceTable, list[Misfits]] = {}
+        self.num_rows = 0
+        # per table: (file index, segment, batch), in file and segment order
+        self._segments: dict[str, list[tuple[int, Any, Any]]] = {}
+        shapes: dict[tuple[Any, ...], dict[str, Any]] = {}
+        size = 0
+        ts_seen: set[str] = set()
+        for i, f in enumerate(batch):
+            if texts is not None:
+                body = texts[i][0]
+                if not isinstance(body, TablesBody):
+                    raise NotPlain("landing formats mixed in one batch")
+                got = body.got
+            else:
+                got = tablefile.salvage(store.open_bytes(f.name))
+            if got.header is None or got.damage is not None:
+                raise NotPlain(f"{f.name}: damaged ({got.damage})")
+            size += TablesBody(got).nbytes
+            if size > max_bytes:
+                raise NotPlain(f"more than load.driver_max_bytes ({max_bytes}) of landing columns")
+            self.num_rows += got.header.records
+            ords, lsns, seqs = [], [], []
+            counts: dict[str, int] = {}
+            for seg, b in got.segments:
+                if seg.shape is None:
+                    ops = b.column("op").cast(pa.string())
+                    if ops.null_count or set(ops.unique().to_pylist()) != {COMMIT}:
+                        raise NotPlain(f"{f.name}: control records")
+                    continue
+                shape = seg.shape
+                problem = _shape_problem(
+                    ChangeRecord(
+                        shape.op,
+                        0,
+                        0,
+                        0,
+                        "",
+                        shape.schema,
+                        shape.table,
+                        columns=[Column(n, t, None) for n, t in shape.columns],
+                        identity=[Column(n, t, None) for n, t in shape.identity],
+                        pk=list(shape.pk),
+                    ),
+                    [n for n, _ in shape.columns],
+                    [n for n, _ in shape.identity],
+                )
+                if problem:
+                    raise NotPlain(f"{shape.qualified}: {problem}")
+                lsn_u = b.column(1).to_numpy()
+                if len(lsn_u) and lsn_u.max() >= 1 << 63:
+                    raise NotPlain("a position out of range")
+                ords.append(b.column(0).to_numpy())
+                lsns.append(lsn_u.astype(np.int64))
+                seqs.append(b.column(2).to_numpy())
+                ts_seen.update(b.column(4).dictionary.to_pylist())
+                counts[shape.qualified] = counts.get(shape.qualified, 0) + seg.rows
+                self._segments.setdefault(shape.qualified, []).append((i, seg, b))
+                old_key = (
+                    (
+                        tuple(n for n, _ in shape.identity),
+                        tuple(t for _, t in shape.identity),
+                    )
+                    if shape.op == "D"
+                    else ((), ())
+                )
+                key = (
+                    f.name,
+                    shape.schema,
+                    shape.table,
+                    _KINDS[shape.op],
+                    tuple(n for n, _ in shape.columns),
+                    tuple(t for _, t in shape.columns),
+                    *old_key,
+                )
+                first, last = ChangePosition(*seg.first), ChangePosition(*seg.last)
+                m = shapes.setdefault(key, {"changes": 0, "first": first, "last": last, "b": (b, len(b) - 1)})
+                m["changes"] += seg.rows
+                m["first"] = min(m["first"], first)
+                if last >= m["last"]:
+                    m["last"], m["b"] = last, (b, len(b) - 1)
+                if shape.pk and (m.get("pk") is None or last > m["pk"][1]):
+                    m["pk"] = (tuple(shape.pk), last)
+            if any(counts.get(t, 0) != k for t, k in got.header.tables.items()) or set(counts) - set(got.header.tables):
+                raise NotPlain(f"{f.name}: records other than its header counts")
+            if ords:
+                order = np.argsort(np.concatenate(ords), kind="stable")
+                lsn, seq = np.concatenate(lsns)[order], np.concatenate(seqs)[order]
+                if len(lsn) and (seq.min() < 0 or not positions_after(lsn[1:], seq[1:], (lsn[:-1], seq[:-1])).all()):
+                    raise NotPlain("positions not strictly increasing in a file")
+                if (
+                    not positions_after(lsn[:1], seq[:1], f.first, inclusive=True).all()
+                    or positions_after(lsn[-1:], seq[-1:], f.last).any()
+                ):
+                    raise NotPlain("a position outside its file's range")
+        for value in ts_seen:
+            if not _TIMESTAMP.match(value) or not re.match(UTC_TEXT, value):
+                raise NotPlain(f"commit time {value[:40]!r} not in capture's UTC form")
+        out = []
+        for (file, schema, table, kind, names, types, key_names, key_types), m in shapes.items():
+            b, r = m["b"]
+            pk = m.get("pk")
+            out.append(
+                Shape(
+                    landing_file=file,
+                    table=SourceTable(schema, table),
+                    kind=kind,
+                    col_names=names,
+                    col_types=types,
+                    changes=m["changes"],
+                    first=m["first"],
+                    last=m["last"],
+                    newest=(m["last"].commit_lsn, m["last"].seq, b.column(4)[r].as_py()),
+                    pk=pk[0] if pk else None,
+                    pk_at=pk[1] if pk else None,
+                    key_names=key_names,
+                    key_types=key_types,
+                )
+            )
+        self.survey = BatchSurvey(out)
+
+    def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
+        """The positions of the table's first and last change in the batch."""
+        segs = self._segments[table.qualified]
+        return min(ChangePosition(*s.first) for _, s, _ in segs), max(ChangePosition(*s.last) for _, s, _ in segs)
+
+    def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> list[pa.Table]:
+        """The table's history rows, in position order, as one part (the batch is in memory); rows
+        whose values do not fit are left out and kept in :attr:`misfits`."""
+        return [self.history_rows(table, columns, target)]
+
+    def history_rows(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> pa.Table:
+        """The table's history rows in ``target``'s columns and types (the Iceberg table's schema)."""
+        import numpy as np
+        import pyarrow as pa
+
+        segs = self._segments.pop(table.qualified)
+        lsn = np.concatenate([b.column(1).to_numpy().astype(np.int64) for _, _, b in segs])
+        seq = np.concatenate([b.column(2).to_numpy() for _, _, b in segs])
+        order = pa.array(np.lexsort((seq, lsn)))
+        lsn, seq = lsn[order.to_numpy()], seq[order.to_numpy()]
+        sizes = [seg.rows for _, seg, _ in segs]
+
+        def ordered(arrays: list[Any], t: Any) -> Any:
+            return pa.concat_arrays([a.cast(t) for a in arrays]).take(order)
+
+        out: dict[str, Any] = {}
+        sent: dict[str, np.ndarray] = {}
+        bad: np.ndarray | None = None
+        for col in columns:
+            parts, mask = [], []
+            for (_, seg, b), n in zip(segs, sizes, strict=True):
+                names = [c for c, _ in seg.shape.columns]
+                if col.source in names:
+                    j = names.index(col.source)
+                    if seg.shape.columns[j][1] != col.pg_type:
+                        raise NotPlain(f"{table.qualified}: column {col.source} changes type in the batch")
+                    parts.append(b.column(6 + j))
+                    mask.append(np.ones(n, bool))
+                else:
+                    parts.append(pa.nulls(n, pa.string()))
+                    mask.append(np.zeros(n, bool))
+            sent[col.source] = np.concatenate(mask)[order.to_numpy()]
+            out[col.lake], misfit = _typed_or_misfit(ordered(parts, pa.string()), col, table)
+            if misfit is not None:
+                bad = misfit if bad is None else bad | misfit
+        ts_text = ordered([b.column(4).cast(pa.string()) for _, _, b in segs], pa.string())
+        ts = _typed(ts_text, HistoryColumn("", "timestamp with time zone"), table, distinct=True)
+        ops = [seg.shape.op for _, seg, _ in segs]
+        op_codes = np.repeat(np.array([_OP_INDEX[o] for o in ops], np.int8), sizes)[order.to_numpy()]
+        file_of = np.repeat(np.array([i for i, _, _ in segs], np.int64), sizes)[order.to_numpy()]
+        out.update(
+            pg_lsn=pa.array(lsn),
+            pg_seq=pa.array(seq),
+            pg_txn_id=ordered([b.column(3) for _, _, b in segs], pa.int64()),
+            pg_operation=pa.array([OPERATIONS[o] for o in _OP_INDEX], pa.string()).take(pa.array(op_codes)),
+            pg_txn_timestamp=ts,
+            pg_change_lsn=ordered([b.column(5) for _, _, b in segs], pa.int64()),
+            pg_old_key=self._old_keys(segs, sizes).take(order),
+            # (a batch with columns dropped at the source goes to the Spark path: no drops here)
+            pg_absent_columns=absent_columns(columns, sent, op_codes == _OP_INDEX["U"], lsn, seq, {}),
+            pg_landing_file=pa.array([f.name for f in self.batch], pa.string()).take(pa.array(file_of)),
+            pg_note=pa.nulls(len(lsn), pa.string()),
+        )
+        history = _in_target(out, len(lsn), target)
+        if bad is None:
+            return history
+        self.misfits.setdefault(table, []).append(Misfits(file_of[bad], lsn[bad], seq[bad]))
+        return history.filter(pa.array(~bad))
+
+    @staticmethod
+    def _old_keys(segs: list[tuple[int, Any, Any]], sizes: list[int]) -> pa.Array:
+        """pg_old_key of the segments' rows (in segment order), as the load kernel writes it."""
+        import numpy as np
+        import pyarrow as pa
+
+        names_parts, values_parts, widths = [], [], []
+        for (_, seg, b), n in zip(segs, sizes, strict=True):
+            k = len(seg.shape.identity)
+            widths.append(np.full(n, k, np.int64))
+            if not k:
+                continue
+            first = 6 + len(seg.shape.columns)
+            flat = pa.concat_arrays([b.column(first + j) for j in range(k)])
+            # Row-major: each row's old-key values in the shape's order.
+            values_parts.append(flat.take(pa.array((np.arange(k)[None, :] * n + np.arange(n)[:, None]).ravel())))
+            names_parts.append(pa.array([c for c, _ in seg.shape.identity] * n, pa.string()))
+        width = np.concatenate(widths) if widths else np.zeros(0, np.int64)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(width)]).astype(np.int32))
+        names = pa.concat_arrays(names_parts) if names_parts else pa.array([], pa.string())
+        values = pa.concat_arrays(values_parts) if values_parts else pa.array([], pa.string())
+        return json_objects(pa.ListArray.from_arrays(offsets, names), pa.ListArray.from_arrays(offsets, values))
+
+
+_OP_INDEX = {"I": 0, "U": 1, "D": 2}

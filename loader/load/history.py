@@ -264,13 +264,13 @@ class HistoryLoad:
         (loader.load.driver.plain_groups: read once, the next one read and checked ahead on a second
         thread while one is loaded, loader.load.driver.checked_ahead, so two are in memory at most),
         with what was read of them (None: the driver reads them when it loads them)."""
-        from loader.landing.store import CHANGES, JSONL
+        from loader.landing.store import CHANGES, JSONL, TABLES
         from loader.load.driver import checked_ahead, plain_groups
 
         max_bytes = self.settings.load.driver_max_bytes
         for segment in _by_format(batch):
             # Overlapping files need the Spark path's dedupe: not read here only to be read again.
-            if segment[0].format not in (JSONL, CHANGES) or not max_bytes or not _disjoint(segment):
+            if segment[0].format not in (JSONL, CHANGES, TABLES) or not max_bytes or not _disjoint(segment):
                 yield segment, None
                 continue
             groups = checked_ahead(plain_groups(self.store, segment, max_bytes), self.store, max_bytes)
@@ -498,8 +498,8 @@ class HistoryLoad:
         """A plain batch read (unless ``group`` holds it read) and its tables prepared for the
         driver's append (:meth:`_driver_prepare`): (the batch, its tables), or None when the batch
         is not plain (``_spark_reason`` says why; nothing was committed)."""
-        from loader.landing.store import ARROW
-        from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch, StreamedPlainBatch
+        from loader.landing.store import ARROW, TABLES
+        from loader.load.driver import NotPlain, PlainBatch, SnapshotBatch, StreamedPlainBatch, TablesBatch
 
         max_bytes = self.settings.load.driver_max_bytes
         if not max_bytes:
@@ -518,13 +518,16 @@ class HistoryLoad:
             self._spark_reason = "landing formats mixed in one batch"
             return None
         try:
-            plain: PlainBatch | SnapshotBatch | StreamedPlainBatch
+            plain: PlainBatch | SnapshotBatch | StreamedPlainBatch | TablesBatch
             if formats == {ARROW}:
                 plain = _landing_read_explained(lambda: SnapshotBatch(self.store, batch, max_bytes))
             elif group is not None and group.plain is not None:
                 plain = group.plain
             elif group is not None and group.streamed:
                 plain = _landing_read_explained(lambda: StreamedPlainBatch(self.store, batch, max_bytes))
+            elif formats == {TABLES}:
+                texts = group.texts if group is not None else None
+                plain = _landing_read_explained(lambda: TablesBatch(self.store, batch, max_bytes, texts))
             else:
                 # The group's text is handed over (PlainBatch empties the list as it parses it).
                 texts = group.texts if group is not None else None

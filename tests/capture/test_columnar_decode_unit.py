@@ -28,7 +28,7 @@ from loader.capture import wal2json_arrow
 from loader.capture.wal2json import Wal2JsonDecoder
 from loader.landing import changefile
 from loader.landing.records import COMMIT, ChangeRecord
-from loader.landing.store import CHANGES, LandingWriter, LocalLandingStore
+from loader.landing.store import CHANGES, TABLES, LandingWriter, LocalLandingStore
 from loader.lsn import format_lsn
 
 TS = "2026-11-26 10:00:00.123456+00"
@@ -217,24 +217,26 @@ def test_lsn_texts_parse_as_the_row_decoder_parses_them() -> None:
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data(), max_changes=st.integers(1, 12))
+@pytest.mark.parametrize("fmt", [CHANGES, TABLES])
 def test_the_writer_writes_the_same_files_from_records_or_batches(
-    tmp_path_factory: Any, data: Any, max_changes: int
+    tmp_path_factory: Any, data: Any, max_changes: int, fmt: str
 ) -> None:
+    """Landing v2 and v3 alike: the same files, byte for byte, from records or capture's blocks."""
     rows = data.draw(_stream())
     batch, _ = _by_rows(rows)
     records = list(changefile.batch_records(batch))
     if not records:
         return
-    by_record = _write(tmp_path_factory.mktemp("r"), max_changes, [records])
+    by_record = _write(tmp_path_factory.mktemp("r"), max_changes, [records], fmt)
     cuts = _cuts(data.draw, len(records))
     pieces: list[Any] = []
     for a, b in itertools.pairwise(cuts):
         pieces.append(records[a:b] if data.draw(st.booleans()) else batch.slice(a, b - a))
-    assert _write(tmp_path_factory.mktemp("b"), max_changes, pieces) == by_record
+    assert _write(tmp_path_factory.mktemp("b"), max_changes, pieces, fmt) == by_record
 
 
-def _write(root: Path, max_changes: int, pieces: list[Any]) -> dict[str, bytes]:
-    writer = LandingWriter(LocalLandingStore(root), max_changes, format=CHANGES)
+def _write(root: Path, max_changes: int, pieces: list[Any], fmt: str = CHANGES) -> dict[str, bytes]:
+    writer = LandingWriter(LocalLandingStore(root), max_changes, format=fmt)
     for piece in pieces:
         if isinstance(piece, list):
             for rec in piece:

@@ -69,7 +69,13 @@ class FuzzRun:
         self.nan_parked: set[str] = set()  # tables accepted as parked for NaN in a numeric(p,s) column
         env.configure("source", exclude=["pg_catalog.*", "information_schema.*", f"{AUDIT_SCHEMA}.*"])
         env.configure("load", driver_max_bytes=(64 << 20) if workload.driver_load else 0)
-        env.configure("source", ddl_trigger=workload.ddl_trigger, plugin=workload.plugin, publication="fuzz_pub")
+        env.configure(
+            "source",
+            ddl_trigger=workload.ddl_trigger,
+            plugin=workload.plugin,
+            publication="fuzz_pub",
+            stream_format=workload.stream_format,
+        )
         pipelined = workload.pipelined_rounds > 0
         env.configure(
             "source",
@@ -81,6 +87,7 @@ class FuzzRun:
             "LOADER_SOURCE__EXCLUDE": json.dumps(env.settings.source.exclude),
             "LOADER_SOURCE__DDL_TRIGGER": json.dumps(workload.ddl_trigger),
             "LOADER_SOURCE__PLUGIN": workload.plugin,
+            "LOADER_SOURCE__STREAM_FORMAT": workload.stream_format,
             "LOADER_SOURCE__PUBLICATION": "fuzz_pub",
             "LOADER_LOAD__DRIVER_MAX_BYTES": str(env.settings.load.driver_max_bytes),
             "LOADER_SOURCE__PIPELINE_MIN_LAG_MB": str(env.settings.source.pipeline_min_lag_mb),

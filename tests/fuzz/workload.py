@@ -106,6 +106,9 @@ class Workload:
     # source.plugin for this seed: pgoutput (with its publication, kept by capture) one seed in four,
     # drawn from a generator of its own so every other draw of a seed is the same either way.
     plugin: str = "wal2json"
+    # source.stream_format for this seed: landing v3 ("tables": each table's changes in columns)
+    # one seed in three, else v2 ("arrow"); a generator of its own, as for the plugin.
+    stream_format: str = "arrow"
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
@@ -116,6 +119,8 @@ class Workload:
             out.insert(1, f"-- (pipelined capture in rounds of {self.pipelined_rounds} rows)")
         if self.plugin != "wal2json":
             out.insert(1, f"-- (source.plugin = {self.plugin})")
+        if self.stream_format != "arrow":
+            out.insert(1, f"-- (source.stream_format = {self.stream_format})")
         for i, step in enumerate(self.steps[: None if upto is None else upto + 1]):
             if isinstance(step, Loader):
                 what = " ".join(x for x in (step.action, step.stage, step.point) if x)
@@ -339,6 +344,7 @@ class Generator:
         self.gaps = gaps
         self.ddl_trigger = seed % 3 != 2
         self.plugin = "pgoutput" if random.Random(f"plugin {seed}").random() < 0.25 else "wal2json"
+        self.stream_format = "tables" if random.Random(f"stream format {seed}").random() < 1 / 3 else "arrow"
         self.tables: dict[str, Table] = {}
         self.steps: list[Step] = []
         self.tracked: dict[str, list[str]] = {}
@@ -1217,6 +1223,7 @@ class Generator:
             gaps=self.gaps,
             pipelined_rounds=rng.choice((0, 0, 7, 100_000)),
             plugin=self.plugin,
+            stream_format=self.stream_format,
         )
 
 

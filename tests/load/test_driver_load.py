@@ -288,7 +288,7 @@ def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     text_keys=st.booleans(),
     max_changes=st.integers(2, 12),
     bound=st.sampled_from([ON.driver_max_bytes, ON.driver_max_bytes, 600, 2500]),
-    landing_format=st.sampled_from(["jsonl", "changes"]),
+    landing_format=st.sampled_from(["jsonl", "changes", "tables"]),
 )
 def test_driver_and_spark_paths_write_the_same_history(
     spark: Any,
@@ -305,7 +305,8 @@ def test_driver_and_spark_paths_write_the_same_history(
 ) -> None:
     """``bound`` (load.driver_max_bytes): small ones cut the batch into several driver batches, and
     send a transaction longer than the bound to the Spark path. ``landing_format``: the files are
-    landing v1 (gzip JSON lines) or v2 change files (Arrow), for both paths."""
+    landing v1 (gzip JSON lines), v2 change files (Arrow) or v3 (each table's changes in columns),
+    for both paths."""
     txns = _batch(seed, sorted(columns), odd, text_keys)
     with_driver = lake_settings(base_settings, tmp_path).model_copy(
         update={"load": LoadSettings(driver_max_bytes=bound)}
@@ -335,16 +336,18 @@ def test_driver_and_spark_paths_write_the_same_history(
         assert _first_parks(_snapshot(spark, with_driver)) == _first_parks(_snapshot(spark, spark_only))
 
 
+@pytest.mark.parametrize("landing_format", ["jsonl", "tables"])
 def test_the_oracle_used_the_driver_path(
-    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int], landing_format: str
 ) -> None:
-    """A plain batch of every plain type is appended by the driver, with the Spark path's rows."""
+    """A plain batch of every plain type is appended by the driver, with the Spark path's rows (v3
+    files: by their columns, :class:`loader.load.driver.TablesBatch`)."""
     plain_types = [t for t, (plain, _) in VALUES.items() if plain]
     txns = _batch(7, plain_types, 0.0, text_keys=False)
     with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     for s in (with_driver, spark_only):
-        write_files(s, txns, 5)
+        write_files(s, txns, 5, landing_format)
         HistoryLoad(spark, s).run()
     assert used, "the plain batch went to Spark"
     assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)

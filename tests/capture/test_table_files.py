@@ -1,0 +1,156 @@
+"""Landing v3 change files (loader.landing.tablefile): each table's changes in columns, read back as
+exactly the v1 file of the same records; the same bytes however the records arrived; a cut file
+keeps the records before its first lost segment and parks what it lost."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loader.landing import changefile, tablefile
+from loader.landing.records import COMMIT, ChangeRecord, Column
+from loader.landing.store import JSONL, TABLES, LandingFile
+from loader.load.decode import decode_file
+from tests.capture.test_change_files import TS, _land, _rows, _transactions
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=_transactions(), max_changes=st.integers(1, 9))
+def test_v3_files_read_as_v1_files_of_the_same_records(
+    tmp_path_factory: Any, records: list[ChangeRecord], max_changes: int
+) -> None:
+    root = tmp_path_factory.mktemp("landing")
+    v1 = _land(root / "v1", records, max_changes, JSONL)
+    v3 = _land(root / "v3", records, max_changes, TABLES)
+    f1, f3 = v1.files(), v3.files()
+    assert [(f.first, f.last, f.complete) for f in f1] == [(f.first, f.last, f.complete) for f in f3]
+    assert all(f.format == TABLES for f in f3)
+    for a, b in zip(f1, f3, strict=True):
+        assert list(v3.read_records(b.name)) == list(v1.read_records(a.name))
+        assert list(v3.read_lines(b.name)) == list(v1.read_lines(a.name))  # the header line too
+        assert _rows(v3, b) == _rows(v1, a)
+
+
+def _spooled(path: Path, records: list[ChangeRecord], feed: Any) -> bytes:
+    with open(path, "wb") as out:
+        spool = tablefile.Spool(out)
+        feed(spool)
+        spool.close()
+    tables: dict[str, int] = {}
+    for r in records:
+        if r.op != COMMIT:
+            tables[r.qualified_table] = tables.get(r.qualified_table, 0) + 1
+    final = path.with_suffix(".final")
+    with open(final, "wb") as out:
+        spool.finish(path, tables, len(records), out)
+    return final.read_bytes()
+
+
+def _many(n: int, seed: int) -> list[ChangeRecord]:
+    """``n`` changes of three tables in a few shapes (absent columns, old keys), transactions of 1-40."""
+    rnd = random.Random(seed)
+    out: list[ChangeRecord] = []
+    lsn, seq = 0x1000, 0
+    for i in range(n):
+        table = rnd.choice(["a", "b", "c"])
+        op = rnd.choice("IIUD")
+        cols = [Column("id", "integer", str(i)), Column("v", "text", rnd.choice([None, "x", "ü\n"]))]
+        if op == "U" and rnd.random() < 0.3:
+            cols = cols[:1]  # v unchanged TOAST: another shape
+        ident = [Column("id", "integer", str(i))] if op != "I" else []
+        seq += 1
+        out.append(
+            ChangeRecord(op, lsn, seq, i // 40, TS, "public", table, lsn - 1, cols if op != "D" else [], ident, ["id"])
+        )
+        if rnd.random() < 0.05:
+            out.append(ChangeRecord("T", lsn, seq + 1, i // 40, TS, "public", table))  # to a records segment
+            seq += 1
+        if rnd.random() < 1 / 40:
+            out.append(ChangeRecord(COMMIT, lsn, seq + 1, i // 40, TS))
+            lsn, seq = lsn + 0x100, 0
+    out.append(ChangeRecord(COMMIT, lsn, seq + 1, n // 40, TS))
+    return out
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 1 << 30), cuts=st.lists(st.integers(0, 30_000), max_size=6))
+def test_the_same_records_give_the_same_bytes_one_by_one_or_in_arrow_blocks(
+    tmp_path_factory: Any, seed: int, cuts: list[int]
+) -> None:
+    """Capture's columnar path hands the spool Arrow blocks (v2's decoded schema) of any size, the
+    row decoder records one by one, in any mix: the file's bytes depend on its records only."""
+    records = _many(17_000, seed)
+    root = tmp_path_factory.mktemp("spool")
+    by_one = _spooled(root / "one", records, lambda s: [s.add(r) for r in records])
+    bounds = sorted({0, len(records), *(c % (len(records) + 1) for c in cuts)})
+
+    def mixed(spool: tablefile.Spool) -> None:
+        for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+            if k % 2:
+                for r in records[a:b]:
+                    spool.add(r)
+            else:
+                spool.add_batch(changefile.record_batch(records[a:b]).cast(changefile.arrow_schema()))
+
+    assert _spooled(root / "mixed", records, mixed) == by_one
+    got = tablefile.salvage(by_one)
+    assert got.damage is None and list(tablefile.intact_records(got)) == records
+    assert {s.shape is None for s, _ in got.segments} == {True, False}  # both kinds of segment
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 1 << 30), cut=st.floats(0.0, 1.0))
+def test_a_cut_v3_file_keeps_the_records_before_its_first_lost_segment(
+    tmp_path_factory: Any, seed: int, cut: float
+) -> None:
+    """Cut anywhere, a file keeps a prefix of its records: every record before the first ordinal
+    of a lost segment (at most one block of ``BATCH_RECORDS`` records lost before the cut), and the
+    load parks each table its header says lost some (every table, without a readable header)."""
+    records = _many(17_000, seed)
+    path = tmp_path_factory.mktemp("cut") / "f.tables.arrow"
+    tablefile.write_file(path, records)
+    whole = path.read_bytes()
+    data = whole[: int(len(whole) * cut)]
+    got = tablefile.salvage(data)
+    kept = list(tablefile.readable_records(got))
+    assert kept == records[: len(kept)]
+    whole_segments = tablefile.salvage(whole).segments
+    if got.header is not None:
+        read = sum(len(b) for _, b in got.segments)
+        assert len(kept) >= len(records) - (len(records) - read) - tablefile.BATCH_RECORDS
+    name = LandingFile.name_for(records[0].position, records[-1].position, True, TABLES)
+    f = LandingFile.parse(name)
+    assert f is not None
+    rows = list(decode_file(name, data, f.first.commit_lsn, (f.first, f.last)))
+    parks = [r for r in rows if r["op"] == "park" and r["line"] == 0]
+    if data == whole:
+        assert not parks and len(whole_segments) > 3
+    elif got.header is None:
+        assert len(parks) == 1 and parks[0]["src_table"] is None
+    else:
+        counts: dict[str, int] = {}
+        for r in records:
+            if r.op != COMMIT:
+                counts[r.qualified_table] = counts.get(r.qualified_table, 0) + 1
+        lost = {t for t in counts if sum(1 for r in kept if r.op != COMMIT and r.qualified_table == t) < counts[t]}
+        assert lost == {f"{p['src_schema']}.{p['src_table']}" for p in parks}
+
+
+def test_a_name_holding_a_shape_separator_goes_to_a_records_segment(tmp_path: Path) -> None:
+    """Shapes are keyed by names joined with control characters in the columnar path: a name
+    holding one is not joined (its block goes record by record), so no two shapes can merge."""
+    records = [
+        ChangeRecord("I", 0x100, 1, 7, TS, "public", "t", 0x90, [Column("a\x1fb", "text", "1")], [], []),
+        ChangeRecord("I", 0x100, 2, 7, TS, "public", "t", 0x91, [Column("a", "text\x1fb", "2")], [], []),
+        ChangeRecord(COMMIT, 0x100, 3, 7, TS),
+    ]
+    batch = changefile.record_batch(records).cast(changefile.arrow_schema())
+    data = _spooled(tmp_path / "s", records, lambda s: s.add_batch(batch))
+    got = tablefile.salvage(data)
+    assert list(tablefile.intact_records(got)) == records
+    assert all(s.shape is None for s, _ in got.segments)
