@@ -361,35 +361,24 @@ class Spool:
 
     def __init__(self, out: IO[bytes]) -> None:
         self._out = out
-        self._n = 0  # the next record's ordinal
-        self._in_block = 0
+        self._n = 0  # the next record's ordinal, of those taken apart
+        self._in_block = 0  # records of the open block, those in the batcher included
+        # Records added one by one wait here (as v2's batch builder holds them) and are taken apart
+        # with the Arrow blocks' code: one way to split records into shapes.
+        self._batcher = changefile.Batcher()
         self._shapes: dict[Shape, _Rows] = {}
         self._records = _Records()
         self.segments: list[SegmentInfo] = []
 
     def add(self, record: ChangeRecord) -> None:
-        n = self._n
-        self._n += 1
-        shape = _shape_of(record)
-        if shape is None:
-            self._records.add(n, record)
-        else:
-            rows = self._shapes.get(shape)
-            if rows is None:
-                rows = self._shapes[shape] = _Rows(shape)
-            rows.add(n, record)
+        self._batcher.add(record)
         self._in_block += 1
         if self._in_block == BATCH_RECORDS:
             self._write_block()
 
     def add_batch(self, batch: Any) -> None:
         """The records of ``batch`` (v2's decoded schema), after those added before."""
-        if self._n + batch.num_rows >= 1 << 31:
-            raise ValueError("a landing v3 file holds fewer than 2**31 records")
-        if _holds_separator(batch.column(8)) or _holds_separator(batch.column(9)):
-            for rec in changefile.batch_records(batch):
-                self.add(rec)
-            return
+        self._take_batcher()
         at = 0
         while at < batch.num_rows:
             k = min(batch.num_rows - at, BATCH_RECORDS - self._in_block)
@@ -399,15 +388,25 @@ class Spool:
             if self._in_block == BATCH_RECORDS:
                 self._write_block()
 
+    def _take_batcher(self) -> None:
+        if self._batcher.count:
+            self._add_rows(self._batcher.take())
+
     def _add_rows(self, batch: Any) -> None:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        for pending in self._shapes.values():  # rows added one by one go first
+        n = batch.num_rows
+        if self._n + n >= 1 << 31:
+            raise ValueError("a landing v3 file holds fewer than 2**31 records")
+        if _holds_separator(batch.column(8)) or _holds_separator(batch.column(9)):
+            for rec in changefile.batch_records(batch):
+                self._add_record(rec)
+            return
+        for pending in self._shapes.values():  # rows taken apart one by one go first
             pending.materialize()
         self._records.materialize()
-        n = batch.num_rows
         ops = batch.column(0)
         plain = pc.and_(
             pc.is_in(ops, value_set=pa.array(PLAIN_OPS)),
@@ -421,6 +420,19 @@ class Spool:
         at = np.flatnonzero(plain)
         if len(at):
             self._add_plain(batch, at, ords)
+
+    def _add_record(self, record: ChangeRecord) -> None:
+        """One record taken apart by itself (a name holding a shape-key separator)."""
+        n = self._n
+        self._n += 1
+        shape = _shape_of(record)
+        if shape is None:
+            self._records.add(n, record)
+            return
+        rows = self._shapes.get(shape)
+        if rows is None:
+            rows = self._shapes[shape] = _Rows(shape)
+        rows.add(n, record)
 
     def _add_plain(self, batch: Any, at: Any, ords: Any) -> None:
         """Plain rows ``at`` of ``batch`` appended to their shapes' rows."""
@@ -488,6 +500,7 @@ class Spool:
     def _write_block(self) -> None:
         """The block's pending rows as segments: each shape's and the records', in order of
         their first record."""
+        self._take_batcher()
         pending: list[_Rows | _Records] = [p for p in self._shapes.values() if p.rows]
         if self._records.rows:
             pending.append(self._records)
@@ -609,6 +622,7 @@ def salvage(data: bytes) -> Salvage:
     except (pa.ArrowException, ValueError, KeyError, TypeError, UnicodeDecodeError, OSError) as exc:
         return Salvage(None, [], f"no readable header: {exc}", 0)
     got: list[tuple[SegmentInfo, Any]] = []
+    buffer = pa.py_buffer(data)
     at = start
     for i, seg in enumerate(header.segments):
         problem = None
@@ -616,7 +630,7 @@ def salvage(data: bytes) -> Salvage:
             problem = f"the file ends inside segment {i} (at byte {len(data)} of {at + seg.length})"
         else:
             try:
-                batch = _read_segment(data[at : at + seg.length], seg)
+                batch = _read_segment(buffer.slice(at, seg.length), seg)
             except (pa.ArrowException, ValueError, TypeError, OSError) as exc:
                 problem = f"segment {i} damaged: {exc}"
         if problem is not None:
@@ -632,20 +646,22 @@ def salvage(data: bytes) -> Salvage:
     return Salvage(header, got, None)
 
 
-def _read_segment(data: bytes, seg: SegmentInfo) -> Any:
+def _read_segment(data: Any, seg: SegmentInfo) -> Any:
     import pyarrow as pa
 
-    reader = pa.ipc.open_stream(pa.BufferReader(data))
+    reader = pa.ipc.open_stream(data)
     want = seg.shape.arrow_schema() if seg.shape is not None else records_schema()
     if not reader.schema.equals(want):
         raise ValueError("columns other than its header's")
     batches = list(reader)
     for b in batches:
         b.validate(full=True)
-    table = pa.Table.from_batches(batches, schema=want)
-    if table.num_rows != seg.rows:
-        raise ValueError(f"{table.num_rows} rows, its header says {seg.rows}")
-    return table.combine_chunks().to_batches()[0] if table.num_rows else None
+    rows = sum(len(b) for b in batches)
+    if rows != seg.rows:
+        raise ValueError(f"{rows} rows, its header says {seg.rows}")
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, schema=want).combine_chunks().to_batches()[0]
 
 
 def segment_records(seg: SegmentInfo, batch: Any) -> Iterator[tuple[int, ChangeRecord]]:

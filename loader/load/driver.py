@@ -1190,12 +1190,22 @@ class TablesBatch:
         segs = self._segments.pop(table.qualified)
         lsn = np.concatenate([b.column(1).to_numpy().astype(np.int64) for _, _, b in segs])
         seq = np.concatenate([b.column(2).to_numpy() for _, _, b in segs])
-        order = pa.array(np.lexsort((seq, lsn)))
-        lsn, seq = lsn[order.to_numpy()], seq[order.to_numpy()]
+        # Segments hold one shape each: a table's rows come back in position order by one
+        # permutation, applied to each column once it is typed (fixed-width values move cheaply).
+        # By (file, ordinal): the file's order, which is position order (checked); each segment is
+        # a run of it, so the stable sort merges runs.
+        ords = np.concatenate([(np.int64(i) << 32) | b.column(0).to_numpy().astype(np.int64) for i, _, b in segs])
+        perm = np.argsort(ords, kind="stable")
+        in_order = bool((np.diff(perm) == 1).all())
+        order = pa.array(perm)
+        lsn, seq = lsn[perm], seq[perm]
         sizes = [seg.rows for _, seg, _ in segs]
 
-        def ordered(arrays: list[Any], t: Any) -> Any:
-            return pa.concat_arrays([a.cast(t) for a in arrays]).take(order)
+        def ordered(values: Any) -> Any:
+            return values if in_order else values.take(order)
+
+        def cat(arrays: list[Any]) -> Any:
+            return pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
 
         out: dict[str, Any] = {}
         sent: dict[str, np.ndarray] = {}
@@ -1213,28 +1223,29 @@ class TablesBatch:
                 else:
                     parts.append(pa.nulls(n, pa.string()))
                     mask.append(np.zeros(n, bool))
-            sent[col.source] = np.concatenate(mask)[order.to_numpy()]
-            out[col.lake], misfit = _typed_or_misfit(ordered(parts, pa.string()), col, table)
+            sent[col.source] = np.concatenate(mask)[perm]
+            typed, misfit = _typed_or_misfit(cat(parts), col, table)
+            out[col.lake] = ordered(typed)
             if misfit is not None:
+                misfit = misfit[perm]
                 bad = misfit if bad is None else bad | misfit
-        ts_text = ordered([b.column(4).cast(pa.string()) for _, _, b in segs], pa.string())
-        ts = _typed(ts_text, HistoryColumn("", "timestamp with time zone"), table, distinct=True)
-        ops = [seg.shape.op for _, seg, _ in segs]
-        op_codes = np.repeat(np.array([_OP_INDEX[o] for o in ops], np.int8), sizes)[order.to_numpy()]
-        file_of = np.repeat(np.array([i for i, _, _ in segs], np.int64), sizes)[order.to_numpy()]
         out.update(
             pg_lsn=pa.array(lsn),
             pg_seq=pa.array(seq),
-            pg_txn_id=ordered([b.column(3) for _, _, b in segs], pa.int64()),
-            pg_operation=pa.array([OPERATIONS[o] for o in _OP_INDEX], pa.string()).take(pa.array(op_codes)),
-            pg_txn_timestamp=ts,
-            pg_change_lsn=ordered([b.column(5) for _, _, b in segs], pa.int64()),
-            pg_old_key=self._old_keys(segs, sizes).take(order),
-            # (a batch with columns dropped at the source goes to the Spark path: no drops here)
-            pg_absent_columns=absent_columns(columns, sent, op_codes == _OP_INDEX["U"], lsn, seq, {}),
-            pg_landing_file=pa.array([f.name for f in self.batch], pa.string()).take(pa.array(file_of)),
+            pg_txn_id=ordered(cat([b.column(3) for _, _, b in segs])),
+            pg_operation=pa.array([OPERATIONS[o] for o in _OP_INDEX], pa.string()).take(
+                pa.array(np.repeat(np.array([_OP_INDEX[seg.shape.op] for _, seg, _ in segs], np.int8), sizes)[perm])
+            ),
+            pg_txn_timestamp=ordered(self._commit_times(table, segs)),
+            pg_change_lsn=ordered(cat([b.column(5) for _, _, b in segs])),
+            pg_old_key=ordered(self._old_keys(segs, sizes)),
             pg_note=pa.nulls(len(lsn), pa.string()),
         )
+        is_update = np.repeat(np.array([seg.shape.op == "U" for _, seg, _ in segs]), sizes)[perm]
+        # (a batch with columns dropped at the source goes to the Spark path: no drops here)
+        out["pg_absent_columns"] = absent_columns(columns, sent, is_update, lsn, seq, {})
+        file_of = np.repeat(np.array([i for i, _, _ in segs], np.int64), sizes)[perm]
+        out["pg_landing_file"] = pa.array([f.name for f in self.batch], pa.string()).take(pa.array(file_of))
         history = _in_target(out, len(lsn), target)
         if bad is None:
             return history
@@ -1242,27 +1253,42 @@ class TablesBatch:
         return history.filter(pa.array(~bad))
 
     @staticmethod
-    def _old_keys(segs: list[tuple[int, Any, Any]], sizes: list[int]) -> pa.Array:
-        """pg_old_key of the segments' rows (in segment order), as the load kernel writes it."""
-        import numpy as np
+    def _commit_times(table: SourceTable, segs: list[tuple[int, Any, Any]]) -> pa.Array:
+        """pg_txn_timestamp of the segments' rows (in segment order): each distinct text typed once."""
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        names_parts, values_parts, widths = [], [], []
+        texts = pc.unique(pa.concat_arrays([b.column(4).dictionary for _, _, b in segs]))
+        typed = _typed(texts, HistoryColumn("", "timestamp with time zone"), table)
+        return pa.concat_arrays(
+            [typed.take(pc.index_in(b.column(4).dictionary, texts).take(b.column(4).indices)) for _, _, b in segs]
+        )
+
+    @staticmethod
+    def _old_keys(segs: list[tuple[int, Any, Any]], sizes: list[int]) -> pa.Array:
+        """pg_old_key of the segments' rows (in segment order), as the load kernel writes it
+        (``loader.load.kernel.json_objects``): a segment's old-key names are its shape's, so each
+        row's object is the same literal text around its values, joined column by column."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from loader.load.kernel import json_string, json_strings
+        from loader.names import lake_column
+
+        parts = []
         for (_, seg, b), n in zip(segs, sizes, strict=True):
-            k = len(seg.shape.identity)
-            widths.append(np.full(n, k, np.int64))
-            if not k:
+            ident = seg.shape.identity
+            if not ident:
+                parts.append(pa.nulls(n, pa.string()))
                 continue
             first = 6 + len(seg.shape.columns)
-            flat = pa.concat_arrays([b.column(first + j) for j in range(k)])
-            # Row-major: each row's old-key values in the shape's order.
-            values_parts.append(flat.take(pa.array((np.arange(k)[None, :] * n + np.arange(n)[:, None]).ravel())))
-            names_parts.append(pa.array([c for c, _ in seg.shape.identity] * n, pa.string()))
-        width = np.concatenate(widths) if widths else np.zeros(0, np.int64)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(width)]).astype(np.int32))
-        names = pa.concat_arrays(names_parts) if names_parts else pa.array([], pa.string())
-        values = pa.concat_arrays(values_parts) if values_parts else pa.array([], pa.string())
-        return json_objects(pa.ListArray.from_arrays(offsets, names), pa.ListArray.from_arrays(offsets, values))
+            pieces: list[Any] = []
+            for j, (name, _) in enumerate(ident):
+                pieces.append(("{" if j == 0 else ",") + json_string(lake_column(name)) + ":")
+                pieces.append(json_strings(b.column(first + j)))
+            pieces.append("}")
+            parts.append(pc.binary_join_element_wise(*pieces, ""))
+        return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
 
 
 _OP_INDEX = {"I": 0, "U": 1, "D": 2}
