@@ -11,6 +11,9 @@ CPU of its process tree, peak RSS.
 
 The ceiling: the very rows that load wrote (read back from history as Arrow), written by pyarrow to
 one zstd Parquet file in this process: the cost of the output alone, no decoding, no checks.
+
+Then the same steady state with the changes landed as landing v3 (``source.stream_format =
+"tables"``: each table's changes in columns), against the same ceiling.
 """
 
 from __future__ import annotations
@@ -90,6 +93,35 @@ def run() -> None:
         ours, ceiling = n / t_load, n / t_pq
         per_cpu = n / statistics.median(cpus)
         print(f"  steady state: {per_cpu:,.0f} changes per CPU-second (this process and its JVM)")
+        # The same changes landed as landing v3 (each table's changes in columns), same process.
+        v3 = settings.model_copy(update={"source": settings.source.model_copy(update={"stream_format": "tables"})})
+        v3_times, v3_cpus = [], []
+        for _ in range(repeats):
+            landed, lsn = write_landing(v3, _changes(key, n), 10_000, lsn)
+            key += n
+            started, cpu0 = time.perf_counter(), _cpu_s()
+            res = HistoryLoad(spark, v3).run()
+            v3_times.append(time.perf_counter() - started)
+            v3_cpus.append(_cpu_s() - cpu0)
+            assert sum(res.rows_per_table.values()) == landed
+            print(
+                f"  v3: load of {landed:,} changes in {len(res.files)} files: {v3_times[-1]:.1f}s, {v3_cpus[-1]:.1f} CPU-s"
+            )
+        v3_rate = n / statistics.median(v3_times)
+        record(
+            Figure(
+                "P2",
+                f"load {n / 1e6:g}M changes landed as landing v3 (source.stream_format = tables), steady state (changes/s)",
+                v3_rate,
+                "rows/s",
+                ceiling,
+                "pyarrow write_table zstd Parquet of the same rows",
+                v3_rate / ceiling,
+                ">= 0.5",
+                v3_rate / ceiling >= 0.5,
+                extra={"changes_per_cpu_s": n / statistics.median(v3_cpus)},
+            )
+        )
         spark_rate, spark_per_cpu, spark_n, lsn = _spark_path(spark, settings, min(n, SPARK_PATH_CHANGES), key, lsn)
         key += spark_n + 10_000  # and the Spark path's warm-up
         # The whole command, as cron runs it: a new process, its start and everything it needs.

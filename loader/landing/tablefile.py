@@ -44,7 +44,6 @@ EXTENSION = ".tables.arrow"
 # Rows per segment of one shape (and records per records segment): the unit of damage.
 BATCH_RECORDS = 8192
 PLAIN_OPS = ("I", "U", "D")
-_SEP = ("\x1e", "\x1f")  # shape-key separators: a name or type holding one takes the records path
 
 
 # --- the header --------------------------------------------------------------------------------
@@ -209,86 +208,32 @@ def _header_bytes(header: TablesHeader) -> bytes:
 
 
 # --- writing -----------------------------------------------------------------------------------
-def _shape_of(r: ChangeRecord) -> Shape | None:
-    """A record's shape, None when it goes to a records segment."""
-    if r.op not in PLAIN_OPS or r.reason or r.raw is not None:
-        return None
-    cols = tuple((c.name, c.type) for c in r.columns)
-    ident = tuple((c.name, c.type) for c in r.identity)
-    if any(s in x for pair in cols + ident for x in pair for s in _SEP):
-        return None
-    return Shape(r.schema, r.table, r.op, cols, ident, tuple(r.pk))
-
-
 class _Rows:
-    """A shape's rows not written yet: Arrow batches, then records added one by one."""
+    """A shape's rows of the open block, as Arrow batches (``ts`` as text)."""
 
     def __init__(self, shape: Shape) -> None:
         self.shape = shape
         self.batches: list[Any] = []
-        self.batch_rows = 0
-        self._reset()
-
-    def _reset(self) -> None:
-        self.fields: list[list[Any]] = [[] for _ in range(6)]  # n lsn seq xid ts change_lsn
-        self.values: list[list[str | None]] = [[] for _ in self.shape.columns]
-        self.old: list[list[str | None]] = [[] for _ in self.shape.identity]
-
-    @property
-    def rows(self) -> int:
-        return self.batch_rows + len(self.fields[0])
+        self.rows = 0
 
     @property
     def first_n(self) -> int:
-        return int(self.batches[0].column(0)[0].as_py()) if self.batches else self.fields[0][0]
-
-    def add(self, n: int, r: ChangeRecord) -> None:
-        f = self.fields
-        for i, v in enumerate((n, r.commit_lsn, r.seq, r.xid, r.ts, r.change_lsn)):
-            f[i].append(v)
-        for i, c in enumerate(r.columns):
-            self.values[i].append(c.value)
-        for i, c in enumerate(r.identity):
-            self.old[i].append(c.value)
-
-    def materialize(self) -> None:
-        """The records added one by one, as a batch after the others."""
-        import pyarrow as pa
-
-        if not self.fields[0]:
-            return
-        f = self.fields
-        s = pa.string()
-        arrays = [
-            pa.array(f[0], pa.int32()),
-            pa.array(f[1], pa.uint64()),
-            pa.array(f[2], pa.int64()),
-            pa.array(f[3], pa.int64()),
-            pa.array(f[4], s),
-            pa.array(f[5], pa.int64()),
-            *(pa.array(v, s) for v in self.values),
-            *(pa.array(v, s) for v in self.old),
-        ]
-        self.append(arrays)
-        self._reset()
+        return int(self.batches[0].column(0)[0].as_py())
 
     def append(self, arrays: list[Any]) -> None:
         import pyarrow as pa
 
         self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=_plain_schema(self.shape)))
-        self.batch_rows += len(arrays[0])
+        self.rows += len(arrays[0])
 
-    def take(self, k: int | None) -> Any:
-        """The first ``k`` rows (all when None) as one batch, removed."""
+    def take(self) -> Any:
+        """Every row as one batch of the segment's schema."""
         import pyarrow as pa
 
-        self.materialize()
         table = pa.Table.from_batches(self.batches, schema=_plain_schema(self.shape))
-        k = table.num_rows if k is None else k
-        head, rest = table.slice(0, k), table.slice(k)
-        self.batches = rest.combine_chunks().to_batches() if rest.num_rows else []
-        self.batch_rows = rest.num_rows
-        return pa.RecordBatch.from_arrays([pa.concat_arrays(c.chunks) for c in head.columns], schema=head.schema)
+        arrays = [pa.concat_arrays(c.chunks) for c in table.columns]
+        arrays[4] = arrays[4].dictionary_encode()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.shape.arrow_schema())
 
 
 def _plain_schema(shape: Shape) -> Any:
@@ -300,53 +245,29 @@ def _plain_schema(shape: Shape) -> Any:
 
 
 class _Records:
-    """Records of a records segment not written yet (v2's decoded schema, with ``n``)."""
+    """The other records of the open block: (ordinals, v2's decoded batch) pairs."""
 
     def __init__(self) -> None:
-        self.batcher = changefile.Batcher()
-        self.ords: list[int] = []
-        self.batches: list[Any] = []  # (n array, decoded v2 batch)
-        self.batch_rows = 0
-
-    @property
-    def rows(self) -> int:
-        return self.batch_rows + len(self.ords)
+        self.batches: list[tuple[Any, Any]] = []
+        self.rows = 0
 
     @property
     def first_n(self) -> int:
-        return int(self.batches[0][0][0].as_py()) if self.batches else self.ords[0]
-
-    def add(self, n: int, r: ChangeRecord) -> None:
-        self.ords.append(n)
-        self.batcher.add(r)
+        return int(self.batches[0][0][0].as_py())
 
     def append(self, ords: Any, batch: Any) -> None:
         self.batches.append((ords, batch))
-        self.batch_rows += batch.num_rows
+        self.rows += batch.num_rows
 
-    def materialize(self) -> None:
+    def take(self) -> Any:
+        """Every record as one batch of a records segment's schema (v2's texts dictionary-encoded)."""
         import pyarrow as pa
 
-        if self.ords:
-            self.append(pa.array(self.ords, pa.int32()), self.batcher.take())
-            self.ords = []
-
-    def take(self, k: int | None) -> Any:
-        import pyarrow as pa
-
-        self.materialize()
         ords = pa.concat_arrays([o for o, _ in self.batches])
         table = pa.Table.from_batches([b for _, b in self.batches], schema=changefile.arrow_schema())
-        k = table.num_rows if k is None else k
-        head = table.slice(0, k)
-        rest, rest_ords = table.slice(k), ords.slice(k)
-        self.batches = [(rest_ords, rest.combine_chunks().to_batches()[0])] if rest.num_rows else []
-        self.batch_rows = rest.num_rows
-        rows = pa.RecordBatch.from_arrays([pa.concat_arrays(c.chunks) for c in head.columns], schema=head.schema)
+        rows = pa.RecordBatch.from_arrays([pa.concat_arrays(c.chunks) for c in table.columns], schema=table.schema)
         stored = changefile.encode(rows)
-        return pa.RecordBatch.from_arrays(
-            [pa.concat_arrays([ords.slice(0, k)]), *stored.columns], schema=records_schema()
-        )
+        return pa.RecordBatch.from_arrays([ords, *stored.columns], schema=records_schema())
 
 
 class Spool:
@@ -400,13 +321,6 @@ class Spool:
         n = batch.num_rows
         if self._n + n >= 1 << 31:
             raise ValueError("a landing v3 file holds fewer than 2**31 records")
-        if _holds_separator(batch.column(8)) or _holds_separator(batch.column(9)):
-            for rec in changefile.batch_records(batch):
-                self._add_record(rec)
-            return
-        for pending in self._shapes.values():  # rows taken apart one by one go first
-            pending.materialize()
-        self._records.materialize()
         ops = batch.column(0)
         plain = pc.and_(
             pc.is_in(ops, value_set=pa.array(PLAIN_OPS)),
@@ -421,19 +335,6 @@ class Spool:
         if len(at):
             self._add_plain(batch, at, ords)
 
-    def _add_record(self, record: ChangeRecord) -> None:
-        """One record taken apart by itself (a name holding a shape-key separator)."""
-        n = self._n
-        self._n += 1
-        shape = _shape_of(record)
-        if shape is None:
-            self._records.add(n, record)
-            return
-        rows = self._shapes.get(shape)
-        if rows is None:
-            rows = self._shapes[shape] = _Rows(shape)
-        rows.add(n, record)
-
     def _add_plain(self, batch: Any, at: Any, ords: Any) -> None:
         """Plain rows ``at`` of ``batch`` appended to their shapes' rows."""
         import numpy as np
@@ -447,20 +348,26 @@ class Spool:
         i_off = ident.offsets.to_numpy()
         c_vals, i_vals = cols.values, ident.values
 
-        def joined(lists: Any, child: Any) -> Any:
-            return pc.binary_join(pa.ListArray.from_arrays(lists.offsets, child), _SEP[1])
+        def coded(lists: Any, child: Any) -> Any:
+            # Each row's list as the text of its items' dictionary codes ("3,0,7"): exact, and no
+            # text of a name can be mistaken for a separator.
+            codes = child.dictionary_encode().indices.cast(pa.string())
+            return pc.binary_join(pa.ListArray.from_arrays(lists.offsets, codes), ",")
+
+        def code(texts: Any) -> Any:
+            return texts.dictionary_encode().indices.cast(pa.string())
 
         schemas, tables, ops = (batch.column(i).take(take) for i in (6, 7, 0))
         key = pc.binary_join_element_wise(
-            schemas,
-            tables,
-            ops,
-            joined(cols, c_vals.field("name")),
-            joined(cols, c_vals.field("type")),
-            joined(ident, i_vals.field("name")),
-            joined(ident, i_vals.field("type")),
-            joined(pk, pk.values),
-            _SEP[0],
+            code(schemas),
+            code(tables),
+            code(ops),
+            coded(cols, c_vals.field("name")),
+            coded(cols, c_vals.field("type")),
+            coded(ident, i_vals.field("name")),
+            coded(ident, i_vals.field("type")),
+            coded(pk, pk.values),
+            "|",
         )
         enc = key.dictionary_encode()
         codes = enc.indices.to_numpy()
@@ -468,8 +375,8 @@ class Spool:
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(enc.dictionary)))])
         lsn, seq, xid, ts, change_lsn = (batch.column(i).take(take) for i in (1, 2, 3, 4, 5))
         values, old = c_vals.field("value"), i_vals.field("value")
-        for code in range(len(enc.dictionary)):
-            rows = order[bounds[code] : bounds[code + 1]]
+        for k in range(len(enc.dictionary)):
+            rows = order[bounds[k] : bounds[k + 1]]
             r0 = int(rows[0])
             shape = Shape(
                 schemas[r0].as_py(),
@@ -507,21 +414,15 @@ class Spool:
         for p in sorted(pending, key=lambda p: p.first_n):
             self._write(p)
         self._shapes.clear()
+        self._records = _Records()
         self._in_block = 0
 
     def _write(self, pending: _Rows | _Records) -> None:
         """The rows of ``pending`` as one segment at the end of the spool."""
         import pyarrow as pa
 
-        batch = pending.take(None)
-        if isinstance(pending, _Rows):
-            shape: Shape | None = pending.shape
-            batch = pa.RecordBatch.from_arrays(
-                [*batch.columns[:4], batch.column(4).dictionary_encode(), *batch.columns[5:]],
-                schema=pending.shape.arrow_schema(),
-            )
-        else:
-            shape = None
+        batch = pending.take()
+        shape = pending.shape if isinstance(pending, _Rows) else None
         start = self._out.tell()
         options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
         with pa.ipc.new_stream(self._out, batch.schema, options=options) as writer:
@@ -550,16 +451,6 @@ class Spool:
         with open(spooled, "rb") as body:
             while chunk := body.read(1 << 20):
                 out.write(chunk)
-
-
-def _holds_separator(lists: Any) -> bool:
-    import pyarrow.compute as pc
-
-    values = lists.values
-    pattern = "[" + "".join(_SEP) + "]"
-    return any(
-        len(values) and pc.any(pc.match_substring_regex(values.field(f), pattern)).as_py() for f in ("name", "type")
-    )
 
 
 def write_file(path: Path, records: Iterable[ChangeRecord]) -> None:
