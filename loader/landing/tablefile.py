@@ -342,38 +342,44 @@ class Spool:
         import pyarrow.compute as pc
 
         take = pa.array(at)
-        cols, ident = batch.column(8).take(take), batch.column(9).take(take)
-        pk = batch.column(10).take(take)
-        c_off = cols.offsets.to_numpy()
-        i_off = ident.offsets.to_numpy()
-        c_vals, i_vals = cols.values, ident.values
+        every = len(at) == batch.num_rows  # the common case: no copy of the rows first
 
-        def coded(lists: Any, child: Any) -> Any:
+        def rows_of(i: int) -> Any:
+            return batch.column(i) if every else batch.column(i).take(take)
+
+        cols, ident, pk = rows_of(8), rows_of(9), rows_of(10)
+        # Zero-based offsets into the rows' own entries (a slice's ``values`` is its whole child).
+        c_off = (cols.offsets.to_numpy() - cols.offsets[0].as_py()).astype(np.int32)
+        i_off = (ident.offsets.to_numpy() - ident.offsets[0].as_py()).astype(np.int32)
+        p_off = (pk.offsets.to_numpy() - pk.offsets[0].as_py()).astype(np.int32)
+        c_vals, i_vals, pk_vals = cols.flatten(), ident.flatten(), pk.flatten()
+
+        def coded(offsets: Any, child: Any) -> Any:
             # Each row's list as the text of its items' dictionary codes ("3,0,7"): exact, and no
             # text of a name can be mistaken for a separator.
             codes = child.dictionary_encode().indices.cast(pa.string())
-            return pc.binary_join(pa.ListArray.from_arrays(lists.offsets, codes), ",")
+            return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), codes), ",")
 
         def code(texts: Any) -> Any:
             return texts.dictionary_encode().indices.cast(pa.string())
 
-        schemas, tables, ops = (batch.column(i).take(take) for i in (6, 7, 0))
+        schemas, tables, ops = rows_of(6), rows_of(7), rows_of(0)
         key = pc.binary_join_element_wise(
             code(schemas),
             code(tables),
             code(ops),
-            coded(cols, c_vals.field("name")),
-            coded(cols, c_vals.field("type")),
-            coded(ident, i_vals.field("name")),
-            coded(ident, i_vals.field("type")),
-            coded(pk, pk.values),
+            coded(c_off, c_vals.field("name")),
+            coded(c_off, c_vals.field("type")),
+            coded(i_off, i_vals.field("name")),
+            coded(i_off, i_vals.field("type")),
+            coded(p_off, pk_vals),
             "|",
         )
         enc = key.dictionary_encode()
         codes = enc.indices.to_numpy()
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(enc.dictionary)))])
-        lsn, seq, xid, ts, change_lsn = (batch.column(i).take(take) for i in (1, 2, 3, 4, 5))
+        lsn, seq, xid, ts, change_lsn = (rows_of(i) for i in (1, 2, 3, 4, 5))
         values, old = c_vals.field("value"), i_vals.field("value")
         for k in range(len(enc.dictionary)):
             rows = order[bounds[k] : bounds[k + 1]]
@@ -399,8 +405,8 @@ class Spool:
                     xid.take(idx),
                     ts.take(idx),
                     pc.fill_null(change_lsn.take(idx), 0),
-                    *(values.take(pa.array(starts_c + k)) for k in range(len(shape.columns))),
-                    *(old.take(pa.array(starts_i + k)) for k in range(len(shape.identity))),
+                    *(values.take(pa.array(starts_c + j)) for j in range(len(shape.columns))),
+                    *(old.take(pa.array(starts_i + j)) for j in range(len(shape.identity))),
                 ]
             )
 
