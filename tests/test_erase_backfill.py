@@ -45,7 +45,7 @@ def files_holding(root: Path, needle: str) -> list[str]:
         try:
             if p.name.endswith(".gz"):
                 texts.append(gunzip_salvage(data)[0])
-            elif p.name.endswith((".arrows", ".changes.arrow")):  # landing v2: zstd, as v1 lines
+            elif p.name.endswith((".arrows", ".changes.arrow", ".tables.arrow")):  # landing v2, v3: as v1 lines
                 texts.append(_arrow_landing_text(p.name, data))
             elif p.suffix == ".parquet":
                 # Dates and timestamps as their integers: the session's other tables hold values
@@ -66,10 +66,12 @@ def files_holding(root: Path, needle: str) -> list[str]:
 
 
 def _arrow_landing_text(name: str, data: bytes) -> bytes:
-    """A landing v2 file's readable records as the v1 lines they stand for."""
-    from loader.landing import arrowfile, changefile
+    """A landing v2 or v3 file's readable records as the v1 lines they stand for."""
+    from loader.landing import arrowfile, changefile, tablefile
 
-    if name.endswith(".changes.arrow"):
+    if name.endswith(".tables.arrow"):
+        records = list(tablefile.readable_records(tablefile.salvage(data)))
+    elif name.endswith(".changes.arrow"):
         got = changefile.salvage(data)
         records = [r for b in got.batches for r in changefile.batch_records(b)]
     else:
@@ -82,11 +84,14 @@ def lake_roots(env: Env) -> list[Path]:
     return [Path(env.settings.catalog.warehouse.removeprefix("file://")), env.tmp / "landing"]
 
 
-def test_erase_a_subject_from_every_file_and_keep_it_erased(env: Env) -> None:
+@pytest.mark.parametrize("stream_format", ["arrow", "tables"])
+def test_erase_a_subject_from_every_file_and_keep_it_erased(env: Env, stream_format: str) -> None:
     """The accounts table's schema has a dot in its name: the subject's column reference
-    ``crm.v2.accounts.customer_id`` names it by the lake's tables, not by its first dot."""
+    ``crm.v2.accounts.customer_id`` names it by the lake's tables, not by its first dot. The change
+    stream lands as landing v2 or v3: either is scrubbed in place."""
     from loader.dbt import invoke_dbt
 
+    env.configure("source", stream_format=stream_format)
     token = uuid.uuid4().hex
     email, bio = f"erase-me-{token}@example.org", f"BIO{token}"
     env.configure(
