@@ -18,12 +18,13 @@ header: v2's counts (records of each table, commit markers not counted; records 
 segments in file order, each with its byte length, rows, first and last ordinal and position, and
 for a rows segment its table and shape. So the load reads a table's columns without parsing a
 record or a list of name/type/value structs, a file cut short still names every table and count
-it held, and the records before the first lost segment's first ordinal are exactly v2's readable
-prefix (:func:`salvage`).
+it held, and it keeps every record before the first ordinal of its first lost segment
+(:func:`salvage`).
 
-A shape's rows are cut into segments of ``BATCH_RECORDS``, written as each fills (in the order of
-the ordinal that filled it) and the rest at the file's end (in order of each shape's first pending
-ordinal): the bytes depend on the records only, whether they came one by one or as Arrow blocks.
+Every ``BATCH_RECORDS`` records from the file's start close a block, whose segments are written
+then (each shape's rows in the order of its first record, then the other records): the bytes
+depend on the records only, whether they came one by one or as Arrow blocks, and one split, in
+Arrow, takes both apart.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from loader.landing.records import COMMIT, HEADER, ChangeRecord, Column
 FORMAT_VERSION = 3
 FORMAT = "tables"
 EXTENSION = ".tables.arrow"
-# Rows per segment of one shape (and records per records segment): the unit of damage.
+# Records per block (the segments of a block hold at most this many rows): the unit of damage.
 BATCH_RECORDS = 8192
 PLAIN_OPS = ("I", "U", "D")
 
@@ -92,13 +93,13 @@ class Shape:
         import pyarrow as pa
 
         return pa.schema(
-            _POSITION_FIELDS()
+            _position_fields()
             + [pa.field(f"v{i}", pa.string()) for i in range(len(self.columns))]
             + [pa.field(f"o{i}", pa.string()) for i in range(len(self.identity))]
         )
 
 
-def _POSITION_FIELDS() -> list[Any]:
+def _position_fields() -> list[Any]:
     import pyarrow as pa
 
     return [
