@@ -1056,6 +1056,7 @@ class TablesBatch:
         self.num_rows = 0
         # per table: (file index, segment, batch), in file and segment order
         self._segments: dict[str, list[tuple[int, Any, Any]]] = {}
+        self._ends: dict[int, tuple[ChangePosition, ChangePosition]] = {}  # by id of a segment's batch
         shapes: dict[tuple[Any, ...], dict[str, Any]] = {}
         size = 0
         ts_seen: set[str] = set()
@@ -1103,9 +1104,19 @@ class TablesBatch:
                 lsn_u = b.column(1).to_numpy()
                 if len(lsn_u) and lsn_u.max() >= 1 << 63:
                     raise NotPlain("a position out of range")
-                ords.append(b.column(0).to_numpy())
+                n_seg, seq_seg = b.column(0).to_numpy(), b.column(2).to_numpy()
+                if np.any(np.diff(n_seg) <= 0):
+                    raise NotPlain(f"{f.name}: ordinals not increasing in a segment")
+                ords.append(n_seg)
                 lsns.append(lsn_u.astype(np.int64))
-                seqs.append(b.column(2).to_numpy())
+                seqs.append(seq_seg)
+                # The segment's ends as its rows say (positions rise with ordinals: checked below),
+                # never as the header says.
+                ends = (
+                    ChangePosition(int(lsn_u[0]), int(seq_seg[0])),
+                    ChangePosition(int(lsn_u[-1]), int(seq_seg[-1])),
+                )
+                self._ends[id(b)] = ends
                 ts_seen.update(b.column(4).dictionary.to_pylist())
                 counts[shape.qualified] = counts.get(shape.qualified, 0) + seg.rows
                 self._segments.setdefault(shape.qualified, []).append((i, seg, b))
@@ -1126,7 +1137,7 @@ class TablesBatch:
                     tuple(t for _, t in shape.columns),
                     *old_key,
                 )
-                first, last = ChangePosition(*seg.first), ChangePosition(*seg.last)
+                first, last = ends
                 m = shapes.setdefault(key, {"changes": 0, "first": first, "last": last, "b": (b, len(b) - 1)})
                 m["changes"] += seg.rows
                 m["first"] = min(m["first"], first)
@@ -1175,7 +1186,7 @@ class TablesBatch:
     def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
         """The positions of the table's first and last change in the batch."""
         segs = self._segments[table.qualified]
-        return min(ChangePosition(*s.first) for _, s, _ in segs), max(ChangePosition(*s.last) for _, s, _ in segs)
+        return min(self._ends[id(b)][0] for _, _, b in segs), max(self._ends[id(b)][1] for _, _, b in segs)
 
     def history_parts(self, table: SourceTable, columns: list[HistoryColumn], target: pa.Schema) -> list[pa.Table]:
         """The table's history rows, in position order, as one part (the batch is in memory); rows
