@@ -174,22 +174,22 @@ def test_rows_of_an_erased_subject_are_not_differences(env: Env) -> None:
     assert after.ok and after.erased == 0 and (after.source_rows, after.lake_rows) == (19, 19), after.line()
 
 
-def test_a_retype_the_lake_cannot_follow_compares_as_differing_values(env: Env) -> None:
-    """A table capture skips (pgoutput: a DEFERRABLE key is no replica identity, so it stays out of
-    the publication) keeps its snapshot's history; a column of it made text at the source is read as
-    text there and compared as values that differ, where verify built the lake type's SQL for it
-    and failed whole ("text - date"; found by make fuzz, seed 1706)."""
-    from loader.capture.capture import snapshot
-
-    env.configure("source", plugin="pgoutput", publication="verify_pub")
-    env.sql("CREATE TABLE dfr (id int, d date, CONSTRAINT dfr_key PRIMARY KEY (id) DEFERRABLE)")
-    env.sql("INSERT INTO dfr SELECT g, DATE '2020-01-01' + g FROM generate_series(1, 20) g")
-    snapshot(env.settings).run()
+def test_a_retype_the_lake_has_not_followed_compares_as_differing_values(env: Env) -> None:
+    """A column retyped at the source (date -> text, USING) that the lake has not followed yet (no
+    capture since: continuous verification reads the source between captures) is read as text at the
+    source and compared as values that differ, where verify built the lake type's SQL for it and
+    failed whole ("text - date"; found by make fuzz, seed 1706, through a table pgoutput skipped).
+    Once captured, the retype's resync makes the lake follow."""
+    env.sql("CREATE TABLE rt (id int PRIMARY KEY, d date)")
+    env.capture()
+    env.sql("INSERT INTO rt SELECT g, DATE '2020-01-01' + g FROM generate_series(1, 20) g")
     env.run_all()
-    (before,) = reconcile(env.settings, ["public.dfr"])
-    assert before.ok and before.limited_rows == 0, before.line()
-    env.sql("ALTER TABLE dfr ALTER COLUMN d TYPE text USING 'was ' || d::text")
+    (before,) = reconcile(env.settings, ["public.rt"])
+    assert before.ok, before.line()
+    env.sql("ALTER TABLE rt ALTER COLUMN d TYPE text USING 'was ' || d::text")
+    (between,) = reconcile(env.settings, ["public.rt"], at_cut=False)  # nothing landed first
+    assert not between.ok and between.different == 20, between.line()
+    assert (between.source_rows, between.lake_rows) == (20, 20), between.line()
     env.run_all()
-    (after,) = reconcile(env.settings, ["public.dfr"])
-    assert after.ok and after.limited_rows > 0 and after.line().startswith("NOT FOLLOWED"), after.line()
-    assert (after.source_rows, after.lake_rows) == (20, 20), after.line()
+    (after,) = reconcile(env.settings, ["public.rt"])
+    assert after.ok and (after.source_rows, after.lake_rows) == (20, 20), after.line()
