@@ -147,11 +147,11 @@ def format_of(name: str) -> str:
     return JSONL
 
 
-def _arrow_module(name: str) -> Any:
-    """The module that reads a landing file in Arrow, by its name."""
+def _arrow_module(fmt: str) -> Any:
+    """The module that reads and writes a landing format held in Arrow (v2 either kind, v3)."""
     from loader.landing import arrowfile, changefile, tablefile
 
-    return {CHANGES: changefile, TABLES: tablefile}.get(format_of(name), arrowfile)
+    return {CHANGES: changefile, TABLES: tablefile}.get(fmt, arrowfile)
 
 
 class LandingStore(ABC):
@@ -252,12 +252,12 @@ class LandingStore(ABC):
 
     def _salvage(self, name: str) -> Any:
         """A v2 or v3 file read batch by batch (its module's ``Salvage``)."""
-        return _arrow_module(name).salvage(self.open_bytes(name))
+        return _arrow_module(format_of(name)).salvage(self.open_bytes(name))
 
     def _arrow_records(self, name: str, got: Any) -> Iterator[ChangeRecord]:
         """The records of a salvaged v2 or v3 file (``got``), or LandingError when it is not intact."""
         try:
-            yield from _arrow_module(name).intact_records(got)
+            yield from _arrow_module(format_of(name)).intact_records(got)
         except ValueError as exc:
             raise LandingError(
                 f"landing file {self.url}/{name} is damaged ({exc})",
@@ -602,7 +602,7 @@ class LandingWriter:
         self._tmp = Path(tmp)
         self._spool = os.fdopen(fd, "wb")  # closed in _close_spool, after the writer on it
         if self.format in STREAM_FORMATS:
-            self._arrow = _arrow_module(_SUFFIX[self.format]).Spool(self._spool)
+            self._arrow = _arrow_module(self.format).Spool(self._spool)
         else:
             # No name and no time in the gzip header: a re-capture writes byte-identical files.
             self._gz = igzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=self._spool, mtime=0)

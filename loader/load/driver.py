@@ -247,6 +247,58 @@ def checked_ahead(groups: Iterator[TextGroup], store: LandingStore, max_bytes: i
     return prefetched(map(checked, groups), depth=1)
 
 
+class _ShapeTally:
+    """A batch's survey shapes, gathered run by run: per (file, table, kind, column names and
+    types, and a delete's old-key names and types) the changes, the first and last position, a
+    reference to the newest change (``newest``: whatever :meth:`survey` is given to read it) and
+    the latest key."""
+
+    def __init__(self) -> None:
+        self._merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def add(
+        self,
+        file: str,
+        info: RecordShape,
+        changes: int,
+        first: ChangePosition,
+        last: ChangePosition,
+        newest: Any,
+    ) -> None:
+        old_key = (tuple(info.key_names), tuple(info.key_types)) if info.op == "D" else ((), ())
+        k = (file, info.schema, info.table, _KINDS[info.op], tuple(info.names), tuple(info.types), *old_key)
+        m = self._merged.setdefault(k, {"changes": 0, "first": first, "last": last, "newest": newest, "pk": None})
+        m["changes"] += changes
+        m["first"] = min(m["first"], first)
+        if last >= m["last"]:
+            m["last"], m["newest"] = last, newest
+        if info.pk and (m["pk"] is None or last > m["pk"][1]):
+            m["pk"] = (tuple(info.pk), last)
+
+    def survey(self, newest: Callable[[Any], tuple[int, int, str]]) -> BatchSurvey:
+        """The Spark path's survey of the batch; ``newest(ref)``: (lsn, seq, commit time) of a change."""
+        shapes = []
+        for (file, schema, table, kind, names, types, key_names, key_types), m in self._merged.items():
+            shapes.append(
+                Shape(
+                    landing_file=file,
+                    table=SourceTable(schema, table),
+                    kind=kind,
+                    col_names=names,
+                    col_types=types,
+                    changes=m["changes"],
+                    first=m["first"],
+                    last=m["last"],
+                    newest=newest(m["newest"]),
+                    pk=m["pk"][0] if m["pk"] else None,
+                    pk_at=m["pk"][1] if m["pk"] else None,
+                    key_names=key_names,
+                    key_types=key_types,
+                )
+            )
+        return BatchSurvey(shapes)
+
+
 class PlainBatch:
     """A plain batch in Arrow: its survey (as the Spark path's survey job would give it) and, per
     table, its history rows."""
@@ -401,48 +453,19 @@ class PlainBatch:
         order = np.argsort(group[first], kind="stable")  # by file, then shape, as before
         keys, first, last, counts = group[first][order], at[first[order]], at[last[order]], counts[order]
         seen: dict[tuple[int, str], int] = {}
-        merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+        tally = _ShapeTally()
         for g, a, b, n in zip(keys.tolist(), first.tolist(), last.tolist(), counts.tolist(), strict=True):
             info = self.shapes[g % n_shapes]
             assert info is not None
-            file = file_names[g // n_shapes]
             where = (g // n_shapes, f"{info.schema}.{info.table}")
             seen[where] = seen.get(where, 0) + n
-            old_key = (tuple(info.key_names), tuple(info.key_types)) if info.op == "D" else ((), ())
-            k = (file, info.schema, info.table, _KINDS[info.op], tuple(info.names), tuple(info.types), *old_key)
             pos_a = ChangePosition(int(self.lsn[a]), int(self.seq[a]))
             pos_b = ChangePosition(int(self.lsn[b]), int(self.seq[b]))
-            m = merged.setdefault(k, {"changes": 0, "first": pos_a, "last": pos_b, "newest": b, "pk": None})
-            m["changes"] += n
-            m["first"] = min(m["first"], pos_a)
-            if pos_b >= m["last"]:
-                m["last"], m["newest"] = pos_b, b
-            if info.pk and (m["pk"] is None or pos_b > m["pk"][1]):
-                m["pk"] = (tuple(info.pk), pos_b)
+            tally.add(file_names[g // n_shapes], info, n, pos_a, pos_b, b)
         for i, header in enumerate(self.headers):
             if header is not None and any(n > seen.get((i, t), 0) for t, n in header.tables.items()):
                 raise NotPlain(f"{file_names[i]}: fewer records than its header counts")
-        shapes = []
-        for (file, schema, table, kind, names, types, key_names, key_types), m in merged.items():
-            b = m["newest"]
-            shapes.append(
-                Shape(
-                    landing_file=file,
-                    table=SourceTable(schema, table),
-                    kind=kind,
-                    col_names=names,
-                    col_types=types,
-                    changes=m["changes"],
-                    first=m["first"],
-                    last=m["last"],
-                    newest=(int(self.lsn[b]), int(self.seq[b]), self.ts[b].as_py()),
-                    pk=m["pk"][0] if m["pk"] else None,
-                    pk_at=m["pk"][1] if m["pk"] else None,
-                    key_names=key_names,
-                    key_types=key_types,
-                )
-            )
-        return BatchSurvey(shapes)
+        return tally.survey(lambda b: (int(self.lsn[b]), int(self.seq[b]), self.ts[b].as_py()))
 
     def table_rows(self, table: SourceTable) -> np.ndarray:
         import numpy as np
@@ -1057,7 +1080,7 @@ class TablesBatch:
         # per table: (file index, segment, batch), in file and segment order
         self._segments: dict[str, list[tuple[int, Any, Any]]] = {}
         self._ends: dict[int, tuple[ChangePosition, ChangePosition]] = {}  # by id of a segment's batch
-        shapes: dict[tuple[Any, ...], dict[str, Any]] = {}
+        tally = _ShapeTally()
         size = 0
         ts_seen: set[str] = set()
         for i, f in enumerate(batch):
@@ -1083,22 +1106,17 @@ class TablesBatch:
                         raise NotPlain(f"{f.name}: control records")
                     continue
                 shape = seg.shape
-                problem = _shape_problem(
-                    ChangeRecord(
-                        shape.op,
-                        0,
-                        0,
-                        0,
-                        "",
-                        shape.schema,
-                        shape.table,
-                        columns=[Column(n, t, None) for n, t in shape.columns],
-                        identity=[Column(n, t, None) for n, t in shape.identity],
-                        pk=list(shape.pk),
-                    ),
+                info = RecordShape(
+                    shape.op,
+                    shape.schema,
+                    shape.table,
                     [n for n, _ in shape.columns],
+                    [t for _, t in shape.columns],
                     [n for n, _ in shape.identity],
+                    [t for _, t in shape.identity],
+                    list(shape.pk),
                 )
+                problem = _shape_problem(info.record(), info.names, info.key_names)
                 if problem:
                     raise NotPlain(f"{shape.qualified}: {problem}")
                 lsn_u = b.column(1).to_numpy()
@@ -1120,31 +1138,7 @@ class TablesBatch:
                 ts_seen.update(b.column(4).dictionary.to_pylist())
                 counts[shape.qualified] = counts.get(shape.qualified, 0) + seg.rows
                 self._segments.setdefault(shape.qualified, []).append((i, seg, b))
-                old_key = (
-                    (
-                        tuple(n for n, _ in shape.identity),
-                        tuple(t for _, t in shape.identity),
-                    )
-                    if shape.op == "D"
-                    else ((), ())
-                )
-                key = (
-                    f.name,
-                    shape.schema,
-                    shape.table,
-                    _KINDS[shape.op],
-                    tuple(n for n, _ in shape.columns),
-                    tuple(t for _, t in shape.columns),
-                    *old_key,
-                )
-                first, last = ends
-                m = shapes.setdefault(key, {"changes": 0, "first": first, "last": last, "b": (b, len(b) - 1)})
-                m["changes"] += seg.rows
-                m["first"] = min(m["first"], first)
-                if last >= m["last"]:
-                    m["last"], m["b"] = last, (b, len(b) - 1)
-                if shape.pk and (m.get("pk") is None or last > m["pk"][1]):
-                    m["pk"] = (tuple(shape.pk), last)
+                tally.add(f.name, info, seg.rows, *ends, (b, len(b) - 1))
             if any(counts.get(t, 0) != k for t, k in got.header.tables.items()) or set(counts) - set(got.header.tables):
                 raise NotPlain(f"{f.name}: records other than its header counts")
             if ords:
@@ -1160,28 +1154,7 @@ class TablesBatch:
         for value in ts_seen:
             if not _TIMESTAMP.match(value) or not re.match(UTC_TEXT, value):
                 raise NotPlain(f"commit time {value[:40]!r} not in capture's UTC form")
-        out = []
-        for (file, schema, table, kind, names, types, key_names, key_types), m in shapes.items():
-            b, r = m["b"]
-            pk = m.get("pk")
-            out.append(
-                Shape(
-                    landing_file=file,
-                    table=SourceTable(schema, table),
-                    kind=kind,
-                    col_names=names,
-                    col_types=types,
-                    changes=m["changes"],
-                    first=m["first"],
-                    last=m["last"],
-                    newest=(m["last"].commit_lsn, m["last"].seq, b.column(4)[r].as_py()),
-                    pk=pk[0] if pk else None,
-                    pk_at=pk[1] if pk else None,
-                    key_names=key_names,
-                    key_types=key_types,
-                )
-            )
-        self.survey = BatchSurvey(out)
+        self.survey = tally.survey(_newest_row)
 
     def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
         """The positions of the table's first and last change in the batch."""
@@ -1303,3 +1276,9 @@ class TablesBatch:
 
 
 _OP_INDEX = {"I": 0, "U": 1, "D": 2}
+
+
+def _newest_row(ref: tuple[Any, int]) -> tuple[int, int, str]:
+    """(lsn, seq, commit time) of row ``ref[1]`` of the segment batch ``ref[0]``."""
+    batch, r = ref
+    return int(batch.column(1)[r].as_py()), int(batch.column(2)[r].as_py()), batch.column(4)[r].as_py()

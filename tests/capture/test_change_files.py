@@ -90,16 +90,21 @@ def _rows(store: LocalLandingStore, f: LandingFile, data: bytes | None = None) -
 def test_v2_change_files_read_as_v1_files_of_the_same_records(
     tmp_path_factory: Any, records: list[ChangeRecord], max_changes: int
 ) -> None:
-    root = tmp_path_factory.mktemp("landing")
+    assert_read_as_v1(tmp_path_factory.mktemp("landing"), records, max_changes, CHANGES)
+
+
+def assert_read_as_v1(root: Path, records: list[ChangeRecord], max_changes: int, fmt: str) -> None:
+    """``records`` landed in ``fmt`` and in v1: the same files, each read as the v1 file (records,
+    lines with the header, the load's decoded rows)."""
     v1 = _land(root / "v1", records, max_changes, JSONL)
-    v2 = _land(root / "v2", records, max_changes, CHANGES)
-    f1, f2 = v1.files(), v2.files()
+    other = _land(root / fmt, records, max_changes, fmt)
+    f1, f2 = v1.files(), other.files()
     assert [(f.first, f.last, f.complete) for f in f1] == [(f.first, f.last, f.complete) for f in f2]
-    assert all(f.format == CHANGES for f in f2)
+    assert all(f.format == fmt for f in f2)
     for a, b in zip(f1, f2, strict=True):
-        assert list(v2.read_records(b.name)) == list(v1.read_records(a.name))
-        assert list(v2.read_lines(b.name)) == list(v1.read_lines(a.name))  # the header line too
-        assert _rows(v2, b) == _rows(v1, a)
+        assert list(other.read_records(b.name)) == list(v1.read_records(a.name))
+        assert list(other.read_lines(b.name)) == list(v1.read_lines(a.name))  # the header line too
+        assert _rows(other, b) == _rows(v1, a)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

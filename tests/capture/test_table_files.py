@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from loader.landing import changefile, tablefile
 from loader.landing.records import COMMIT, ChangeRecord, Column
-from loader.landing.store import JSONL, TABLES, LandingFile
+from loader.landing.store import TABLES, LandingFile
 from loader.load.decode import decode_file
-from tests.capture.test_change_files import TS, _land, _rows, _transactions
+from tests.capture.test_change_files import TS, _transactions, assert_read_as_v1
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -24,16 +24,7 @@ from tests.capture.test_change_files import TS, _land, _rows, _transactions
 def test_v3_files_read_as_v1_files_of_the_same_records(
     tmp_path_factory: Any, records: list[ChangeRecord], max_changes: int
 ) -> None:
-    root = tmp_path_factory.mktemp("landing")
-    v1 = _land(root / "v1", records, max_changes, JSONL)
-    v3 = _land(root / "v3", records, max_changes, TABLES)
-    f1, f3 = v1.files(), v3.files()
-    assert [(f.first, f.last, f.complete) for f in f1] == [(f.first, f.last, f.complete) for f in f3]
-    assert all(f.format == TABLES for f in f3)
-    for a, b in zip(f1, f3, strict=True):
-        assert list(v3.read_records(b.name)) == list(v1.read_records(a.name))
-        assert list(v3.read_lines(b.name)) == list(v1.read_lines(a.name))  # the header line too
-        assert _rows(v3, b) == _rows(v1, a)
+    assert_read_as_v1(tmp_path_factory.mktemp("landing"), records, max_changes, TABLES)
 
 
 def _spooled(path: Path, records: list[ChangeRecord], feed: Any) -> bytes:
