@@ -100,11 +100,29 @@ typedef struct {
 enum { C_ACTION, C_TIMESTAMP, C_LSN, C_NEXTLSN, C_SCHEMA, C_TABLE, N_STR };
 enum { L_COLUMNS, L_IDENTITY, L_PK, N_LIST };
 
+/* Each row's shape: its action, schema, table, and the names and types of its columns, old-key
+ * columns and key names, as exact bytes (each piece length-prefixed, a null marked apart), numbered
+ * in order of first appearance. The spool of landing v3 splits rows into tables and shapes by these
+ * numbers instead of comparing texts. */
+typedef struct {
+    uint64_t hash;
+    size_t at, len; /* the key's bytes in the arena */
+    int32_t code;   /* -1: an empty slot */
+} slot_t;
+
+typedef struct {
+    slot_t *slots;
+    size_t cap, used;
+    buf_t arena, key;
+    buf_t codes; /* int32 per row */
+} shapes_t;
+
 typedef struct {
     col_t str[N_STR];
     col_t xid;
     list_t list[N_LIST];
     int64_t rows;
+    shapes_t shapes;
 } out_t;
 
 typedef struct {
@@ -423,6 +441,102 @@ static int row_member(cur_t *c, const unsigned char *k, size_t n, void *ctx) {
     return list_value(c, &w->o->list[which - N_STR - 1]);
 }
 
+/* Entry i of a string column into a shape key: its length and bytes, or a null mark. */
+static int key_piece(buf_t *k, const col_t *c, int64_t i) {
+    uint32_t len;
+    if (!(c->valid.p[i >> 3] & (1 << (i & 7)))) {
+        len = UINT32_MAX; /* null */
+        return buf_put(k, &len, sizeof len);
+    }
+    const int32_t *off = (const int32_t *)c->offsets.p;
+    len = (uint32_t)(off[i + 1] - off[i]);
+    if (buf_put(k, &len, sizeof len)) return -1;
+    return buf_put(k, c->data.p + off[i], len);
+}
+
+/* A row's list into a shape key: its length, then each entry's name and type (a key's names
+ * only), or a null mark. */
+static int key_list(buf_t *k, const list_t *l, int64_t row) {
+    uint32_t count;
+    if (!(l->list.valid.p[row >> 3] & (1 << (row & 7)))) {
+        count = UINT32_MAX;
+        return buf_put(k, &count, sizeof count);
+    }
+    const int32_t *off = (const int32_t *)l->list.offsets.p;
+    count = (uint32_t)(off[row + 1] - off[row]);
+    if (buf_put(k, &count, sizeof count)) return -1;
+    for (int32_t e = off[row]; e < off[row + 1]; e++) {
+        if (key_piece(k, &l->name, e)) return -1;
+        if (l->has_value && key_piece(k, &l->type, e)) return -1;
+    }
+    return 0;
+}
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+    uint64_t h = UINT64_C(0xcbf29ce484222325) ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * UINT64_C(0x100000001b3);
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+    return h ^ (h >> 32);
+}
+
+static int shapes_grow(shapes_t *t) {
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    slot_t *slots = malloc(cap * sizeof *slots);
+    if (!slots) return -1;
+    for (size_t i = 0; i < cap; i++) slots[i].code = -1;
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->slots[i].code < 0) continue;
+        size_t j = (size_t)t->slots[i].hash & (cap - 1);
+        while (slots[j].code >= 0) j = (j + 1) & (cap - 1);
+        slots[j] = t->slots[i];
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->cap = cap;
+    return 0;
+}
+
+/* The shape number of the row just parsed (o->rows not yet counted). */
+static int row_shape(out_t *o) {
+    shapes_t *t = &o->shapes;
+    int64_t row = o->rows;
+    t->key.len = 0;
+    if (key_piece(&t->key, &o->str[C_ACTION], row) || key_piece(&t->key, &o->str[C_SCHEMA], row) ||
+        key_piece(&t->key, &o->str[C_TABLE], row))
+        return NOMEM;
+    for (int i = 0; i < N_LIST; i++)
+        if (key_list(&t->key, &o->list[i], row)) return NOMEM;
+    const unsigned char *k = (const unsigned char *)t->key.p;
+    size_t n = t->key.len;
+    uint64_t h = hash_bytes(k, n);
+    if ((t->used + 1) * 2 > t->cap && shapes_grow(t)) return NOMEM;
+    size_t j = (size_t)h & (t->cap - 1);
+    int32_t code = -1;
+    for (;; j = (j + 1) & (t->cap - 1)) {
+        slot_t *sl = &t->slots[j];
+        if (sl->code < 0) {
+            if (t->used >= INT32_MAX) return NOT_PLAIN;
+            sl->hash = h;
+            sl->at = t->arena.len;
+            sl->len = n;
+            sl->code = code = (int32_t)t->used++;
+            if (buf_put(&t->arena, k, n)) return NOMEM;
+            break;
+        }
+        if (sl->hash == h && sl->len == n && memcmp(t->arena.p + sl->at, k, n) == 0) {
+            code = sl->code;
+            break;
+        }
+    }
+    return buf_put(&t->codes, &code, sizeof code) ? NOMEM : OK;
+}
+
 /* One row: a JSON object on one line; c->end is the line's end. */
 static int row(cur_t *c, out_t *o) {
     row_t w = {o, 0};
@@ -436,6 +550,7 @@ static int row(cur_t *c, out_t *o) {
     if (!(seen & (1u << N_STR)) && (r = col_put_int(&o->xid, 0, 0))) return r;
     for (int i = 0; i < N_LIST; i++)
         if (!(seen & (1u << (N_STR + 1 + i))) && (r = end_list(&o->list[i], 0))) return r;
+    if ((r = row_shape(o))) return r;
     o->rows++;
     return OK;
 }
@@ -507,6 +622,10 @@ static void out_free(out_t *o) {
         col_free(&o->list[i].type);
         col_free(&o->list[i].value);
     }
+    free(o->shapes.slots);
+    free(o->shapes.arena.p);
+    free(o->shapes.key.p);
+    free(o->shapes.codes.p);
 }
 
 static int out_init(out_t *o) {
@@ -526,10 +645,12 @@ static int out_init(out_t *o) {
 PyDoc_STRVAR(parse_doc,
              "parse(data) -> tuple | None\n\n"
              "The newline-terminated wal2json format-version 2 rows of ``data`` as column buffers:\n"
-             "(rows, xid, strings, lists), where xid is (int64 values, validity, null count), strings\n"
+             "(rows, xid, strings, lists, shapes), where xid is (int64 values, validity, null count), strings\n"
              "(action, timestamp, lsn, nextlsn, schema, table) each (int32 offsets, bytes, validity,\n"
              "null count) and lists (columns, identity, pk) each (offsets, validity, null count, name,\n"
-             "type, value or None); validity is a bitmap (bit i of byte i // 8). None when a row is not\n"
+             "type, value or None); validity is a bitmap (bit i of byte i // 8); shapes each row's shape\n"
+             "number (int32: rows of equal action, schema, table, column names and types, old-key names and\n"
+             "types and key names share one; numbered in order of first appearance). None when a row is not\n"
              "of the plain shape (see the file's comment).");
 
 static PyObject *parse(PyObject *self, PyObject *arg) {
@@ -568,15 +689,17 @@ done:
         for (int i = 0; i < N_STR; i++) PyTuple_SET_ITEM(strings, i, str_tuple(&o.str[i]));
     if (lists)
         for (int i = 0; i < N_LIST; i++) PyTuple_SET_ITEM(lists, i, list_tuple(&o.list[i]));
+    PyObject *shapes = bytes_of(&o.shapes.codes);
     int64_t rows = o.rows;
     out_free(&o);
     if (PyErr_Occurred()) {
         Py_XDECREF(xid);
         Py_XDECREF(strings);
         Py_XDECREF(lists);
+        Py_XDECREF(shapes);
         return NULL;
     }
-    return Py_BuildValue("(LNNN)", (long long)rows, xid, strings, lists);
+    return Py_BuildValue("(LNNNN)", (long long)rows, xid, strings, lists, shapes);
 }
 
 static PyMethodDef methods[] = {

@@ -1297,7 +1297,7 @@ class _Lander:
             override = pa.array([r[3] if r is not None else None for r in routes] + [None], pk.type).take(at)
             out = out.set_column(10, pk, pc.if_else(pc.is_null(override), out.column(10), override))
         before = decoder.confirm_lsn
-        closed = self.writer.write_batch(out, names)
+        closed = self.writer.write_batch(out, names, None if block.shapes is None else block.shapes[kept])
         block.accept(decoder)
         # What the records did to the run's counts and state, as land() keeps them.
         out_commit = commit[kept]

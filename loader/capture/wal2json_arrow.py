@@ -42,6 +42,8 @@ log = logging.getLogger("loader.capture")
 BARE_VALUE = r'"value":(-?[0-9][0-9.eE+-]*|true|false)'
 QUOTED_VALUE = r'"value":"\1"'
 _ACTIONS = ("B", "C", "I", "U", "D")
+# The compiled parser's column of each row's shape number (see ``_wal2json.c``), after the schema's.
+SHAPE_COLUMN = "shape"
 
 
 def _row_schema() -> Any:
@@ -82,6 +84,9 @@ class Block:
     txns: int  # transactions the block touches, 0 included (the last is the one open after it)
     state: OpenTransaction | None
     confirm_lsn: int | None
+    # Each record's shape number from the compiled parser (rows of one number share their table and
+    # shape; commit markers have numbers of their own), None without it: landing v3's split.
+    shapes: Any = None
 
     def accept(self, decoder: Wal2JsonDecoder) -> None:
         """Move ``decoder`` past the block, as feeding its rows one by one would."""
@@ -274,7 +279,7 @@ def _rows_from_buffers(parsed: Any) -> Any:
     """The compiled parser's buffers as the table :func:`read_rows_arrow` reads (``_row_schema``)."""
     import pyarrow as pa
 
-    n, (xid, xid_valid, xid_nulls), strings, lists = parsed
+    n, (xid, xid_valid, xid_nulls), strings, lists, shapes = parsed
     schema = _row_schema()
 
     def strings_of(count: int, column: Any) -> Any:
@@ -303,8 +308,10 @@ def _rows_from_buffers(parsed: Any) -> Any:
     columns, identity, pk = (
         list_of(schema.field(name), c) for name, c in zip(("columns", "identity", "pk"), lists, strict=True)
     )
+    shape = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(shapes)])
     return pa.Table.from_arrays(
-        [action, xids, timestamp, lsn, nextlsn, schema_name, table, columns, identity, pk], schema=schema
+        [action, xids, timestamp, lsn, nextlsn, schema_name, table, columns, identity, pk, shape],
+        schema=schema.append(pa.field(SHAPE_COLUMN, pa.int32(), nullable=False)),
     )
 
 
@@ -427,6 +434,7 @@ def _records(rows: Any, open_txn: OpenTransaction | None, confirm_lsn: int | Non
             seq=int(seq_row[-1]),
         )
     final_confirm = int(confirm_row[-1]) or None
+    shapes = rows.column(SHAPE_COLUMN).to_numpy()[out] if SHAPE_COLUMN in rows.column_names else None
     return Block(
         batch=batch,
         txn=k,
@@ -435,6 +443,7 @@ def _records(rows: Any, open_txn: OpenTransaction | None, confirm_lsn: int | Non
         txns=last + 1,
         state=state,
         confirm_lsn=final_confirm if final_confirm is not None else confirm_lsn,
+        shapes=shapes,
     )
 
 

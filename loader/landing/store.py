@@ -528,10 +528,12 @@ class LandingWriter:
         if self._count >= self.max_changes:
             self._cut_due = True  # at the next record: after it if it is the commit marker
 
-    def write_batch(self, batch: Any, tables: Any) -> list[int]:
+    def write_batch(self, batch: Any, tables: Any, shapes: Any = None) -> list[int]:
         """Append the records of ``batch`` (a v2 change-file batch, decoded schema; ``tables``: each
         record's ``schema.table``, null for commit markers), exactly as :meth:`write` would one by
         one: the same files, cut at the same records, with the same bytes. Only for v2 and v3 files.
+        ``shapes``: each record's shape number from capture's parser, if it has them (a v3 file's
+        split uses them: :meth:`loader.landing.tablefile.Spool.add_batch`).
 
         Returns, for each file this closed, the index of its last record in ``batch`` (-1: the
         file ended before the batch)."""
@@ -552,7 +554,7 @@ class LandingWriter:
             if self._cut_due:
                 self._cut_due = False
                 if commits[at] and self._open:
-                    self._append(batch, tables, at, at + 1, lsns, seqs, commits, 0)
+                    self._append(batch, tables, shapes, at, at + 1, lsns, seqs, commits, 0)
                     self.close_file()
                     closed.append(at)
                     at += 1
@@ -567,19 +569,31 @@ class LandingWriter:
             full = int(np.searchsorted(running, room)) if room > 0 else 0
             end = n if full >= n - at else at + full + 1
             taken = int(running[end - at - 1]) if end > at else 0
-            self._append(batch, tables, at, end, lsns, seqs, commits, taken)
+            self._append(batch, tables, shapes, at, end, lsns, seqs, commits, taken)
             at = end
             if self._count >= self.max_changes:
                 self._cut_due = True
         return closed
 
     def _append(
-        self, batch: Any, tables: Any, start: int, end: int, lsns: Any, seqs: Any, commits: Any, counted: int
+        self,
+        batch: Any,
+        tables: Any,
+        shapes: Any,
+        start: int,
+        end: int,
+        lsns: Any,
+        seqs: Any,
+        commits: Any,
+        counted: int,
     ) -> None:
         import pyarrow.compute as pc
 
         assert self._arrow is not None
-        self._arrow.add_batch(batch.slice(start, end - start))
+        if shapes is not None and self.format == TABLES:
+            self._arrow.add_batch(batch.slice(start, end - start), shapes[start:end])
+        else:
+            self._arrow.add_batch(batch.slice(start, end - start))
         self._records += end - start
         self._count += counted
         last = end - 1

@@ -4,27 +4,30 @@ A file covers one position range, as v1 and v2 change files do (its name, the lo
 exactly-once and salvage work as there). Its body is a sequence of *segments*, each a whole Arrow
 IPC stream (zstd):
 
-- a *rows* segment holds plain changes (insert, update, delete: no note, no raw text) of one table
-  in one *shape*: the same operation, column names and types, old-key columns and key names. A
-  column per source column holds its values in PostgreSQL's text form (null: SQL NULL; a column
-  absent from the change, an unchanged TOAST value, is a different shape), a column per old-key
-  column the old key's values; besides them the record's ordinal in the file (``n``), its position
-  (``lsn``, ``seq``), ``xid``, commit time (``ts``, dictionary-encoded) and ``change_lsn``;
+- a *rows* segment holds one table's plain changes (insert, update, delete: no note, no raw text)
+  of one block, in file order. Its *layout* lists the columns its rows have, each a (name,
+  PostgreSQL type), and the old-key columns, and the row *shapes*: an operation, the record's
+  columns and old-key columns (indices into those lists, in the record's order) and key names.
+  A column per source column holds the values in PostgreSQL's text form (null: SQL NULL, or a
+  column the row's shape lacks, such as an unchanged TOAST value: absent stays distinct from
+  NULL), a column per old-key column the old key's values; besides them each row's ordinal in the
+  file (``n``), position (``lsn``, ``seq``), ``xid``, commit time (``ts``, dictionary-encoded),
+  ``change_lsn`` and ``shape`` (its shape's number);
 - a *records* segment holds every other record (commit markers, control records, truncates,
   quarantined input) in the v2 schema (:mod:`loader.landing.changefile`) with ``n`` in front.
 
 The header is the first segment: a stream without columns whose schema metadata holds the JSON
 header: v2's counts (records of each table, commit markers not counted; records in all) and the
 segments in file order, each with its byte length, rows, first and last ordinal and position, and
-for a rows segment its table and shape. So the load reads a table's columns without parsing a
-record or a list of name/type/value structs, a file cut short still names every table and count
-it held, and it keeps every record before the first ordinal of its first lost segment
-(:func:`salvage`).
+for a rows segment its table and layout. So the load reads a table's columns in position order
+without parsing a record, flattening name/type/value structs or sorting, a file cut short still
+names every table and count it held, and it keeps every record before the first ordinal of its
+first lost segment (:func:`salvage`).
 
 Every ``BATCH_RECORDS`` records from the file's start close a block, whose segments are written
-then (each shape's rows in the order of its first record, then the other records): the bytes
-depend on the records only, whether they came one by one or as Arrow blocks, and one split, in
-Arrow, takes both apart.
+then (each table's rows in the order of its first record, then the other records; shapes and
+columns numbered in order of first appearance): the bytes depend on the records only, whether
+they came one by one or as Arrow blocks with or without capture's shape numbers.
 """
 
 from __future__ import annotations
@@ -49,15 +52,51 @@ PLAIN_OPS = ("I", "U", "D")
 
 # --- the header --------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Shape:
-    """What every row of a rows segment shares."""
+class RowShape:
+    """What the rows of one shape of a rows segment share: the operation, the record's columns and
+    old-key columns (in the record's order, as indices into the segment's columns and old-key
+    columns) and its key names."""
+
+    op: str
+    columns: tuple[int, ...]
+    identity: tuple[int, ...]
+    pk: tuple[str, ...]
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"op": self.op, "columns": list(self.columns), "identity": list(self.identity), "pk": list(self.pk)}
+
+    @classmethod
+    def from_doc(cls, d: Any, columns: int, identity: int) -> RowShape:
+        def indices(key: str, k: int) -> tuple[int, ...]:
+            v = d.get(key)
+            if (
+                not isinstance(v, list)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < k for x in v)
+                or len(set(v)) != len(v)
+            ):
+                raise ValueError(f"a shape's '{key}' must be distinct indices of the segment's {key}")
+            return tuple(v)
+
+        if not isinstance(d, dict) or d.get("op") not in PLAIN_OPS:
+            raise ValueError("a shape names a plain operation")
+        pk = d.get("pk")
+        if not isinstance(pk, list) or not all(isinstance(k, str) for k in pk):
+            raise ValueError("a shape's 'pk' must be a list of names")
+        return cls(d["op"], indices("columns", columns), indices("identity", identity), tuple(pk))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns of a rows segment: one table's changes of a block. ``columns`` and ``identity``
+    are the (name, PostgreSQL type) of ``v0..vK`` and ``o0..oM``, every column any of its rows
+    has (a name twice when a record has it twice); ``shapes`` what each row's ``shape`` code
+    stands for. A column a row's shape does not hold is null in that row."""
 
     schema: str
     table: str
-    op: str
-    columns: tuple[tuple[str, str], ...]  # (name, PostgreSQL type) of v0..vN
-    identity: tuple[tuple[str, str], ...]  # (name, type) of the old key's o0..oM
-    pk: tuple[str, ...]
+    columns: tuple[tuple[str, str], ...]
+    identity: tuple[tuple[str, str], ...]
+    shapes: tuple[RowShape, ...]
 
     @property
     def qualified(self) -> str:
@@ -67,14 +106,13 @@ class Shape:
         return {
             "schema": self.schema,
             "table": self.table,
-            "op": self.op,
             "columns": [list(c) for c in self.columns],
             "identity": [list(c) for c in self.identity],
-            "pk": list(self.pk),
+            "shapes": [s.to_doc() for s in self.shapes],
         }
 
     @classmethod
-    def from_doc(cls, d: dict[str, Any]) -> Shape:
+    def from_doc(cls, d: dict[str, Any]) -> Layout:
         def pairs(v: Any) -> tuple[tuple[str, str], ...]:
             if not isinstance(v, list) or not all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in v
@@ -82,21 +120,35 @@ class Shape:
                 raise ValueError("segment columns must be [name, type] pairs")
             return tuple((p[0], p[1]) for p in v)
 
-        schema, table, op, pk = d.get("schema"), d.get("table"), d.get("op"), d.get("pk")
-        if not isinstance(schema, str) or not isinstance(table, str) or op not in PLAIN_OPS:
-            raise ValueError("a rows segment names its table and a plain operation")
-        if not isinstance(pk, list) or not all(isinstance(k, str) for k in pk):
-            raise ValueError("segment 'pk' must be a list of names")
-        return cls(schema, table, op, pairs(d.get("columns")), pairs(d.get("identity")), tuple(pk))
+        schema, table, shapes = d.get("schema"), d.get("table"), d.get("shapes")
+        if not isinstance(schema, str) or not isinstance(table, str):
+            raise ValueError("a rows segment names its table")
+        columns, identity = pairs(d.get("columns")), pairs(d.get("identity"))
+        if not isinstance(shapes, list) or not shapes or len(shapes) > SHAPES_MAX:
+            raise ValueError(f"a rows segment lists 1 to {SHAPES_MAX} shapes")
+        return cls(
+            schema, table, columns, identity, tuple(RowShape.from_doc(s, len(columns), len(identity)) for s in shapes)
+        )
 
     def arrow_schema(self) -> Any:
         import pyarrow as pa
 
         return pa.schema(
             _position_fields()
+            + [pa.field("shape", pa.int16(), nullable=False)]
             + [pa.field(f"v{i}", pa.string()) for i in range(len(self.columns))]
             + [pa.field(f"o{i}", pa.string()) for i in range(len(self.identity))]
         )
+
+    def record_columns(self, shape: RowShape) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(columns, old-key columns) of a row of ``shape``, as its record lists them."""
+        return [self.columns[u] for u in shape.columns], [self.identity[u] for u in shape.identity]
+
+
+# The column of a rows segment's first value (after the position fields and ``shape``).
+VALUES_AT = 7
+# Shapes a rows segment may list (its ``shape`` column is int16).
+SHAPES_MAX = 1 << 15
 
 
 def _position_fields() -> list[Any]:
@@ -121,26 +173,26 @@ def records_schema() -> Any:
 
 @dataclass(frozen=True)
 class SegmentInfo:
-    """One segment as the header lists it; ``shape`` None for a records segment."""
+    """One segment as the header lists it; ``layout`` None for a records segment."""
 
     length: int
     rows: int
     n: tuple[int, int]  # first and last ordinal
     first: tuple[int, int]  # (lsn, seq) of its first row
     last: tuple[int, int]
-    shape: Shape | None
+    layout: Layout | None
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "kind": "records" if self.shape is None else "rows",
+            "kind": "records" if self.layout is None else "rows",
             "length": self.length,
             "rows": self.rows,
             "n": list(self.n),
             "first": list(self.first),
             "last": list(self.last),
         }
-        if self.shape is not None:
-            doc.update(self.shape.to_doc())
+        if self.layout is not None:
+            doc.update(self.layout.to_doc())
         return doc
 
     @classmethod
@@ -164,8 +216,8 @@ class SegmentInfo:
         if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:
             raise ValueError("segment 'rows' must be a count")
         n, first, last = ints("n", 2), ints("first", 2), ints("last", 2)
-        shape = Shape.from_doc(d) if d["kind"] == "rows" else None
-        return cls(length, rows, (n[0], n[1]), (first[0], first[1]), (last[0], last[1]), shape)
+        layout = Layout.from_doc(d) if d["kind"] == "rows" else None
+        return cls(length, rows, (n[0], n[1]), (first[0], first[1]), (last[0], last[1]), layout)
 
 
 @dataclass
@@ -209,40 +261,98 @@ def _header_bytes(header: TablesHeader) -> bytes:
 
 
 # --- writing -----------------------------------------------------------------------------------
-class _Rows:
-    """A shape's rows of the open block, as Arrow batches (``ts`` as text)."""
+# A record's shape as the writer keys it: (op, columns, old-key columns, key names).
+_FullShape = tuple[str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[str, ...]]
 
-    def __init__(self, shape: Shape) -> None:
-        self.shape = shape
-        self.batches: list[Any] = []
+
+def _occurrences(pairs: tuple[tuple[str, str], ...]) -> list[tuple[str, str, int]]:
+    """Each (name, type) with how many times it came before in ``pairs``: a record with a column
+    twice keeps two columns."""
+    seen: dict[tuple[str, str], int] = {}
+    out = []
+    for p in pairs:
+        k = seen.get(p, 0)
+        seen[p] = k + 1
+        out.append((p[0], p[1], k))
+    return out
+
+
+@dataclass
+class _Piece:
+    """One table's rows of one split: the position columns (``ts`` as text), each row's shape as an
+    index into ``shapes``, and the values of each (name, type, occurrence) column and old-key
+    column (null where a row's shape lacks it)."""
+
+    head: list[Any]
+    codes: Any
+    shapes: list[_FullShape]
+    values: dict[tuple[str, str, int], Any]
+    old: dict[tuple[str, str, int], Any]
+
+    @property
+    def rows(self) -> int:
+        return len(self.codes)
+
+
+class _Rows:
+    """A table's rows of the open block, as pieces in record order."""
+
+    def __init__(self, schema: str, table: str) -> None:
+        self.schema, self.table = schema, table
+        self.pieces: list[_Piece] = []
         self.rows = 0
 
     @property
     def first_n(self) -> int:
-        return int(self.batches[0].column(0)[0].as_py())
+        return int(self.pieces[0].head[0][0].as_py())
 
-    def append(self, arrays: list[Any]) -> None:
+    def append(self, piece: _Piece) -> None:
+        self.pieces.append(piece)
+        self.rows += piece.rows
+
+    def take(self) -> tuple[Layout, Any]:
+        """The segment's layout and every row as one batch of its schema: shapes numbered in order
+        of their first row, columns in order of the first shape holding each."""
+        import numpy as np
         import pyarrow as pa
 
-        self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=_plain_schema(self.shape)))
-        self.rows += len(arrays[0])
+        numbered: dict[_FullShape, int] = {}
+        remaps = [np.array([numbered.setdefault(s, len(numbered)) for s in p.shapes], np.int16) for p in self.pieces]
+        if len(numbered) > SHAPES_MAX:
+            raise ValueError(f"{self.schema}.{self.table}: more than {SHAPES_MAX} shapes in one block")
+        cols: dict[tuple[str, str, int], int] = {}
+        ids: dict[tuple[str, str, int], int] = {}
+        shapes = []
+        for op, c, i, pk in numbered:
+            shapes.append(
+                RowShape(
+                    op,
+                    tuple(cols.setdefault(k, len(cols)) for k in _occurrences(c)),
+                    tuple(ids.setdefault(k, len(ids)) for k in _occurrences(i)),
+                    pk,
+                )
+            )
+        layout = Layout(
+            self.schema,
+            self.table,
+            tuple((n, t) for n, t, _ in cols),
+            tuple((n, t) for n, t, _ in ids),
+            tuple(shapes),
+        )
 
-    def take(self) -> Any:
-        """Every row as one batch of the segment's schema."""
-        import pyarrow as pa
+        def cat(arrays: list[Any]) -> Any:
+            return pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
 
-        table = pa.Table.from_batches(self.batches, schema=_plain_schema(self.shape))
-        arrays = [pa.concat_arrays(c.chunks) for c in table.columns]
-        arrays[4] = arrays[4].dictionary_encode()
-        return pa.RecordBatch.from_arrays(arrays, schema=self.shape.arrow_schema())
+        def column(key: tuple[str, str, int], old: bool) -> Any:
+            return cat([(p.old if old else p.values).get(key, pa.nulls(p.rows, pa.string())) for p in self.pieces])
 
-
-def _plain_schema(shape: Shape) -> Any:
-    """A rows batch before it is written: ``ts`` as plain text."""
-    import pyarrow as pa
-
-    schema = shape.arrow_schema()
-    return schema.set(4, pa.field("ts", pa.string(), nullable=False))
+        # Always concatenated: a copy of exactly the rows (a slice of a larger batch would write
+        # its whole buffers, and the bytes would depend on how the records came).
+        head = [pa.concat_arrays([p.head[j] for p in self.pieces]) for j in range(6)]
+        head[4] = head[4].dictionary_encode()
+        codes = pa.array(np.concatenate([m[p.codes] for m, p in zip(remaps, self.pieces, strict=True)]))
+        arrays = [*head, codes, *(column(k, False) for k in cols), *(column(k, True) for k in ids)]
+        return layout, pa.RecordBatch.from_arrays(arrays, schema=layout.arrow_schema())
 
 
 class _Records:
@@ -271,6 +381,32 @@ class _Records:
         return pa.RecordBatch.from_arrays([ords, *stored.columns], schema=records_schema())
 
 
+def _gathered(
+    source: Any, starts: Any, codes: Any, shapes: list[tuple[tuple[str, str], ...]]
+) -> dict[tuple[str, str, int], Any]:
+    """Per column (name, type, occurrence) of the rows' shapes: its values taken from ``source``
+    (each row's value sits at its list's start plus the column's place in its shape), null in the
+    rows whose shape lacks it. ``starts``: each row's list start; ``codes``: each row's shape."""
+    import numpy as np
+    import pyarrow as pa
+
+    uses: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    for s, columns in enumerate(shapes):
+        for j, k in enumerate(_occurrences(columns)):
+            uses.setdefault(k, []).append((s, j))
+    out = {}
+    for k, at_shape in uses.items():
+        if len(at_shape) == len(shapes) and len({j for _, j in at_shape}) == 1:
+            out[k] = source.take(pa.array(starts + at_shape[0][1]))  # every row, one place
+            continue
+        where = np.full(len(starts), -1, np.int64)
+        for s, j in at_shape:
+            sel = codes == s
+            where[sel] = starts[sel] + j
+        out[k] = source.take(pa.array(where, mask=where < 0))
+    return out
+
+
 class Spool:
     """The segments of a file being written, in ``out`` (a private spool file) block by block;
     :meth:`finish` writes the published file: the header, then the segments as they are.
@@ -288,7 +424,7 @@ class Spool:
         # Records added one by one wait here (as v2's batch builder holds them) and are taken apart
         # with the Arrow blocks' code: one way to split records into shapes.
         self._batcher = changefile.Batcher()
-        self._shapes: dict[Shape, _Rows] = {}
+        self._tables: dict[tuple[str, str], _Rows] = {}
         self._records = _Records()
         self.segments: list[SegmentInfo] = []
 
@@ -298,13 +434,16 @@ class Spool:
         if self._in_block == BATCH_RECORDS:
             self._write_block()
 
-    def add_batch(self, batch: Any) -> None:
-        """The records of ``batch`` (v2's decoded schema), after those added before."""
+    def add_batch(self, batch: Any, shapes: Any = None) -> None:
+        """The records of ``batch`` (v2's decoded schema), after those added before. ``shapes``, if
+        given: a number per record such that records of one number have the same table and shape
+        (capture's parser numbers them); the split then compares no texts. Numbers finer than the
+        shapes give the same file."""
         self._take_batcher()
         at = 0
         while at < batch.num_rows:
             k = min(batch.num_rows - at, BATCH_RECORDS - self._in_block)
-            self._add_rows(batch.slice(at, k))
+            self._add_rows(batch.slice(at, k), None if shapes is None else shapes[at : at + k])
             at += k
             self._in_block += k
             if self._in_block == BATCH_RECORDS:
@@ -314,7 +453,7 @@ class Spool:
         if self._batcher.count:
             self._add_rows(self._batcher.take())
 
-    def _add_rows(self, batch: Any) -> None:
+    def _add_rows(self, batch: Any, shapes: Any = None) -> None:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -334,10 +473,11 @@ class Spool:
             self._records.append(pa.array(ords[other]), batch.take(pa.array(other)))
         at = np.flatnonzero(plain)
         if len(at):
-            self._add_plain(batch, at, ords)
+            self._add_plain(batch, at, ords, None if shapes is None else shapes[at])
 
-    def _add_plain(self, batch: Any, at: Any, ords: Any) -> None:
-        """Plain rows ``at`` of ``batch`` appended to their shapes' rows."""
+    def _add_plain(self, batch: Any, at: Any, ords: Any, hint: Any) -> None:
+        """Plain rows ``at`` of ``batch`` appended to their tables' rows (``hint``: their shape
+        numbers, if known)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -350,8 +490,8 @@ class Spool:
 
         cols, ident, pk = rows_of(8), rows_of(9), rows_of(10)
         # Zero-based offsets into the rows' own entries (a slice's ``values`` is its whole child).
-        c_off = (cols.offsets.to_numpy() - cols.offsets[0].as_py()).astype(np.int32)
-        i_off = (ident.offsets.to_numpy() - ident.offsets[0].as_py()).astype(np.int32)
+        c_off = (cols.offsets.to_numpy() - cols.offsets[0].as_py()).astype(np.int64)
+        i_off = (ident.offsets.to_numpy() - ident.offsets[0].as_py()).astype(np.int64)
         p_off = (pk.offsets.to_numpy() - pk.offsets[0].as_py()).astype(np.int32)
         c_vals, i_vals, pk_vals = cols.flatten(), ident.flatten(), pk.flatten()
 
@@ -359,68 +499,92 @@ class Spool:
             # Each row's list as the text of its items' dictionary codes ("3,0,7"): exact, and no
             # text of a name can be mistaken for a separator.
             codes = child.dictionary_encode().indices.cast(pa.string())
-            return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), codes), ",")
+            return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), codes), ",")
 
         def code(texts: Any) -> Any:
             return texts.dictionary_encode().indices.cast(pa.string())
 
         schemas, tables, ops = rows_of(6), rows_of(7), rows_of(0)
-        key = pc.binary_join_element_wise(
-            code(schemas),
-            code(tables),
-            code(ops),
-            coded(c_off, c_vals.field("name")),
-            coded(c_off, c_vals.field("type")),
-            coded(i_off, i_vals.field("name")),
-            coded(i_off, i_vals.field("type")),
-            coded(p_off, pk_vals),
-            "|",
-        )
-        enc = key.dictionary_encode()
-        codes = enc.indices.to_numpy()
-        order = np.argsort(codes, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(enc.dictionary)))])
-        lsn, seq, xid, ts, change_lsn = (rows_of(i) for i in (1, 2, 3, 4, 5))
-        values, old = c_vals.field("value"), i_vals.field("value")
-        for k in range(len(enc.dictionary)):
-            rows = order[bounds[k] : bounds[k + 1]]
-            r0 = int(rows[0])
-            shape = Shape(
-                schemas[r0].as_py(),
-                tables[r0].as_py(),
-                ops[r0].as_py(),
-                tuple((e["name"], e["type"]) for e in cols[r0].as_py()),
-                tuple((e["name"], e["type"]) for e in ident[r0].as_py()),
-                tuple(pk[r0].as_py()),
+        if hint is None:
+            hint = (
+                pc.binary_join_element_wise(
+                    code(schemas),
+                    code(tables),
+                    code(ops),
+                    coded(c_off, c_vals.field("name")),
+                    coded(c_off, c_vals.field("type")),
+                    coded(i_off, i_vals.field("name")),
+                    coded(i_off, i_vals.field("type")),
+                    coded(p_off, pk_vals),
+                    "|",
+                )
+                .dictionary_encode()
+                .indices.to_numpy()
             )
-            pending = self._shapes.get(shape)
-            if pending is None:
-                pending = self._shapes[shape] = _Rows(shape)
-            idx = pa.array(rows)
-            starts_c, starts_i = c_off[rows], i_off[rows]
-            pending.append(
+        # Shapes numbered in order of their first row, whatever numbers came: the file's bytes do
+        # not depend on them. (Numbers finer than the shapes make shapes that ``_Rows.take`` merges.)
+        distinct, first_row, codes = np.unique(hint, return_index=True, return_inverse=True)
+        by_first = np.argsort(first_row)
+        rank = np.empty(len(distinct), np.int64)
+        rank[by_first] = np.arange(len(distinct))
+        codes, first_row = rank[codes.reshape(-1)], first_row[by_first]
+        k_shapes = len(distinct)
+        by_table: dict[tuple[str, str], list[int]] = {}
+        full: list[_FullShape] = []
+        for k in range(k_shapes):
+            r0 = int(first_row[k])
+            full.append(
+                (
+                    ops[r0].as_py(),
+                    tuple((e["name"], e["type"]) for e in cols[r0].as_py()),
+                    tuple((e["name"], e["type"]) for e in ident[r0].as_py()),
+                    tuple(pk[r0].as_py()),
+                )
+            )
+            by_table.setdefault((schemas[r0].as_py(), tables[r0].as_py()), []).append(k)
+        table_of = np.empty(k_shapes, np.int32)
+        local = np.empty(k_shapes, np.int32)  # a shape's index among its table's
+        for t, keys in enumerate(by_table.values()):
+            table_of[keys] = t
+            local[keys] = np.arange(len(keys))
+        row_table = table_of[codes]
+        order = np.argsort(row_table, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(row_table, minlength=len(by_table)))])
+        lsn, seq, xid, ts, change_lsn = (rows_of(i) for i in (1, 2, 3, 4, 5))
+        change_lsn = pc.fill_null(change_lsn, 0)
+        values, old = c_vals.field("value"), i_vals.field("value")
+        for t, ((schema, table), keys) in enumerate(by_table.items()):
+            rows = order[bounds[t] : bounds[t + 1]]
+            whole = len(rows) == len(codes)
+            idx = None if whole else pa.array(rows)
+            lcodes = local[codes[rows]]
+            shapes = [full[k] for k in keys]
+
+            piece = _Piece(
                 [
                     pa.array(ords[at[rows]]),
-                    lsn.take(idx),
-                    seq.take(idx),
-                    xid.take(idx),
-                    ts.take(idx),
-                    pc.fill_null(change_lsn.take(idx), 0),
-                    *(values.take(pa.array(starts_c + j)) for j in range(len(shape.columns))),
-                    *(old.take(pa.array(starts_i + j)) for j in range(len(shape.identity))),
-                ]
+                    *(c if idx is None else c.take(idx) for c in (lsn, seq, xid, ts, change_lsn)),
+                ],
+                lcodes,
+                shapes,
+                _gathered(values, c_off[rows], lcodes, [c for _, c, _, _ in shapes]),
+                _gathered(old, i_off[rows], lcodes, [i for _, _, i, _ in shapes]),
             )
+            pending = self._tables.get((schema, table))
+            if pending is None:
+                pending = self._tables[(schema, table)] = _Rows(schema, table)
+            pending.append(piece)
 
     def _write_block(self) -> None:
         """The block's pending rows as segments: each shape's and the records', in order of
         their first record."""
         self._take_batcher()
-        pending: list[_Rows | _Records] = [p for p in self._shapes.values() if p.rows]
+        pending: list[_Rows | _Records] = [p for p in self._tables.values() if p.rows]
         if self._records.rows:
             pending.append(self._records)
         for p in sorted(pending, key=lambda p: p.first_n):
             self._write(p)
-        self._shapes.clear()
+        self._tables.clear()
         self._records = _Records()
         self._in_block = 0
 
@@ -428,8 +592,7 @@ class Spool:
         """The rows of ``pending`` as one segment at the end of the spool."""
         import pyarrow as pa
 
-        batch = pending.take()
-        shape = pending.shape if isinstance(pending, _Rows) else None
+        layout, batch = pending.take() if isinstance(pending, _Rows) else (None, pending.take())
         start = self._out.tell()
         options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
         with pa.ipc.new_stream(self._out, batch.schema, options=options) as writer:
@@ -444,7 +607,7 @@ class Spool:
                 (n[0].as_py(), n[last].as_py()),
                 (lsn[0].as_py(), seq[0].as_py()),
                 (lsn[last].as_py(), seq[last].as_py()),
-                shape,
+                layout,
             )
         )
 
@@ -546,9 +709,10 @@ def salvage(data: bytes) -> Salvage:
 
 def _read_segment(data: Any, seg: SegmentInfo) -> Any:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     reader = pa.ipc.open_stream(data)
-    want = seg.shape.arrow_schema() if seg.shape is not None else records_schema()
+    want = seg.layout.arrow_schema() if seg.layout is not None else records_schema()
     if not reader.schema.equals(want):
         raise ValueError("columns other than its header's")
     batches = list(reader)
@@ -557,25 +721,35 @@ def _read_segment(data: Any, seg: SegmentInfo) -> Any:
     rows = sum(len(b) for b in batches)
     if rows != seg.rows:
         raise ValueError(f"{rows} rows, its header says {seg.rows}")
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches, schema=want).combine_chunks().to_batches()[0]
+    batch = (
+        batches[0]
+        if len(batches) == 1
+        else pa.Table.from_batches(batches, schema=want).combine_chunks().to_batches()[0]
+    )
+    if seg.layout is not None:
+        low, high = pc.min_max(batch.column(VALUES_AT - 1)).values()
+        if low.as_py() < 0 or high.as_py() >= len(seg.layout.shapes):
+            raise ValueError("a row of a shape its header does not list")
+    return batch
 
 
 def segment_records(seg: SegmentInfo, batch: Any) -> Iterator[tuple[int, ChangeRecord]]:
     """A segment's records with their ordinals, as a v1 file gives them."""
     import pyarrow as pa
 
-    if seg.shape is None:
+    if seg.layout is None:
         ords = batch.column(0).to_pylist()
         v2 = pa.RecordBatch.from_arrays(batch.columns[1:], schema=changefile.arrow_schema(stored=True))
         yield from zip(ords, changefile.batch_records(changefile.decoded(v2)), strict=True)
         return
-    shape = seg.shape
-    k = len(shape.columns)
+    layout = seg.layout
+    k = len(layout.columns)
+    names, types = [n for n, _ in layout.columns], [t for _, t in layout.columns]
+    id_names, id_types = [n for n, _ in layout.identity], [t for _, t in layout.identity]
     cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
     cols[4] = batch.column(4).cast(pa.string()).to_pylist()
     for r in range(batch.num_rows):
+        shape = layout.shapes[cols[VALUES_AT - 1][r]]
         yield (
             cols[0][r],
             ChangeRecord(
@@ -584,11 +758,11 @@ def segment_records(seg: SegmentInfo, batch: Any) -> Iterator[tuple[int, ChangeR
                 seq=cols[2][r],
                 xid=cols[3][r],
                 ts=cols[4][r],
-                schema=shape.schema,
-                table=shape.table,
+                schema=layout.schema,
+                table=layout.table,
                 change_lsn=cols[5][r],
-                columns=[Column(name, t, cols[6 + i][r]) for i, (name, t) in enumerate(shape.columns)],
-                identity=[Column(name, t, cols[6 + k + i][r]) for i, (name, t) in enumerate(shape.identity)],
+                columns=[Column(names[u], types[u], cols[VALUES_AT + u][r]) for u in shape.columns],
+                identity=[Column(id_names[u], id_types[u], cols[VALUES_AT + k + u][r]) for u in shape.identity],
                 pk=list(shape.pk),
             ),
         )

@@ -729,11 +729,12 @@ def append_rows(
 
 
 class StreamedPlainBatch:
-    """Landing v1 files of a transaction too long to hold (more than ``max_bytes`` of text), with
-    the interface of :class:`PlainBatch`: every file is read, checked and surveyed as a PlainBatch
-    of its own here, and read again when its rows are written (:meth:`history_parts`, file by
-    file), so the transaction is still appended in one commit per table with one file's rows in
-    memory. A file that reads differently the second time raises NotPlain (nothing is committed)."""
+    """Landing change files (v1, v2 or v3) of a transaction too long to hold (more than
+    ``max_bytes`` of text or columns), with the interface of :class:`PlainBatch`: every file is
+    read, checked and surveyed as a batch of its own here (a :class:`TablesBatch` for v3, else a
+    PlainBatch), and read again when its rows are written (:meth:`history_parts`, file by file),
+    so the transaction is still appended in one commit per table with one file's rows in memory. A
+    file that reads differently the second time raises NotPlain (nothing is committed)."""
 
     def __init__(self, store: LandingStore, batch: list[LandingFile], max_bytes: int) -> None:
         self.store, self.batch, self.max_bytes = store, batch, max_bytes
@@ -742,7 +743,7 @@ class StreamedPlainBatch:
         self._spans: dict[SourceTable, tuple[ChangePosition, ChangePosition]] = {}
         self._in_file: list[dict[SourceTable, tuple[ChangePosition, ChangePosition]]] = []
         for f in batch:
-            part = PlainBatch(store, [f], max_bytes)
+            part = self._one(f)
             shapes.extend(part.survey.shapes)
             spans = {table: part.span(table) for table in part.survey.tables()}
             for table, (first, last) in spans.items():
@@ -752,6 +753,11 @@ class StreamedPlainBatch:
             self.num_rows += part.num_rows
         self.survey = BatchSurvey(shapes)
         self.misfits: dict[SourceTable, list[Misfits]] = {}
+
+    def _one(self, f: LandingFile) -> PlainBatch | TablesBatch:
+        if f.format == TABLES:
+            return TablesBatch(self.store, [f], self.max_bytes)
+        return PlainBatch(self.store, [f], self.max_bytes)
 
     def span(self, table: SourceTable) -> tuple[ChangePosition, ChangePosition]:
         return self._spans[table]
@@ -763,7 +769,7 @@ class StreamedPlainBatch:
         for i, (f, spans) in enumerate(zip(self.batch, self._in_file, strict=True)):
             if table not in spans:
                 continue
-            part = PlainBatch(self.store, [f], self.max_bytes)
+            part = self._one(f)
             if table not in part.survey.tables() or part.span(table) != spans[table]:
                 raise NotPlain(f"{f.name}: read differently the second time")
             rows = part.history_rows(table, columns, target)
@@ -1100,25 +1106,12 @@ class TablesBatch:
             ords, lsns, seqs = [], [], []
             counts: dict[str, int] = {}
             for seg, b in got.segments:
-                if seg.shape is None:
+                if seg.layout is None:
                     ops = b.column("op").cast(pa.string())
                     if ops.null_count or set(ops.unique().to_pylist()) != {COMMIT}:
                         raise NotPlain(f"{f.name}: control records")
                     continue
-                shape = seg.shape
-                info = RecordShape(
-                    shape.op,
-                    shape.schema,
-                    shape.table,
-                    [n for n, _ in shape.columns],
-                    [t for _, t in shape.columns],
-                    [n for n, _ in shape.identity],
-                    [t for _, t in shape.identity],
-                    list(shape.pk),
-                )
-                problem = _shape_problem(info.record(), info.names, info.key_names)
-                if problem:
-                    raise NotPlain(f"{shape.qualified}: {problem}")
+                layout = seg.layout
                 lsn_u = b.column(1).to_numpy()
                 if len(lsn_u) and lsn_u.max() >= 1 << 63:
                     raise NotPlain("a position out of range")
@@ -1130,20 +1123,56 @@ class TablesBatch:
                 seqs.append(seq_seg)
                 # The segment's ends as its rows say (positions rise with ordinals: checked below),
                 # never as the header says.
-                ends = (
+                self._ends[id(b)] = (
                     ChangePosition(int(lsn_u[0]), int(seq_seg[0])),
                     ChangePosition(int(lsn_u[-1]), int(seq_seg[-1])),
                 )
-                self._ends[id(b)] = ends
                 ts_seen.update(b.column(4).dictionary.to_pylist())
-                counts[shape.qualified] = counts.get(shape.qualified, 0) + seg.rows
-                self._segments.setdefault(shape.qualified, []).append((i, seg, b))
-                tally.add(f.name, info, seg.rows, *ends, (b, len(b) - 1))
+                counts[layout.qualified] = counts.get(layout.qualified, 0) + seg.rows
+                self._segments.setdefault(layout.qualified, []).append((i, seg, b))
+                codes = b.column(tablefile.VALUES_AT - 1).to_numpy()
+                for k, shape in enumerate(layout.shapes):
+                    cols, ids = layout.record_columns(shape)
+                    info = RecordShape(
+                        shape.op,
+                        layout.schema,
+                        layout.table,
+                        [n for n, _ in cols],
+                        [t for _, t in cols],
+                        [n for n, _ in ids],
+                        [t for _, t in ids],
+                        list(shape.pk),
+                    )
+                    problem = _shape_problem(info.record(), info.names, info.key_names)
+                    if problem:
+                        raise NotPlain(f"{layout.qualified}: {problem}")
+                    rows = np.flatnonzero(codes == k)
+                    if len(rows):
+                        r0, r1 = int(rows[0]), int(rows[-1])
+                        tally.add(
+                            f.name,
+                            info,
+                            len(rows),
+                            ChangePosition(int(lsn_u[r0]), int(seq_seg[r0])),
+                            ChangePosition(int(lsn_u[r1]), int(seq_seg[r1])),
+                            (b, r1),
+                        )
             if any(counts.get(t, 0) != k for t, k in got.header.tables.items()) or set(counts) - set(got.header.tables):
                 raise NotPlain(f"{f.name}: records other than its header counts")
             if ords:
-                order = np.argsort(np.concatenate(ords), kind="stable")
-                lsn, seq = np.concatenate(lsns)[order], np.concatenate(seqs)[order]
+                # The file's changes in ordinal order (which is position order: checked), each
+                # put at its ordinal: no sort.
+                n_all = np.concatenate(ords)
+                total = got.header.records
+                if n_all.min() < 0 or n_all.max() >= total:
+                    raise NotPlain(f"{f.name}: an ordinal out of range")
+                held = np.zeros(total, bool)
+                held[n_all] = True
+                if int(held.sum()) != len(n_all):
+                    raise NotPlain(f"{f.name}: an ordinal twice")
+                lsn, seq = np.zeros(total, np.int64), np.zeros(total, np.int64)
+                lsn[n_all], seq[n_all] = np.concatenate(lsns), np.concatenate(seqs)
+                lsn, seq = lsn[held], seq[held]
                 if len(lsn) and (seq.min() < 0 or not positions_after(lsn[1:], seq[1:], (lsn[:-1], seq[:-1])).all()):
                     raise NotPlain("positions not strictly increasing in a file")
                 if (
@@ -1171,64 +1200,86 @@ class TablesBatch:
         import numpy as np
         import pyarrow as pa
 
+        from loader.landing.tablefile import VALUES_AT
+
         segs = self._segments.pop(table.qualified)
         lsn = np.concatenate([b.column(1).to_numpy().astype(np.int64) for _, _, b in segs])
         seq = np.concatenate([b.column(2).to_numpy() for _, _, b in segs])
-        # Segments hold one shape each: a table's rows come back in position order by one
-        # permutation, applied to each column once it is typed (fixed-width values move cheaply).
-        # By (file, ordinal): the file's order, which is position order (checked); each segment is
-        # a run of it, so the stable sort merges runs.
+        codes = [b.column(VALUES_AT - 1).to_numpy() for _, _, b in segs]
+        # A segment holds a table's changes of one block in file order, so the segments in file
+        # and block order are the table's changes in position order. Should a file list them
+        # otherwise, one permutation by (file, ordinal) puts them in order, applied to each
+        # column once it is typed (fixed-width values move cheaply).
         ords = np.concatenate([(np.int64(i) << 32) | b.column(0).to_numpy().astype(np.int64) for i, _, b in segs])
-        perm = np.argsort(ords, kind="stable")
-        in_order = bool((np.diff(perm) == 1).all())
-        order = pa.array(perm)
-        lsn, seq = lsn[perm], seq[perm]
-        sizes = [seg.rows for _, seg, _ in segs]
+        perm = None if bool((np.diff(ords) > 0).all()) else np.argsort(ords, kind="stable")
+        order = None if perm is None else pa.array(perm)
+        if perm is not None:
+            lsn, seq = lsn[perm], seq[perm]
 
         def ordered(values: Any) -> Any:
-            return values if in_order else values.take(order)
+            return values if order is None else values.take(order)
+
+        def ordered_np(values: Any) -> Any:
+            return values if perm is None else values[perm]
 
         def cat(arrays: list[Any]) -> Any:
             return pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
 
+        # Per segment: the value columns of each source column name.
+        places = []
+        for _, seg, _ in segs:
+            at: dict[str, list[int]] = {}
+            for u, (name, _) in enumerate(seg.layout.columns):
+                at.setdefault(name, []).append(u)
+            places.append(at)
         out: dict[str, Any] = {}
         sent: dict[str, np.ndarray] = {}
         bad: np.ndarray | None = None
         for col in columns:
             parts, mask = [], []
-            for (_, seg, b), n in zip(segs, sizes, strict=True):
-                names = [c for c, _ in seg.shape.columns]
-                if col.source in names:
-                    j = names.index(col.source)
-                    if seg.shape.columns[j][1] != col.pg_type:
-                        raise NotPlain(f"{table.qualified}: column {col.source} changes type in the batch")
-                    parts.append(b.column(6 + j))
-                    mask.append(np.ones(n, bool))
-                else:
-                    parts.append(pa.nulls(n, pa.string()))
-                    mask.append(np.zeros(n, bool))
-            sent[col.source] = np.concatenate(mask)[perm]
+            for (_, seg, b), at, code in zip(segs, places, codes, strict=True):
+                layout = seg.layout
+                us = at.get(col.source, [])
+                if not us:
+                    parts.append(pa.nulls(len(b), pa.string()))
+                    mask.append(np.zeros(len(b), bool))
+                    continue
+                if len(us) > 1 or layout.columns[us[0]][1] != col.pg_type:
+                    raise NotPlain(f"{table.qualified}: column {col.source} changes type in the batch")
+                u = us[0]
+                held = np.array([u in shape.columns for shape in layout.shapes])[code]
+                values = b.column(VALUES_AT + u)
+                if not held.all() and (values.is_valid().to_numpy(zero_copy_only=False) & ~held).any():
+                    raise NotPlain(f"{table.qualified}: a value of {col.source} in a change without it")
+                parts.append(values)
+                mask.append(held)
+            sent[col.source] = ordered_np(np.concatenate(mask))
             typed, misfit = _typed_or_misfit(cat(parts), col, table)
             out[col.lake] = ordered(typed)
             if misfit is not None:
-                misfit = misfit[perm]
+                misfit = ordered_np(misfit)
                 bad = misfit if bad is None else bad | misfit
+        op = ordered_np(
+            np.concatenate(
+                [
+                    np.array([_OP_INDEX[shape.op] for shape in seg.layout.shapes], np.int8)[code]
+                    for (_, seg, _), code in zip(segs, codes, strict=True)
+                ]
+            )
+        )
         out.update(
             pg_lsn=pa.array(lsn),
             pg_seq=pa.array(seq),
             pg_txn_id=ordered(cat([b.column(3) for _, _, b in segs])),
-            pg_operation=pa.array([OPERATIONS[o] for o in _OP_INDEX], pa.string()).take(
-                pa.array(np.repeat(np.array([_OP_INDEX[seg.shape.op] for _, seg, _ in segs], np.int8), sizes)[perm])
-            ),
+            pg_operation=pa.array([OPERATIONS[o] for o in _OP_INDEX], pa.string()).take(pa.array(op)),
             pg_txn_timestamp=ordered(self._commit_times(table, segs)),
             pg_change_lsn=ordered(cat([b.column(5) for _, _, b in segs])),
-            pg_old_key=ordered(self._old_keys(segs, sizes)),
+            pg_old_key=ordered(self._old_keys(segs, codes)),
             pg_note=pa.nulls(len(lsn), pa.string()),
         )
-        is_update = np.repeat(np.array([seg.shape.op == "U" for _, seg, _ in segs]), sizes)[perm]
         # (a batch with columns dropped at the source goes to the Spark path: no drops here)
-        out["pg_absent_columns"] = absent_columns(columns, sent, is_update, lsn, seq, {})
-        file_of = np.repeat(np.array([i for i, _, _ in segs], np.int64), sizes)[perm]
+        out["pg_absent_columns"] = absent_columns(columns, sent, op == _OP_INDEX["U"], lsn, seq, {})
+        file_of = ordered_np(np.repeat(np.array([i for i, _, _ in segs], np.int64), [seg.rows for _, seg, _ in segs]))
         out["pg_landing_file"] = pa.array([f.name for f in self.batch], pa.string()).take(pa.array(file_of))
         history = _in_target(out, len(lsn), target)
         if bad is None:
@@ -1249,29 +1300,48 @@ class TablesBatch:
         )
 
     @staticmethod
-    def _old_keys(segs: list[tuple[int, Any, Any]], sizes: list[int]) -> pa.Array:
+    def _old_keys(segs: list[tuple[int, Any, Any]], codes: list[Any]) -> pa.Array:
         """pg_old_key of the segments' rows (in segment order), as the load kernel writes it
-        (``loader.load.kernel.json_objects``): a segment's old-key names are its shape's, so each
-        row's object is the same literal text around its values, joined column by column."""
+        (``loader.load.kernel.json_objects``): the rows of shapes with the same old-key columns
+        share their names, so each row's object is the same literal text around its values,
+        joined column by column; null for a change without an old key."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from loader.landing.tablefile import VALUES_AT
         from loader.load.kernel import json_string, json_strings
         from loader.names import lake_column
 
         parts = []
-        for (_, seg, b), n in zip(segs, sizes, strict=True):
-            ident = seg.shape.identity
-            if not ident:
-                parts.append(pa.nulls(n, pa.string()))
-                continue
-            first = 6 + len(seg.shape.columns)
-            pieces: list[Any] = []
-            for j, (name, _) in enumerate(ident):
-                pieces.append(("{" if j == 0 else ",") + json_string(lake_column(name)) + ":")
-                pieces.append(json_strings(b.column(first + j)))
-            pieces.append("}")
-            parts.append(pc.binary_join_element_wise(*pieces, ""))
+        for (_, seg, b), code in zip(segs, codes, strict=True):
+            layout = seg.layout
+            keyed: dict[tuple[int, ...], list[int]] = {}
+            for k, shape in enumerate(layout.shapes):
+                if shape.identity:
+                    keyed.setdefault(shape.identity, []).append(k)
+            part = pa.nulls(len(b), pa.string())
+            first = VALUES_AT + len(layout.columns)
+            for ident, shapes in keyed.items():
+                of_shapes = np.zeros(len(layout.shapes), bool)
+                of_shapes[shapes] = True
+                rows = of_shapes[code]
+                every = bool(rows.all())
+                at = None if every else pa.array(np.flatnonzero(rows))
+                pieces: list[Any] = []
+                for j, u in enumerate(ident):
+                    values = b.column(first + u)
+                    pieces.append(("{" if j == 0 else ",") + json_string(lake_column(layout.identity[u][0])) + ":")
+                    pieces.append(json_strings(values if at is None else values.take(at)))
+                pieces.append("}")
+                objects = pc.binary_join_element_wise(*pieces, "")
+                if every:
+                    part = objects
+                    continue
+                # Back in the segment's rows: each keyed row takes its object, the others stay.
+                spread = objects.take(pa.array(np.cumsum(rows) - 1, mask=~rows))
+                part = spread if len(keyed) == 1 else pc.if_else(pa.array(rows), spread, part)
+            parts.append(part)
         return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
 
 

@@ -133,6 +133,20 @@ def test_blocks_decoded_in_columns_give_the_row_decoders_records(parser: str, da
         _blocks_decoded_in_columns(data)
 
 
+def _check_shape_numbers(block: Any) -> None:
+    """The compiled parser's shape numbers (landing v3's split): records of one number have one
+    table and shape, numbers come in order of first appearance (begin rows, not records, have
+    numbers too)."""
+    if block.shapes is None:
+        assert wal2json_arrow.compiled_parser() is None
+        return
+    seen: dict[int, Any] = {}
+    for number, r in zip(block.shapes.tolist(), changefile.batch_records(block.batch), strict=True):
+        shape = (r.op, r.schema, r.table, [(c.name, c.type) for c in r.columns], [(c.name, c.type) for c in r.identity])
+        assert number in seen or number > max(seen, default=-1)  # a new number comes after the others
+        assert seen.setdefault(number, (*shape, r.pk)) == (*shape, r.pk)
+
+
 def _blocks_decoded_in_columns(data: Any) -> None:
     rows = data.draw(_stream())
     expected, oracle = _by_rows(rows)
@@ -154,6 +168,7 @@ def _blocks_decoded_in_columns(data: Any) -> None:
                 got.accept(decoder)
                 batches.append(got.batch)
                 in_columns += got.batch.num_rows
+                _check_shape_numbers(got)
                 continue
             batches.append(_row_path(piece, decoder))
     got_all = pa.Table.from_batches(batches, schema=changefile.arrow_schema()).combine_chunks()

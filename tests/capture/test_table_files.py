@@ -73,25 +73,43 @@ def _many(n: int, seed: int) -> list[ChangeRecord]:
 def test_the_same_records_give_the_same_bytes_one_by_one_or_in_arrow_blocks(
     tmp_path_factory: Any, seed: int, cuts: list[int]
 ) -> None:
-    """Capture's columnar path hands the spool Arrow blocks (v2's decoded schema) of any size, the
-    row decoder records one by one, in any mix: the file's bytes depend on its records only."""
+    """Capture's columnar path hands the spool Arrow blocks (v2's decoded schema) of any size, with
+    its parser's shape numbers or without, the row decoder records one by one, in any mix: the
+    file's bytes depend on its records only."""
     records = _many(17_000, seed)
     root = tmp_path_factory.mktemp("spool")
     by_one = _spooled(root / "one", records, lambda s: [s.add(r) for r in records])
     bounds = sorted({0, len(records), *(c % (len(records) + 1) for c in cuts)})
 
-    def mixed(spool: tablefile.Spool) -> None:
+    numbers: dict[Any, int] = {}
+    rnd = random.Random(seed)
+
+    def hint(rs: list[ChangeRecord]) -> Any:
+        # Shape numbers as capture's parser gives them, but finer (a shape split at random): the
+        # split must not depend on them.
+        import numpy as np
+
+        out = []
+        for r in rs:
+            shape = (r.op, r.schema, r.table, *((c.name, c.type) for c in r.columns), None)
+            shape += (*((c.name, c.type) for c in r.identity), None, *r.pk)
+            out.append(numbers.setdefault(shape, len(numbers)) * 3 + rnd.randrange(3))
+        return np.array(out, np.int32)
+
+    def mixed(spool: tablefile.Spool, hinted: bool) -> None:
         for k, (a, b) in enumerate(itertools.pairwise(bounds)):
             if k % 2:
                 for r in records[a:b]:
                     spool.add(r)
             else:
-                spool.add_batch(changefile.record_batch(records[a:b]).cast(changefile.arrow_schema()))
+                batch = changefile.record_batch(records[a:b]).cast(changefile.arrow_schema())
+                spool.add_batch(batch, hint(records[a:b]) if hinted else None)
 
-    assert _spooled(root / "mixed", records, mixed) == by_one
+    assert _spooled(root / "mixed", records, lambda s: mixed(s, False)) == by_one
+    assert _spooled(root / "hinted", records, lambda s: mixed(s, True)) == by_one
     got = tablefile.salvage(by_one)
     assert got.damage is None and list(tablefile.intact_records(got)) == records
-    assert {s.shape is None for s, _ in got.segments} == {True, False}  # both kinds of segment
+    assert {s.layout is None for s, _ in got.segments} == {True, False}  # both kinds of segment
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -141,6 +159,7 @@ def test_shapes_never_merge_whatever_the_names_hold(tmp_path: Path) -> None:
         [Column("a|b", "text", "4")],
         [Column("a\x1fb", "text", "5")],
         [Column("a", "text,b", "6")],
+        [Column("a", "text", "7"), Column("a", "text", "8")],  # a name twice keeps two columns
     ]
     records = [ChangeRecord("I", 0x100, i + 1, 7, TS, "public", "t", 0x90, c, [], []) for i, c in enumerate(cols)]
     records.append(ChangeRecord(COMMIT, 0x100, len(cols) + 1, 7, TS))
@@ -148,4 +167,5 @@ def test_shapes_never_merge_whatever_the_names_hold(tmp_path: Path) -> None:
     data = _spooled(tmp_path / "s", records, lambda s: s.add_batch(batch))
     got = tablefile.salvage(data)
     assert list(tablefile.intact_records(got)) == records
-    assert sum(s.shape is not None for s, _ in got.segments) == len(cols)
+    (layout,) = [s.layout for s, _ in got.segments if s.layout is not None]
+    assert len(layout.shapes) == len(cols)

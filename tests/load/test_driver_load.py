@@ -26,7 +26,7 @@ from loader.lake.catalog import open_catalog
 from loader.lake.tables import SourceTable, TableNames
 from loader.landing import arrowfile
 from loader.landing.records import ChangeRecord, Column
-from loader.landing.store import LocalLandingStore, open_landing, publish_arrow
+from loader.landing.store import LandingFile, LocalLandingStore, open_landing, publish_arrow
 from loader.load.history import HistoryLoad
 from loader.lsn import ChangePosition
 from tests.harness import TS, Txn, lake_settings, write_files
@@ -443,22 +443,44 @@ def test_a_misfit_is_rejected_and_parked_by_the_driver(
     assert summaries[0] == summaries[1] == ChangePosition(0x1000, 0).token()
 
 
+@pytest.mark.parametrize("landing_format", ["jsonl", "tables"])
 def test_a_misfit_in_a_streamed_transaction_keeps_every_data_file_in_position_order(
-    spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int]
+    spark: Any,
+    base_settings: LoaderSettings,
+    tmp_path: Path,
+    used: list[int],
+    landing_format: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A transaction longer than load.driver_max_bytes is typed file by file as it is written; a
-    value that does not fit is found only then, and its park sorts first (the transaction's start).
+    """A transaction longer than load.driver_max_bytes is typed file by file as it is written (v1
+    files and v3 files alike); a value that does not fit is found only then, and its park sorts
+    first (the transaction's start).
     The park goes into a data file of its own: every data file of the commit is in position order
     inside itself (history is sorted by position), and history equals the Spark path's."""
     import pyarrow.parquet as pq
 
     txn = _bigint_txn(["not a number" if seq == 11 else str(seq * 3) for seq in range(1, 17)])
-    streamed = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=2000)})
+    streamed = lake_settings(base_settings, tmp_path)
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
-    engines = []
-    for s in (streamed, spark_only):
-        write_files(s, [txn], 4)
-        engines.append(HistoryLoad(spark, s).run().engines)
+    names = write_files(streamed, [txn], 4, landing_format)
+    write_files(spark_only, [txn], 4, landing_format)
+    # A bound every file fits in and the four files together do not (Arrow columns of v3 files
+    # weigh more than v1's text).
+    store = open_landing(streamed)
+    sizes = [driver._size(driver._read_file(store, LandingFile.parse(n))[0]) for n in names]  # type: ignore[arg-type]
+    bound = max(sizes)
+    assert sum(sizes) > bound, sizes
+    streamed = streamed.model_copy(update={"load": LoadSettings(driver_max_bytes=bound)})
+    built: list[int] = []
+
+    class Counted(driver.StreamedPlainBatch):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            built.append(len(self.batch))
+
+    monkeypatch.setattr(driver, "StreamedPlainBatch", Counted)
+    engines = [HistoryLoad(spark, s).run().engines for s in (streamed, spark_only)]
+    assert built == [4], built
     assert used and engines[0] == ["driver (4 files)"], engines  # streamed, file by file
     assert _snapshot(spark, streamed) == _snapshot(spark, spark_only)
     hist = open_catalog(streamed).load_table((TableNames(streamed).history_ns, ACCT.iceberg_name))
