@@ -504,6 +504,153 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
     return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
 
 
+def _shape_items(codes: Any, per_shape: list[list[int]]) -> tuple[Any, Any, Any]:
+    """Rows whose list is their shape's (``per_shape[s]``: item indices): the lists' offsets, and
+    for each item of the flattened lists its index and its row."""
+    import numpy as np
+
+    lengths = np.array([len(items) for items in per_shape], np.int64)[codes]
+    offsets = np.zeros(len(codes) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    item = np.empty(int(offsets[-1]), np.int64)
+    for s, items in enumerate(per_shape):
+        if items:
+            rows = np.flatnonzero(codes == s)
+            item[offsets[rows][:, None] + np.arange(len(items))] = np.array(items, np.int64)[None, :]
+    return offsets, item, np.repeat(np.arange(len(codes)), lengths)
+
+
+def _lists(offsets: Any, items: Any) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), items)
+
+
+def _listed(
+    codes: Any, per_shape: list[tuple[int, ...]], pairs: tuple[tuple[str, str], ...], batch: Any, first: int
+) -> list[Any]:
+    """A v3 rows segment's (``batch``) column lists as a decoded row holds them: each row's names,
+    types and values of its shape's columns (``per_shape``: indices into ``pairs``, whose values
+    are the batch's columns from ``first`` on)."""
+    import pyarrow as pa
+
+    s = pa.string()
+    offsets, item, row = _shape_items(codes, [list(c) for c in per_shape])
+    names = pa.array([n for n, _ in pairs], s).take(pa.array(item))
+    types = pa.array([t for _, t in pairs], s).take(pa.array(item))
+    stacked = [batch.column(first + u) for u in range(len(pairs))]
+    values = (pa.concat_arrays(stacked) if stacked else pa.array([], s)).take(pa.array(item * len(batch) + row))
+    return [_lists(offsets, names), _lists(offsets, types), _lists(offsets, values)]
+
+
+def plain_table_rows(file: str, data: bytes, span: tuple[ChangePosition, ChangePosition] | None) -> Any:
+    """The rows :func:`decode_file` gives for a landing v3 change file (loader.landing.tablefile),
+    built in Arrow columns from its segments when the file is intact and holds plain changes and
+    commit markers only, each table's count as its header says, positions strictly increasing in
+    the file's order and inside ``span``, commit times in timestamp form, and shapes
+    :func:`_shape_problem` passes: one RecordBatch of :func:`_arrow_schema`, in the file's order.
+    None for any other file: the record-by-record decoding then says what each record is.
+    ``tests/load/test_columnar_decode_unit.py`` holds the two to the same rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from loader.landing import tablefile
+    from loader.load.columns import RecordShape
+    from loader.lsn import positions_after
+
+    got = tablefile.salvage(data)
+    if got.header is None or got.damage is not None:
+        return None
+    s, i64 = pa.string(), pa.int64()
+    counts: dict[str, int] = {}
+    parts: list[list[Any]] = []
+    ordinals = []
+    for seg, b in got.segments:
+        if seg.layout is None:
+            ops = b.column("op").cast(s)
+            if ops.null_count or set(pc.unique(ops).to_pylist()) != {COMMIT}:
+                return None
+            continue
+        layout = seg.layout
+        for shape in layout.shapes:
+            cols, ids = layout.record_columns(shape)
+            kind = RecordShape(
+                shape.op,
+                layout.schema,
+                layout.table,
+                [n for n, _ in cols],
+                [t for _, t in cols],
+                [n for n, _ in ids],
+                [t for _, t in ids],
+                list(shape.pk),
+            )
+            if _shape_problem(kind.record(), kind.names, kind.key_names) is not None:
+                return None
+        counts[layout.qualified] = counts.get(layout.qualified, 0) + seg.rows
+        if pc.max(b.column(1)).as_py() >= 1 << 63:
+            return None
+        r = len(b)
+        codes = b.column(tablefile.VALUES_AT - 1).to_numpy()
+        k = len(layout.columns)
+
+        pk_items = [name for shape in layout.shapes for name in shape.pk]
+        bases = np.concatenate([[0], np.cumsum([len(shape.pk) for shape in layout.shapes])]).astype(int)
+        pk_offsets, pk_item, _ = _shape_items(
+            codes, [list(range(bases[i], bases[i + 1])) for i in range(len(layout.shapes))]
+        )
+        op_names = pa.array([OPERATIONS[shape.op] for shape in layout.shapes], s)
+        ordinals.append(b.column(0).to_numpy())
+        parts.append(
+            [
+                op_names.take(pa.array(codes)),
+                b.column(1).cast(i64),
+                b.column(2),
+                b.column(5),
+                b.column(3),
+                b.column(4).cast(s),
+                pa.repeat(pa.scalar(layout.schema, s), r),
+                pa.repeat(pa.scalar(layout.table, s), r),
+                *_listed(codes, [shape.columns for shape in layout.shapes], layout.columns, b, tablefile.VALUES_AT),
+                *_listed(
+                    codes, [shape.identity for shape in layout.shapes], layout.identity, b, tablefile.VALUES_AT + k
+                ),
+                _lists(pk_offsets, pa.array(pk_items, s).take(pa.array(pk_item))),
+            ]
+        )
+    if any(counts.get(t, 0) < n for t, n in got.header.tables.items()):
+        return None
+    if not parts:
+        return pa.RecordBatch.from_pylist([], _arrow_schema())
+    n_all = np.concatenate(ordinals)
+    order = np.argsort(n_all, kind="stable")
+    take = pa.array(order)
+    columns = [pa.concat_arrays([p[j] for p in parts]).take(take) for j in range(len(parts[0]))]
+    lsn, seq, ts = columns[1].to_numpy(), columns[2].to_numpy(), columns[5]
+    if seq.min() < 0 or not positions_after(lsn[1:], seq[1:], (lsn[:-1], seq[:-1])).all():
+        return None
+    if span is not None and (
+        not positions_after(lsn[:1], seq[:1], span[0], inclusive=True).all()
+        or positions_after(lsn[-1:], seq[-1:], span[1]).any()
+    ):
+        return None
+    if any(not _TIMESTAMP.match(t) for t in pc.unique(ts).to_pylist()):
+        return None
+    n = len(n_all)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([file], s)).cast(s),
+            pa.array((n_all[order] + 2).astype(np.int32)),  # line numbers as in a v1 file: the header is line 1
+            *columns,
+            pa.nulls(n, s),
+            pa.nulls(n, s),
+            pa.nulls(n, s),
+        ],
+        schema=_arrow_schema(),
+    )
+
+
 def _tally(row: dict[str, Any], seen: dict[str, int], names: dict[str, tuple[str, str]]) -> int:
     """Count a decoded row for the file's header check: under its table in ``seen``; returns 1 for
     a reject that names no table (it may have cost any table a change), else 0."""
@@ -667,7 +814,14 @@ def make_decoder(settings_json: str, batch_rows: int = 20_000) -> Any:
                     span = (parsed.first, parsed.last) if parsed is not None else None
                     # Read errors (after the store's retries) propagate: the task, and the load, fail.
                     data = store.open_bytes(name)
-                    plain = plain_change_rows(name, data, span) if format_of(name) == CHANGES else None
+                    fmt = format_of(name)
+                    plain = (
+                        plain_change_rows(name, data, span)
+                        if fmt == CHANGES
+                        else plain_table_rows(name, data, span)
+                        if fmt == TABLES
+                        else None
+                    )
                     if plain is not None:
                         yield plain
                         continue
