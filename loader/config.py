@@ -143,12 +143,12 @@ class SourceSettings(_Redacted):
     # through ADBC's COPY BINARY and loaded column by column: schemas/landing-snapshot.v2.md) or
     # "jsonl" (landing v1, gzip JSON lines, as before).
     snapshot_format: Literal["jsonl", "arrow"] = "arrow"
-    # Landing format of the change stream's files: "arrow" (landing v2, one Arrow IPC stream of
-    # records per file, loaded without parsing a line: schemas/landing-change.v2.md), "tables"
-    # (landing v3, each table's changes in columns of their own: schemas/landing-change.v3.md) or
-    # "jsonl" (landing v1, gzip JSON lines, as before). Every consumer reads all three.
-    stream_format: Literal["jsonl", "arrow", "tables"] = "arrow"
-    # With stream_format "arrow", a pipelined read decodes blocks of plain wal2json rows in columns
+    # Landing format of the change stream's files: "tables" (landing v3, each table's changes in
+    # columns of their own: schemas/landing-change.v3.md), "arrow" (landing v2, one Arrow IPC
+    # stream of records per file: schemas/landing-change.v2.md) or "jsonl" (landing v1, gzip JSON
+    # lines). Every consumer reads all three, and they may share a landing area.
+    stream_format: Literal["jsonl", "arrow", "tables"] = "tables"
+    # With stream_format "tables" or "arrow", a pipelined read decodes blocks of plain wal2json rows in columns
     # (Arrow's JSON reader, loader/capture/wal2json_arrow.py) instead of one row at a time; the same
     # records and the same bytes either way. False: every row through the row decoder.
     columnar_decode: bool = True

@@ -10,11 +10,13 @@ A v1 file is two gzip members: a header line (the tables it holds, with counts) 
 as JSON lines; a v2 file's header is its Arrow schema's metadata. A truncated or damaged file
 therefore still names every table it touched.
 
-Landing format v2 holds the same records as Arrow IPC streams: capture's change-stream files
-``<first>_<last>_<c|p>.changes.arrow`` (``loader.landing.changefile``,
-``schemas/landing-change.v2.md``; ``source.stream_format``, the default) and snapshot chunks
+Landing format v3 (``<first>_<last>_<c|p>.tables.arrow``, ``loader.landing.tablefile``,
+``schemas/landing-change.v3.md``; ``source.stream_format = "tables"``, the default) holds each
+table's changes in columns of their own. Landing format v2 holds the same records as Arrow IPC
+streams: change-stream files ``<first>_<last>_<c|p>.changes.arrow`` (``loader.landing.changefile``,
+``schemas/landing-change.v2.md``; ``source.stream_format = "arrow"``) and snapshot chunks
 ``<first>_<last>_<c|p>.arrows``, one table per file (``loader.landing.arrowfile``,
-``schemas/landing-snapshot.v2.md``). ``LandingFile.format`` tells the three apart and
+``schemas/landing-snapshot.v2.md``). ``LandingFile.format`` tells the four apart and
 ``read_records`` reads them all.
 
 Landing files hold personal data as it was in the source. Locally, every file the loader writes here

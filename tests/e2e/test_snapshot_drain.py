@@ -144,7 +144,7 @@ def test_killed_after_a_drain_the_snapshot_resumes_and_converges(env: Env) -> No
     interrupted = env.status()
     assert interrupted.snapshot is not None and interrupted.snapshot.running is False
     assert "the next capture resumes it" in interrupted.render(), interrupted.render()
-    streamed = [p for p in landing.rglob("*.changes.arrow")]
+    streamed = [p for p in landing.rglob("*.tables.arrow")]
     assert streamed, "the drains landed nothing before the kill"
     env.sql("UPDATE public.big SET v = 'after the kill' WHERE id IN (2, 4700)")
     code, out = finish(loader_process(env, "backfill", "snapshot", LOADER_SOURCE__SNAPSHOT_CHUNK_ROWS="1000"))

@@ -106,9 +106,9 @@ class Workload:
     # source.plugin for this seed: pgoutput (with its publication, kept by capture) one seed in four,
     # drawn from a generator of its own so every other draw of a seed is the same either way.
     plugin: str = "wal2json"
-    # source.stream_format for this seed: landing v3 ("tables": each table's changes in columns)
-    # one seed in three, else v2 ("arrow"); a generator of its own, as for the plugin.
-    stream_format: str = "arrow"
+    # source.stream_format for this seed: landing v2 ("arrow": one stream of records per file) one
+    # seed in three, else v3 ("tables", the default); a generator of its own, as for the plugin.
+    stream_format: str = "tables"
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
@@ -119,7 +119,7 @@ class Workload:
             out.insert(1, f"-- (pipelined capture in rounds of {self.pipelined_rounds} rows)")
         if self.plugin != "wal2json":
             out.insert(1, f"-- (source.plugin = {self.plugin})")
-        if self.stream_format != "arrow":
+        if self.stream_format != "tables":
             out.insert(1, f"-- (source.stream_format = {self.stream_format})")
         for i, step in enumerate(self.steps[: None if upto is None else upto + 1]):
             if isinstance(step, Loader):
@@ -344,7 +344,7 @@ class Generator:
         self.gaps = gaps
         self.ddl_trigger = seed % 3 != 2
         self.plugin = "pgoutput" if random.Random(f"plugin {seed}").random() < 0.25 else "wal2json"
-        self.stream_format = "tables" if random.Random(f"stream format {seed}").random() < 1 / 3 else "arrow"
+        self.stream_format = "arrow" if random.Random(f"stream format {seed}").random() < 1 / 3 else "tables"
         self.tables: dict[str, Table] = {}
         self.steps: list[Step] = []
         self.tracked: dict[str, list[str]] = {}
