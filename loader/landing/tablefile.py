@@ -47,6 +47,10 @@ FORMAT = "tables"
 EXTENSION = ".tables.arrow"
 # Records per block (the segments of a block hold at most this many rows): the unit of damage.
 BATCH_RECORDS = 8192
+# A table with fewer plain changes than this in a block keeps them in the block's records segment
+# (v2's layout): a segment costs about 2 KB of framing and its own write and read, so a block
+# spread over thousands of tables would otherwise grow tenfold and more.
+MIN_SEGMENT_ROWS = 256
 PLAIN_OPS = ("I", "U", "D")
 
 
@@ -407,6 +411,147 @@ def _gathered(
     return out
 
 
+def split(batch: Any, ords: Any, hint: Any, min_rows: int = 0) -> tuple[Any, list[_Rows]]:
+    """``batch`` (v2's decoded schema; ``ords``: its records' ordinals; ``hint``: shape numbers or
+    None) taken apart: (the indices of the records for a records segment, in order: every record
+    that is not a plain change, and the plain changes of tables with fewer than ``min_rows`` of
+    them), and each other table's rows, in order of their first record."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ops = batch.column(0)
+    plain = pc.and_(
+        pc.is_in(ops, value_set=pa.array(PLAIN_OPS)),
+        pc.and_(pc.equal(pc.fill_null(batch.column(11), ""), ""), pc.is_null(batch.column(12))),
+    ).to_numpy(zero_copy_only=False)
+    other = np.flatnonzero(~plain)
+    at = np.flatnonzero(plain)
+    if len(at) and min_rows > 1:
+        # Tables with few changes first, by their names' dictionary codes: their rows are not split.
+        schemas = batch.column(6).dictionary_encode().indices.to_numpy()[at].astype(np.int64)
+        names = batch.column(7).dictionary_encode().indices.to_numpy()[at].astype(np.int64)
+        table = schemas * (int(names.max()) + 1) + names
+        _, inverse, counts = np.unique(table, return_inverse=True, return_counts=True)
+        few = counts[inverse.reshape(-1)] < min_rows
+        if few.any():
+            other = np.sort(np.concatenate([other, at[few]]))
+            at = at[~few]
+    if not len(at):
+        return other, []
+    tables, few_rows = _split_plain(batch, at, ords, None if hint is None else np.asarray(hint)[at], min_rows)
+    if len(few_rows):  # (none: every table left has enough)
+        other = np.sort(np.concatenate([other, few_rows]))
+    return other, sorted(tables, key=lambda t: t.first_n)
+
+
+def _split_plain(batch: Any, at: Any, ords: Any, hint: Any, min_rows: int) -> tuple[list[_Rows], Any]:
+    """Plain rows ``at`` of ``batch`` (``ords``: the batch's ordinals; ``hint``: the rows' shape
+    numbers, if known) by table: the rows of each table with at least ``min_rows`` of them, and
+    the indices (into ``batch``) of the others' rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    take = pa.array(at)
+    every = len(at) == batch.num_rows  # the common case: no copy of the rows first
+
+    def rows_of(i: int) -> Any:
+        return batch.column(i) if every else batch.column(i).take(take)
+
+    cols, ident, pk = rows_of(8), rows_of(9), rows_of(10)
+    # Zero-based offsets into the rows' own entries (a slice's ``values`` is its whole child).
+    c_off = (cols.offsets.to_numpy() - cols.offsets[0].as_py()).astype(np.int64)
+    i_off = (ident.offsets.to_numpy() - ident.offsets[0].as_py()).astype(np.int64)
+    p_off = (pk.offsets.to_numpy() - pk.offsets[0].as_py()).astype(np.int32)
+    c_vals, i_vals, pk_vals = cols.flatten(), ident.flatten(), pk.flatten()
+
+    def coded(offsets: Any, child: Any) -> Any:
+        # Each row's list as the text of its items' dictionary codes ("3,0,7"): exact, and no
+        # text of a name can be mistaken for a separator.
+        codes = child.dictionary_encode().indices.cast(pa.string())
+        return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), codes), ",")
+
+    def code(texts: Any) -> Any:
+        return texts.dictionary_encode().indices.cast(pa.string())
+
+    schemas, tables, ops = rows_of(6), rows_of(7), rows_of(0)
+    if hint is None:
+        hint = (
+            pc.binary_join_element_wise(
+                code(schemas),
+                code(tables),
+                code(ops),
+                coded(c_off, c_vals.field("name")),
+                coded(c_off, c_vals.field("type")),
+                coded(i_off, i_vals.field("name")),
+                coded(i_off, i_vals.field("type")),
+                coded(p_off, pk_vals),
+                "|",
+            )
+            .dictionary_encode()
+            .indices.to_numpy()
+        )
+    # Shapes numbered in order of their first row, whatever numbers came: the file's bytes do
+    # not depend on them. (Numbers finer than the shapes make shapes that ``_Rows.take`` merges.)
+    distinct, first_row, codes = np.unique(hint, return_index=True, return_inverse=True)
+    by_first = np.argsort(first_row)
+    rank = np.empty(len(distinct), np.int64)
+    rank[by_first] = np.arange(len(distinct))
+    codes, first_row = rank[codes.reshape(-1)], first_row[by_first]
+    k_shapes = len(distinct)
+    by_table: dict[tuple[str, str], list[int]] = {}
+    full: list[_FullShape] = []
+    for k in range(k_shapes):
+        r0 = int(first_row[k])
+        full.append(
+            (
+                ops[r0].as_py(),
+                tuple((e["name"], e["type"]) for e in cols[r0].as_py()),
+                tuple((e["name"], e["type"]) for e in ident[r0].as_py()),
+                tuple(pk[r0].as_py()),
+            )
+        )
+        by_table.setdefault((schemas[r0].as_py(), tables[r0].as_py()), []).append(k)
+    table_of = np.empty(k_shapes, np.int32)
+    local = np.empty(k_shapes, np.int32)  # a shape's index among its table's
+    for t, keys in enumerate(by_table.values()):
+        table_of[keys] = t
+        local[keys] = np.arange(len(keys))
+    row_table = table_of[codes]
+    order = np.argsort(row_table, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(row_table, minlength=len(by_table)))])
+    lsn, seq, xid, ts, change_lsn = (rows_of(i) for i in (1, 2, 3, 4, 5))
+    change_lsn = pc.fill_null(change_lsn, 0)
+    values, old = c_vals.field("value"), i_vals.field("value")
+    out: list[_Rows] = []
+    few: list[Any] = []
+    for t, ((schema, table), keys) in enumerate(by_table.items()):
+        rows = order[bounds[t] : bounds[t + 1]]
+        if len(rows) < min_rows:
+            few.append(at[rows])
+            continue
+        whole = len(rows) == len(codes)
+        idx = None if whole else pa.array(rows)
+        lcodes = local[codes[rows]]
+        shapes = [full[k] for k in keys]
+
+        piece = _Piece(
+            [
+                pa.array(ords[at[rows]]),
+                *(c if idx is None else c.take(idx) for c in (lsn, seq, xid, ts, change_lsn)),
+            ],
+            lcodes,
+            shapes,
+            _gathered(values, c_off[rows], lcodes, [c for _, c, _, _ in shapes]),
+            _gathered(old, i_off[rows], lcodes, [i for _, _, i, _ in shapes]),
+        )
+        rows_of_table = _Rows(schema, table)
+        rows_of_table.append(piece)
+        out.append(rows_of_table)
+    return out, np.concatenate(few) if few else np.zeros(0, np.int64)
+
+
 class Spool:
     """The segments of a file being written, in ``out`` (a private spool file) block by block;
     :meth:`finish` writes the published file: the header, then the segments as they are.
@@ -419,13 +564,12 @@ class Spool:
 
     def __init__(self, out: IO[bytes]) -> None:
         self._out = out
-        self._n = 0  # the next record's ordinal, of those taken apart
+        self._n = 0  # the next block's first ordinal
         self._in_block = 0  # records of the open block, those in the batcher included
         # Records added one by one wait here (as v2's batch builder holds them) and are taken apart
-        # with the Arrow blocks' code: one way to split records into shapes.
+        # with the Arrow blocks' code: one way to split records into tables and shapes.
         self._batcher = changefile.Batcher()
-        self._tables: dict[tuple[str, str], _Rows] = {}
-        self._records = _Records()
+        self._pending: list[tuple[Any, Any]] = []  # the open block's batches, with shape numbers or None
         self.segments: list[SegmentInfo] = []
 
     def add(self, record: ChangeRecord) -> None:
@@ -443,7 +587,7 @@ class Spool:
         at = 0
         while at < batch.num_rows:
             k = min(batch.num_rows - at, BATCH_RECORDS - self._in_block)
-            self._add_rows(batch.slice(at, k), None if shapes is None else shapes[at : at + k])
+            self._pending.append((batch.slice(at, k), None if shapes is None else shapes[at : at + k]))
             at += k
             self._in_block += k
             if self._in_block == BATCH_RECORDS:
@@ -451,141 +595,41 @@ class Spool:
 
     def _take_batcher(self) -> None:
         if self._batcher.count:
-            self._add_rows(self._batcher.take())
+            self._pending.append((self._batcher.take(), None))
 
-    def _add_rows(self, batch: Any, shapes: Any = None) -> None:
+    def _write_block(self) -> None:
+        """The block's records as segments: each table's rows segment and the records segment, in
+        order of their first record."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
+        self._take_batcher()
+        if not self._pending:
+            return
+        batches = [b for b, _ in self._pending]
+        batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        hint = None
+        if all(h is not None for _, h in self._pending):
+            # Each piece's numbers are its own parse's: kept apart by an offset (finer is fine).
+            parts, base = [], 0
+            for _, h in self._pending:
+                parts.append(np.asarray(h, np.int64) + base)
+                base += int(h.max()) + 1 if len(h) else 0
+            hint = np.concatenate(parts)
         n = batch.num_rows
         if self._n + n >= 1 << 31:
             raise ValueError("a landing v3 file holds fewer than 2**31 records")
-        ops = batch.column(0)
-        plain = pc.and_(
-            pc.is_in(ops, value_set=pa.array(PLAIN_OPS)),
-            pc.and_(pc.equal(pc.fill_null(batch.column(11), ""), ""), pc.is_null(batch.column(12))),
-        ).to_numpy(zero_copy_only=False)
         ords = np.arange(self._n, self._n + n, dtype=np.int32)
         self._n += n
-        other = np.flatnonzero(~plain)
+        other, tables = split(batch, ords, hint, MIN_SEGMENT_ROWS)
+        out: list[tuple[int, _Rows | _Records]] = [(int(t.first_n), t) for t in tables]
         if len(other):
-            self._records.append(pa.array(ords[other]), batch.take(pa.array(other)))
-        at = np.flatnonzero(plain)
-        if len(at):
-            self._add_plain(batch, at, ords, None if shapes is None else shapes[at])
-
-    def _add_plain(self, batch: Any, at: Any, ords: Any, hint: Any) -> None:
-        """Plain rows ``at`` of ``batch`` appended to their tables' rows (``hint``: their shape
-        numbers, if known)."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        take = pa.array(at)
-        every = len(at) == batch.num_rows  # the common case: no copy of the rows first
-
-        def rows_of(i: int) -> Any:
-            return batch.column(i) if every else batch.column(i).take(take)
-
-        cols, ident, pk = rows_of(8), rows_of(9), rows_of(10)
-        # Zero-based offsets into the rows' own entries (a slice's ``values`` is its whole child).
-        c_off = (cols.offsets.to_numpy() - cols.offsets[0].as_py()).astype(np.int64)
-        i_off = (ident.offsets.to_numpy() - ident.offsets[0].as_py()).astype(np.int64)
-        p_off = (pk.offsets.to_numpy() - pk.offsets[0].as_py()).astype(np.int32)
-        c_vals, i_vals, pk_vals = cols.flatten(), ident.flatten(), pk.flatten()
-
-        def coded(offsets: Any, child: Any) -> Any:
-            # Each row's list as the text of its items' dictionary codes ("3,0,7"): exact, and no
-            # text of a name can be mistaken for a separator.
-            codes = child.dictionary_encode().indices.cast(pa.string())
-            return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), codes), ",")
-
-        def code(texts: Any) -> Any:
-            return texts.dictionary_encode().indices.cast(pa.string())
-
-        schemas, tables, ops = rows_of(6), rows_of(7), rows_of(0)
-        if hint is None:
-            hint = (
-                pc.binary_join_element_wise(
-                    code(schemas),
-                    code(tables),
-                    code(ops),
-                    coded(c_off, c_vals.field("name")),
-                    coded(c_off, c_vals.field("type")),
-                    coded(i_off, i_vals.field("name")),
-                    coded(i_off, i_vals.field("type")),
-                    coded(p_off, pk_vals),
-                    "|",
-                )
-                .dictionary_encode()
-                .indices.to_numpy()
-            )
-        # Shapes numbered in order of their first row, whatever numbers came: the file's bytes do
-        # not depend on them. (Numbers finer than the shapes make shapes that ``_Rows.take`` merges.)
-        distinct, first_row, codes = np.unique(hint, return_index=True, return_inverse=True)
-        by_first = np.argsort(first_row)
-        rank = np.empty(len(distinct), np.int64)
-        rank[by_first] = np.arange(len(distinct))
-        codes, first_row = rank[codes.reshape(-1)], first_row[by_first]
-        k_shapes = len(distinct)
-        by_table: dict[tuple[str, str], list[int]] = {}
-        full: list[_FullShape] = []
-        for k in range(k_shapes):
-            r0 = int(first_row[k])
-            full.append(
-                (
-                    ops[r0].as_py(),
-                    tuple((e["name"], e["type"]) for e in cols[r0].as_py()),
-                    tuple((e["name"], e["type"]) for e in ident[r0].as_py()),
-                    tuple(pk[r0].as_py()),
-                )
-            )
-            by_table.setdefault((schemas[r0].as_py(), tables[r0].as_py()), []).append(k)
-        table_of = np.empty(k_shapes, np.int32)
-        local = np.empty(k_shapes, np.int32)  # a shape's index among its table's
-        for t, keys in enumerate(by_table.values()):
-            table_of[keys] = t
-            local[keys] = np.arange(len(keys))
-        row_table = table_of[codes]
-        order = np.argsort(row_table, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(row_table, minlength=len(by_table)))])
-        lsn, seq, xid, ts, change_lsn = (rows_of(i) for i in (1, 2, 3, 4, 5))
-        change_lsn = pc.fill_null(change_lsn, 0)
-        values, old = c_vals.field("value"), i_vals.field("value")
-        for t, ((schema, table), keys) in enumerate(by_table.items()):
-            rows = order[bounds[t] : bounds[t + 1]]
-            whole = len(rows) == len(codes)
-            idx = None if whole else pa.array(rows)
-            lcodes = local[codes[rows]]
-            shapes = [full[k] for k in keys]
-
-            piece = _Piece(
-                [
-                    pa.array(ords[at[rows]]),
-                    *(c if idx is None else c.take(idx) for c in (lsn, seq, xid, ts, change_lsn)),
-                ],
-                lcodes,
-                shapes,
-                _gathered(values, c_off[rows], lcodes, [c for _, c, _, _ in shapes]),
-                _gathered(old, i_off[rows], lcodes, [i for _, _, i, _ in shapes]),
-            )
-            pending = self._tables.get((schema, table))
-            if pending is None:
-                pending = self._tables[(schema, table)] = _Rows(schema, table)
-            pending.append(piece)
-
-    def _write_block(self) -> None:
-        """The block's pending rows as segments: each shape's and the records', in order of
-        their first record."""
-        self._take_batcher()
-        pending: list[_Rows | _Records] = [p for p in self._tables.values() if p.rows]
-        if self._records.rows:
-            pending.append(self._records)
-        for p in sorted(pending, key=lambda p: p.first_n):
+            records = _Records()
+            records.append(pa.array(ords[other]), batch.take(pa.array(other)))
+            out.append((int(ords[other[0]]), records))
+        for _, p in sorted(out, key=lambda pair: pair[0]):
             self._write(p)
-        self._tables.clear()
-        self._records = _Records()
+        self._pending = []
         self._in_block = 0
 
     def _write(self, pending: _Rows | _Records) -> None:
@@ -766,6 +810,53 @@ def segment_records(seg: SegmentInfo, batch: Any) -> Iterator[tuple[int, ChangeR
                 pk=list(shape.pk),
             ),
         )
+
+
+def records_tables(batch: Any) -> tuple[Any, list[tuple[SegmentInfo, Any]]]:
+    """A records segment's batch taken apart as the writer takes a block apart: (v2's decoded
+    batch of its records that are not plain changes, and each table's plain changes as a rows
+    segment of its own, ``length`` 0). A table with few changes in a block keeps them in the
+    block's records segment (``MIN_SEGMENT_ROWS``): readers by columns read them this way."""
+    import pyarrow as pa
+
+    v2 = changefile.decoded(pa.RecordBatch.from_arrays(batch.columns[1:], schema=changefile.arrow_schema(stored=True)))
+    ords = batch.column(0).to_numpy()
+    other, tables = split(v2, ords, None, 0)
+    out = []
+    for t in tables:
+        layout, rows = t.take()
+        n, lsn, seq = rows.column(0), rows.column(1), rows.column(2)
+        last = rows.num_rows - 1
+        info = SegmentInfo(
+            0,
+            rows.num_rows,
+            (n[0].as_py(), n[last].as_py()),
+            (lsn[0].as_py(), seq[0].as_py()),
+            (lsn[last].as_py(), seq[last].as_py()),
+            layout,
+        )
+        out.append((info, rows))
+    return v2.take(pa.array(other)), out
+
+
+def rows_segments(segments: list[tuple[SegmentInfo, Any]]) -> list[tuple[Any, Any]]:
+    """A v3 file's segments as rows segments only, in file order (so each table's in position
+    order): a records segment's plain changes taken apart into rows segments of their own
+    (:func:`records_tables`). ValueError when a records segment holds anything but those and
+    commit markers (control records, truncates, quarantined input: for the record-by-record path)."""
+    import pyarrow.compute as pc
+
+    out = []
+    for seg, b in segments:
+        if seg.layout is not None:
+            out.append((seg, b))
+            continue
+        others, tables = records_tables(b)
+        ops = others.column(0)
+        if ops.null_count or set(pc.unique(ops).to_pylist()) - {COMMIT}:
+            raise ValueError("control records")
+        out.extend(tables)
+    return out
 
 
 def readable_records(got: Salvage) -> Iterator[ChangeRecord]:

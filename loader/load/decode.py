@@ -567,12 +567,11 @@ def plain_table_rows(file: str, data: bytes, span: tuple[ChangePosition, ChangeP
     counts: dict[str, int] = {}
     parts: list[list[Any]] = []
     ordinals = []
-    for seg, b in got.segments:
-        if seg.layout is None:
-            ops = b.column("op").cast(s)
-            if ops.null_count or set(pc.unique(ops).to_pylist()) != {COMMIT}:
-                return None
-            continue
+    try:
+        segments = tablefile.rows_segments(got.segments)
+    except ValueError:
+        return None
+    for seg, b in segments:
         layout = seg.layout
         for shape in layout.shapes:
             cols, ids = layout.record_columns(shape)

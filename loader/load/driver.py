@@ -35,7 +35,7 @@ from loader.errors import LandingUnavailableError
 from loader.faults import checkpoint
 from loader.lake.tables import SourceTable
 from loader.lake.types import UTC_TEXT
-from loader.landing.records import COMMIT, OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
+from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import TABLES, LandingFile, LandingStore
 from loader.load.columns import NotPlain, RecordColumns, RecordShape, dense_ids, first_rows
 from loader.load.decode import _TIMESTAMP, _shape_problem
@@ -1076,7 +1076,6 @@ class TablesBatch:
         texts: list[tuple[Any, FileHeader | None]] | None = None,
     ) -> None:
         import numpy as np
-        import pyarrow as pa
 
         from loader.landing import tablefile
 
@@ -1105,12 +1104,11 @@ class TablesBatch:
             self.num_rows += got.header.records
             ords, lsns, seqs = [], [], []
             counts: dict[str, int] = {}
-            for seg, b in got.segments:
-                if seg.layout is None:
-                    ops = b.column("op").cast(pa.string())
-                    if ops.null_count or set(ops.unique().to_pylist()) != {COMMIT}:
-                        raise NotPlain(f"{f.name}: control records")
-                    continue
+            try:
+                segments = tablefile.rows_segments(got.segments)
+            except ValueError as exc:
+                raise NotPlain(f"{f.name}: {exc}") from None
+            for seg, b in segments:
                 layout = seg.layout
                 lsn_u = b.column(1).to_numpy()
                 if len(lsn_u) and lsn_u.max() >= 1 << 63:

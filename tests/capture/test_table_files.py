@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,11 +20,15 @@ from loader.load.decode import decode_file
 from tests.capture.test_change_files import TS, _transactions, assert_read_as_v1
 
 
+@pytest.mark.parametrize("min_rows", [1, tablefile.MIN_SEGMENT_ROWS])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(records=_transactions(), max_changes=st.integers(1, 9))
 def test_v3_files_read_as_v1_files_of_the_same_records(
-    tmp_path_factory: Any, records: list[ChangeRecord], max_changes: int
+    tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch, min_rows: int, records: list[ChangeRecord], max_changes: int
 ) -> None:
+    """Whether a table's few changes of a block get a rows segment (``min_rows`` 1) or stay in the
+    records segment (the default minimum)."""
+    monkeypatch.setattr(tablefile, "MIN_SEGMENT_ROWS", min_rows)
     assert_read_as_v1(tmp_path_factory.mktemp("landing"), records, max_changes, TABLES)
 
 
@@ -48,7 +53,8 @@ def _many(n: int, seed: int) -> list[ChangeRecord]:
     out: list[ChangeRecord] = []
     lsn, seq = 0x1000, 0
     for i in range(n):
-        table = rnd.choice(["a", "b", "c"])
+        # (a rare table: a few changes a block, kept in the records segments)
+        table = "rare" if rnd.random() < 0.002 else rnd.choice(["a", "b", "c"])
         op = rnd.choice("IIUD")
         cols = [Column("id", "integer", str(i)), Column("v", "text", rnd.choice([None, "x", "ü\n"]))]
         if op == "U" and rnd.random() < 0.3:
@@ -150,9 +156,10 @@ def test_a_cut_v3_file_keeps_the_records_before_its_first_lost_segment(
         assert lost == {f"{p['src_schema']}.{p['src_table']}" for p in parks}
 
 
-def test_shapes_never_merge_whatever_the_names_hold(tmp_path: Path) -> None:
+def test_shapes_never_merge_whatever_the_names_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Capture's blocks are split into shapes by the dictionary codes of their names and types, so
     names holding separators, commas or control characters cannot make two shapes one."""
+    monkeypatch.setattr(tablefile, "MIN_SEGMENT_ROWS", 1)  # a rows segment for these few changes
     cols = [
         [Column("a,b", "text", "1")],
         [Column("a", "text", "2"), Column("b", "text", "3")],
@@ -169,3 +176,29 @@ def test_shapes_never_merge_whatever_the_names_hold(tmp_path: Path) -> None:
     assert list(tablefile.intact_records(got)) == records
     (layout,) = [s.layout for s, _ in got.segments if s.layout is not None]
     assert len(layout.shapes) == len(cols)
+
+
+def test_a_block_spread_over_many_tables_stays_the_size_of_v2(tmp_path: Path) -> None:
+    """A table with few changes in a block keeps them in the records segment (a segment per table
+    would cost its framing for each of thousands of tables: files ten times v2's); a table with
+    many gets its rows segment. Readers by columns take the records segment's changes apart into
+    rows segments of their own (``rows_segments``), in position order per table."""
+    records: list[ChangeRecord] = []
+    lsn = 0x1000
+    for i in range(16_384):
+        table = "big" if i % 4 == 0 else f"t{i % 2000}"
+        cols = [Column("id", "integer", str(i)), Column("v", "text", "x" * 20)]
+        records.append(ChangeRecord("I", lsn, i + 1, 7, TS, "public", table, lsn - 1, cols, [], ["id"]))
+    records.append(ChangeRecord(COMMIT, lsn, 16_385, 7, TS))
+    tablefile.write_file(tmp_path / "v3", records)
+    changefile.write_file(tmp_path / "v2", records)
+    v3, v2 = (tmp_path / "v3").read_bytes(), (tmp_path / "v2").read_bytes()
+    assert len(v3) < 1.5 * len(v2), (len(v3), len(v2))
+    got = tablefile.salvage(v3)
+    assert list(tablefile.intact_records(got)) == records
+    assert {s.layout.table for s, _ in got.segments if s.layout is not None} == {"big"}
+    by_table: dict[str, list[int]] = {}
+    for seg, batch in tablefile.rows_segments(got.segments):
+        by_table.setdefault(seg.layout.table, []).extend(batch.column(0).to_pylist())
+    assert len(by_table) == len({r.table for r in records[:-1]}) and sum(map(len, by_table.values())) == 16_384
+    assert all(ords == sorted(ords) for ords in by_table.values())

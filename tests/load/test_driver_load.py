@@ -288,7 +288,7 @@ def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     text_keys=st.booleans(),
     max_changes=st.integers(2, 12),
     bound=st.sampled_from([ON.driver_max_bytes, ON.driver_max_bytes, 600, 2500]),
-    landing_format=st.sampled_from(["jsonl", "changes", "tables"]),
+    landing_format=st.sampled_from(["jsonl", "changes", "tables", "tables/rows"]),
 )
 def test_driver_and_spark_paths_write_the_same_history(
     spark: Any,
@@ -305,8 +305,15 @@ def test_driver_and_spark_paths_write_the_same_history(
 ) -> None:
     """``bound`` (load.driver_max_bytes): small ones cut the batch into several driver batches, and
     send a transaction longer than the bound to the Spark path. ``landing_format``: the files are
-    landing v1 (gzip JSON lines), v2 change files (Arrow) or v3 (each table's changes in columns),
-    for both paths."""
+    landing v1 (gzip JSON lines), v2 change files (Arrow) or v3 (each table's changes in columns:
+    these few changes in the records segments, read as a table's rows by the load's split; with
+    "tables/rows" in rows segments of their own), for both paths."""
+    from unittest import mock
+
+    from loader.landing import tablefile
+
+    min_rows = 1 if landing_format == "tables/rows" else tablefile.MIN_SEGMENT_ROWS
+    landing_format = landing_format.split("/")[0]
     txns = _batch(seed, sorted(columns), odd, text_keys)
     with_driver = lake_settings(base_settings, tmp_path).model_copy(
         update={"load": LoadSettings(driver_max_bytes=bound)}
@@ -314,9 +321,11 @@ def test_driver_and_spark_paths_write_the_same_history(
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
     results, batches = [], []
     for s in (with_driver, spark_only):
-        write_files(s, txns[: len(txns) // 2], max_changes, landing_format)
+        with mock.patch.object(tablefile, "MIN_SEGMENT_ROWS", min_rows):
+            write_files(s, txns[: len(txns) // 2], max_changes, landing_format)
         first = HistoryLoad(spark, s).run()
-        write_files(s, txns[len(txns) // 2 :], max_changes, landing_format)  # a second batch onto existing tables
+        with mock.patch.object(tablefile, "MIN_SEGMENT_ROWS", min_rows):
+            write_files(s, txns[len(txns) // 2 :], max_changes, landing_format)  # a second batch onto existing tables
         second = HistoryLoad(spark, s).run()
         results.append(
             [
@@ -336,7 +345,7 @@ def test_driver_and_spark_paths_write_the_same_history(
         assert _first_parks(_snapshot(spark, with_driver)) == _first_parks(_snapshot(spark, spark_only))
 
 
-@pytest.mark.parametrize("landing_format", ["jsonl", "tables"])
+@pytest.mark.parametrize("landing_format", ["jsonl", "tables", "tables/rows"])
 def test_the_oracle_used_the_driver_path(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path, used: list[int], landing_format: str
 ) -> None:
@@ -346,8 +355,14 @@ def test_the_oracle_used_the_driver_path(
     txns = _batch(7, plain_types, 0.0, text_keys=False)
     with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
+    from unittest import mock
+
+    from loader.landing import tablefile
+
+    min_rows = 1 if landing_format == "tables/rows" else tablefile.MIN_SEGMENT_ROWS
     for s in (with_driver, spark_only):
-        write_files(s, txns, 5, landing_format)
+        with mock.patch.object(tablefile, "MIN_SEGMENT_ROWS", min_rows):
+            write_files(s, txns, 5, landing_format.split("/")[0])
         HistoryLoad(spark, s).run()
     assert used, "the plain batch went to Spark"
     assert _snapshot(spark, with_driver) == _snapshot(spark, spark_only)
