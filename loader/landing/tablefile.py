@@ -282,11 +282,13 @@ def _occurrences(pairs: tuple[tuple[str, str], ...]) -> list[tuple[str, str, int
 
 
 @dataclass
-class _Piece:
-    """One table's rows of one split: the position columns (``ts`` as text), each row's shape as an
-    index into ``shapes``, and the values of each (name, type, occurrence) column and old-key
-    column (null where a row's shape lacks it)."""
+class _Rows:
+    """A table's rows of a block (one split: :func:`split`): the position columns (``ts`` as text),
+    each row's shape as an index into ``shapes``, and the values of each (name, type, occurrence)
+    column and old-key column (null where a row's shape lacks it)."""
 
+    schema: str
+    table: str
     head: list[Any]
     codes: Any
     shapes: list[_FullShape]
@@ -294,34 +296,18 @@ class _Piece:
     old: dict[tuple[str, str, int], Any]
 
     @property
-    def rows(self) -> int:
-        return len(self.codes)
-
-
-class _Rows:
-    """A table's rows of the open block, as pieces in record order."""
-
-    def __init__(self, schema: str, table: str) -> None:
-        self.schema, self.table = schema, table
-        self.pieces: list[_Piece] = []
-        self.rows = 0
-
-    @property
     def first_n(self) -> int:
-        return int(self.pieces[0].head[0][0].as_py())
-
-    def append(self, piece: _Piece) -> None:
-        self.pieces.append(piece)
-        self.rows += piece.rows
+        return int(self.head[0][0].as_py())
 
     def take(self) -> tuple[Layout, Any]:
         """The segment's layout and every row as one batch of its schema: shapes numbered in order
-        of their first row, columns in order of the first shape holding each."""
+        of their first row (equal ones merged: numbers finer than the shapes make them), columns in
+        order of the first shape holding each."""
         import numpy as np
         import pyarrow as pa
 
         numbered: dict[_FullShape, int] = {}
-        remaps = [np.array([numbered.setdefault(s, len(numbered)) for s in p.shapes], np.int16) for p in self.pieces]
+        remap = np.array([numbered.setdefault(s, len(numbered)) for s in self.shapes], np.int16)
         if len(numbered) > SHAPES_MAX:
             raise ValueError(f"{self.schema}.{self.table}: more than {SHAPES_MAX} shapes in one block")
         cols: dict[tuple[str, str, int], int] = {}
@@ -343,46 +329,35 @@ class _Rows:
             tuple((n, t) for n, t, _ in ids),
             tuple(shapes),
         )
-
-        def cat(arrays: list[Any]) -> Any:
-            return pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
-
-        def column(key: tuple[str, str, int], old: bool) -> Any:
-            return cat([(p.old if old else p.values).get(key, pa.nulls(p.rows, pa.string())) for p in self.pieces])
-
         # Always concatenated: a copy of exactly the rows (a slice of a larger batch would write
         # its whole buffers, and the bytes would depend on how the records came).
-        head = [pa.concat_arrays([p.head[j] for p in self.pieces]) for j in range(6)]
+        head = [pa.concat_arrays([a]) for a in self.head]
         head[4] = head[4].dictionary_encode()
-        codes = pa.array(np.concatenate([m[p.codes] for m, p in zip(remaps, self.pieces, strict=True)]))
-        arrays = [*head, codes, *(column(k, False) for k in cols), *(column(k, True) for k in ids)]
+        arrays = [*head, pa.array(remap[self.codes]), *(self.values[k] for k in cols), *(self.old[k] for k in ids)]
         return layout, pa.RecordBatch.from_arrays(arrays, schema=layout.arrow_schema())
 
 
-class _Records:
-    """The other records of the open block: (ordinals, v2's decoded batch) pairs."""
+def _records_batch(ords: Any, batch: Any) -> Any:
+    """Records (v2's decoded batch, their ordinals) as one batch of a records segment's schema (v2's
+    texts dictionary-encoded)."""
+    import pyarrow as pa
 
-    def __init__(self) -> None:
-        self.batches: list[tuple[Any, Any]] = []
-        self.rows = 0
+    stored = changefile.encode(batch)
+    return pa.RecordBatch.from_arrays([ords, *stored.columns], schema=records_schema())
 
-    @property
-    def first_n(self) -> int:
-        return int(self.batches[0][0][0].as_py())
 
-    def append(self, ords: Any, batch: Any) -> None:
-        self.batches.append((ords, batch))
-        self.rows += batch.num_rows
-
-    def take(self) -> Any:
-        """Every record as one batch of a records segment's schema (v2's texts dictionary-encoded)."""
-        import pyarrow as pa
-
-        ords = pa.concat_arrays([o for o, _ in self.batches])
-        table = pa.Table.from_batches([b for _, b in self.batches], schema=changefile.arrow_schema())
-        rows = pa.RecordBatch.from_arrays([pa.concat_arrays(c.chunks) for c in table.columns], schema=table.schema)
-        stored = changefile.encode(rows)
-        return pa.RecordBatch.from_arrays([ords, *stored.columns], schema=records_schema())
+def _segment_info(length: int, batch: Any, layout: Layout | None) -> SegmentInfo:
+    """The header's entry of a segment holding ``batch``: rows, first and last ordinal and position."""
+    n, lsn, seq = batch.column(0), batch.column("lsn"), batch.column("seq")
+    last = batch.num_rows - 1
+    return SegmentInfo(
+        length,
+        batch.num_rows,
+        (n[0].as_py(), n[last].as_py()),
+        (lsn[0].as_py(), seq[0].as_py()),
+        (lsn[last].as_py(), seq[last].as_py()),
+        layout,
+    )
 
 
 def _gathered(
@@ -439,16 +414,13 @@ def split(batch: Any, ords: Any, hint: Any, min_rows: int = 0) -> tuple[Any, lis
             at = at[~few]
     if not len(at):
         return other, []
-    tables, few_rows = _split_plain(batch, at, ords, None if hint is None else np.asarray(hint)[at], min_rows)
-    if len(few_rows):  # (none: every table left has enough)
-        other = np.sort(np.concatenate([other, few_rows]))
+    tables = _split_plain(batch, at, ords, None if hint is None else np.asarray(hint)[at])
     return other, sorted(tables, key=lambda t: t.first_n)
 
 
-def _split_plain(batch: Any, at: Any, ords: Any, hint: Any, min_rows: int) -> tuple[list[_Rows], Any]:
+def _split_plain(batch: Any, at: Any, ords: Any, hint: Any) -> list[_Rows]:
     """Plain rows ``at`` of ``batch`` (``ords``: the batch's ordinals; ``hint``: the rows' shape
-    numbers, if known) by table: the rows of each table with at least ``min_rows`` of them, and
-    the indices (into ``batch``) of the others' rows."""
+    numbers, if known) by table."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -525,18 +497,16 @@ def _split_plain(batch: Any, at: Any, ords: Any, hint: Any, min_rows: int) -> tu
     change_lsn = pc.fill_null(change_lsn, 0)
     values, old = c_vals.field("value"), i_vals.field("value")
     out: list[_Rows] = []
-    few: list[Any] = []
     for t, ((schema, table), keys) in enumerate(by_table.items()):
         rows = order[bounds[t] : bounds[t + 1]]
-        if len(rows) < min_rows:
-            few.append(at[rows])
-            continue
         whole = len(rows) == len(codes)
         idx = None if whole else pa.array(rows)
         lcodes = local[codes[rows]]
         shapes = [full[k] for k in keys]
 
-        piece = _Piece(
+        rows_of_table = _Rows(
+            schema,
+            table,
             [
                 pa.array(ords[at[rows]]),
                 *(c if idx is None else c.take(idx) for c in (lsn, seq, xid, ts, change_lsn)),
@@ -546,10 +516,8 @@ def _split_plain(batch: Any, at: Any, ords: Any, hint: Any, min_rows: int) -> tu
             _gathered(values, c_off[rows], lcodes, [c for _, c, _, _ in shapes]),
             _gathered(old, i_off[rows], lcodes, [i for _, _, i, _ in shapes]),
         )
-        rows_of_table = _Rows(schema, table)
-        rows_of_table.append(piece)
         out.append(rows_of_table)
-    return out, np.concatenate(few) if few else np.zeros(0, np.int64)
+    return out
 
 
 class Spool:
@@ -622,38 +590,24 @@ class Spool:
         ords = np.arange(self._n, self._n + n, dtype=np.int32)
         self._n += n
         other, tables = split(batch, ords, hint, MIN_SEGMENT_ROWS)
-        out: list[tuple[int, _Rows | _Records]] = [(int(t.first_n), t) for t in tables]
+        out: list[tuple[int, Layout | None, Any]] = [(t.first_n, *t.take()) for t in tables]
         if len(other):
-            records = _Records()
-            records.append(pa.array(ords[other]), batch.take(pa.array(other)))
-            out.append((int(ords[other[0]]), records))
-        for _, p in sorted(out, key=lambda pair: pair[0]):
-            self._write(p)
+            out.append((int(ords[other[0]]), None, _records_batch(pa.array(ords[other]), batch.take(pa.array(other)))))
+        for _, layout, segment in sorted(out, key=lambda entry: entry[0]):
+            self._write(layout, segment)
         self._pending = []
         self._in_block = 0
 
-    def _write(self, pending: _Rows | _Records) -> None:
-        """The rows of ``pending`` as one segment at the end of the spool."""
+    def _write(self, layout: Layout | None, batch: Any) -> None:
+        """``batch`` (a rows segment's of ``layout``, or the records segment's) as one segment at
+        the end of the spool."""
         import pyarrow as pa
 
-        layout, batch = pending.take() if isinstance(pending, _Rows) else (None, pending.take())
         start = self._out.tell()
         options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
         with pa.ipc.new_stream(self._out, batch.schema, options=options) as writer:
             writer.write_batch(batch)
-        n = batch.column(0)
-        lsn, seq = batch.column("lsn"), batch.column("seq")
-        last = batch.num_rows - 1
-        self.segments.append(
-            SegmentInfo(
-                self._out.tell() - start,
-                batch.num_rows,
-                (n[0].as_py(), n[last].as_py()),
-                (lsn[0].as_py(), seq[0].as_py()),
-                (lsn[last].as_py(), seq[last].as_py()),
-                layout,
-            )
-        )
+        self.segments.append(_segment_info(self._out.tell() - start, batch, layout))
 
     def close(self) -> None:
         """The last block's rows into segments."""
@@ -825,17 +779,7 @@ def records_tables(batch: Any) -> tuple[Any, list[tuple[SegmentInfo, Any]]]:
     out = []
     for t in tables:
         layout, rows = t.take()
-        n, lsn, seq = rows.column(0), rows.column(1), rows.column(2)
-        last = rows.num_rows - 1
-        info = SegmentInfo(
-            0,
-            rows.num_rows,
-            (n[0].as_py(), n[last].as_py()),
-            (lsn[0].as_py(), seq[0].as_py()),
-            (lsn[last].as_py(), seq[last].as_py()),
-            layout,
-        )
-        out.append((info, rows))
+        out.append((_segment_info(0, rows, layout), rows))
     return v2.take(pa.array(other)), out
 
 

@@ -504,6 +504,25 @@ def plain_change_rows(file: str, data: bytes, span: tuple[ChangePosition, Change
     return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
 
 
+def layout_shape(layout: Any, shape: Any) -> tuple[Any, str | None]:
+    """The kind of change a landing v3 layout's shape stands for (``loader.landing.tablefile``
+    ``Layout``, ``RowShape``), as a RecordShape, and what :func:`_shape_problem` finds in it."""
+    from loader.load.columns import RecordShape
+
+    cols, ids = layout.record_columns(shape)
+    kind = RecordShape(
+        shape.op,
+        layout.schema,
+        layout.table,
+        [n for n, _ in cols],
+        [t for _, t in cols],
+        [n for n, _ in ids],
+        [t for _, t in ids],
+        list(shape.pk),
+    )
+    return kind, _shape_problem(kind.record(), kind.names, kind.key_names)
+
+
 def _shape_items(codes: Any, per_shape: list[list[int]]) -> tuple[Any, Any, Any]:
     """Rows whose list is their shape's (``per_shape[s]``: item indices): the lists' offsets, and
     for each item of the flattened lists its index and its row."""
@@ -557,7 +576,6 @@ def plain_table_rows(file: str, data: bytes, span: tuple[ChangePosition, ChangeP
     import pyarrow.compute as pc
 
     from loader.landing import tablefile
-    from loader.load.columns import RecordShape
     from loader.lsn import positions_after
 
     got = tablefile.salvage(data)
@@ -573,20 +591,8 @@ def plain_table_rows(file: str, data: bytes, span: tuple[ChangePosition, ChangeP
         return None
     for seg, b in segments:
         layout = seg.layout
-        for shape in layout.shapes:
-            cols, ids = layout.record_columns(shape)
-            kind = RecordShape(
-                shape.op,
-                layout.schema,
-                layout.table,
-                [n for n, _ in cols],
-                [t for _, t in cols],
-                [n for n, _ in ids],
-                [t for _, t in ids],
-                list(shape.pk),
-            )
-            if _shape_problem(kind.record(), kind.names, kind.key_names) is not None:
-                return None
+        if any(layout_shape(layout, shape)[1] is not None for shape in layout.shapes):
+            return None
         counts[layout.qualified] = counts.get(layout.qualified, 0) + seg.rows
         if pc.max(b.column(1)).as_py() >= 1 << 63:
             return None

@@ -38,7 +38,7 @@ from loader.lake.types import UTC_TEXT
 from loader.landing.records import OPERATIONS, ChangeRecord, Column, FileHeader, parse_header
 from loader.landing.store import TABLES, LandingFile, LandingStore
 from loader.load.columns import NotPlain, RecordColumns, RecordShape, dense_ids, first_rows
-from loader.load.decode import _TIMESTAMP, _shape_problem
+from loader.load.decode import _TIMESTAMP, _shape_problem, layout_shape
 from loader.load.kernel import absent_columns, json_objects, typed_column
 from loader.load.sql import HistoryColumn
 from loader.load.survey import OTHER, ROW, UPDATE, BatchSurvey, Shape
@@ -1130,18 +1130,7 @@ class TablesBatch:
                 self._segments.setdefault(layout.qualified, []).append((i, seg, b))
                 codes = b.column(tablefile.VALUES_AT - 1).to_numpy()
                 for k, shape in enumerate(layout.shapes):
-                    cols, ids = layout.record_columns(shape)
-                    info = RecordShape(
-                        shape.op,
-                        layout.schema,
-                        layout.table,
-                        [n for n, _ in cols],
-                        [t for _, t in cols],
-                        [n for n, _ in ids],
-                        [t for _, t in ids],
-                        list(shape.pk),
-                    )
-                    problem = _shape_problem(info.record(), info.names, info.key_names)
+                    info, problem = layout_shape(layout, shape)
                     if problem:
                         raise NotPlain(f"{layout.qualified}: {problem}")
                     rows = np.flatnonzero(codes == k)
