@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loader.errors import WarehouseUnavailableError
-from loader.lake.files import beyond_python, counts_only
+from loader.lake.files import write_properties
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -133,9 +133,9 @@ def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter:
     from pyiceberg.table import TableProperties, WriteTask
     from pyiceberg.utils.properties import property_as_int
 
-    beyond = beyond_python(rows)
-    if beyond:
-        metadata = metadata.model_copy(update={"properties": counts_only(metadata.properties, beyond)})
+    properties = write_properties(metadata.properties, rows)
+    if properties is not None:
+        metadata = metadata.model_copy(update={"properties": properties})
     spec, schema = metadata.spec(), metadata.schema()
     if len(spec.fields) != 1 or not rows.num_rows:
         return _dataframe_to_data_files(metadata, rows, io, write_uuid, counter)

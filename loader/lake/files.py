@@ -17,11 +17,25 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+# Arrow's Parquet writer, unlike Java's parquet-mr, never tests whether a column's dictionary pays:
+# it hashes every value until the dictionary page reaches its limit, then writes the rest plain. At
+# Iceberg's default limit (write.parquet.dict-size-bytes, 2 MiB) a key column has 262k distinct
+# int64 values hashed for nothing in each column chunk, and the file carries that dictionary page
+# beside the plain pages. At 256 KiB a column of few distinct values (an operation, a status, a
+# landing file's name) keeps its dictionary and a key column falls back after 32k values: 300k
+# history rows of six columns 118 -> 77 ms and 3.84 -> 2.35 MB (docs/performance-log.md). The
+# loader's own Parquet writers use it; a table that sets the property keeps its own.
+DICTIONARY_PAGE_BYTES = 256 << 10
+DICTIONARY_PAGE_PROPERTY = "write.parquet.dict-size-bytes"
+
+
 def parquet_bytes(table: Any) -> bytes:
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", write_statistics=True)
+    pq.write_table(
+        table, sink, compression="zstd", write_statistics=True, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES
+    )
     return sink.getvalue()
 
 
@@ -58,6 +72,19 @@ def beyond_python(rows: Any) -> list[str]:
 def counts_only(properties: dict[str, str], columns: list[str]) -> dict[str, str]:
     """A table's ``properties`` with ``columns`` written with value and null counts only."""
     return {**properties, **{_METRICS_COLUMN + c: "counts" for c in columns}}
+
+
+def write_properties(properties: dict[str, str], rows: Any) -> dict[str, str] | None:
+    """The table ``properties`` the loader's pyiceberg writes of ``rows`` use, or None when they
+    are the table's own: its dictionary page limit (:data:`DICTIONARY_PAGE_BYTES` unless the table
+    sets one) and counts only for columns holding dates beyond Python's (:func:`beyond_python`)."""
+    out = properties
+    if DICTIONARY_PAGE_PROPERTY not in out:
+        out = {**out, DICTIONARY_PAGE_PROPERTY: str(DICTIONARY_PAGE_BYTES)}
+    beyond = beyond_python(rows)
+    if beyond:
+        out = counts_only(out, beyond)
+    return None if out is properties else out
 
 
 def iceberg_arrow_schema(spark: SparkSession, table: Any) -> Any:
@@ -206,7 +233,9 @@ class _OpenFile:
         import pyarrow.parquet as pq
 
         self.path = path
-        self.writer = pq.ParquetWriter(path, schema, compression="zstd", write_statistics=True)
+        self.writer = pq.ParquetWriter(
+            path, schema, compression="zstd", write_statistics=True, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES
+        )
         self.buffered: list[Any] = []
         self.buffered_bytes = 0
         self.arrow_bytes = 0
