@@ -705,14 +705,13 @@ def append_rows(
     summary: dict[str, str],
     properties: dict[str, str],
     remove: list[str],
-    spark: Any,
-    spark_ident: str,
     finish: Callable[[], tuple[dict[str, str], dict[str, str], list[str]]] | None = None,
 ) -> int:
     """The driver load's one commit to a history ``table`` (pyiceberg's): ``parts`` (its rows, in position order),
     ``summary`` in the snapshot summary and the table's bookkeeping ``properties`` set (``remove``
     removed) in the same commit, through pyiceberg (loader.lake.commits: no JVM); ``finish``: what
-    ``parts`` decide (see ``append_arrow``). Returns the rows appended."""
+    ``parts`` decide (see ``append_arrow``). Returns the rows appended. A Spark session of the
+    process is not refreshed here (the load refreshes each table once, when it ends)."""
     from loader.lake.commits import append_arrow
 
     return append_arrow(
@@ -720,8 +719,6 @@ def append_rows(
         parts,
         summary,
         properties,
-        spark=spark,
-        spark_ident=spark_ident,
         remove=remove,
         buffer_bytes=APPEND_FILE_ARROW_BYTES,
         finish=finish,

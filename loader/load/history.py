@@ -19,10 +19,12 @@ resync of the table; every other table keeps advancing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -170,6 +172,10 @@ class HistoryLoad:
         # Set per batch: the files' position ranges are disjoint (see _load_table).
         self._positions_unique = False
         self._spark_reason = "not plain"  # why the last batch went to the Spark path
+        # Tables the driver committed to that this process's Spark session has cached older (see
+        # _spark_catches_up): refreshed once each, when Spark next reads them or the load ends.
+        self._stale: set[str] = set()
+        self._stale_lock = threading.Lock()
 
     def loaded_files(self) -> set[str]:
         """Every landing file the ledger says is loaded (one scan of the ledger's file names with
@@ -233,6 +239,7 @@ class HistoryLoad:
         with (
             stage_lock(self.settings, "load"),
             warehouse_answers("loading", "nothing more was marked loaded; re-run 'loader load' once it answers"),
+            self._spark_caught_up(),
         ):
             checkpoint("load-locked")
             ensure_loader_tables(self.settings)
@@ -288,7 +295,7 @@ class HistoryLoad:
         """
         from loader.locks import stage_lock
 
-        with stage_lock(self.settings, "load"):
+        with stage_lock(self.settings, "load"), self._spark_caught_up():
             ensure_loader_tables(self.settings)
             result = LoadResult()
             if files:
@@ -315,6 +322,38 @@ class HistoryLoad:
             self._spark_reason = "a replay or a dry run"
         self._spark_load(batch, result, self._spark_reason, row_filter, ledger, dry_run)
 
+    def _committed_by_driver(self, spark_ident: str) -> None:
+        """The driver committed to ``spark_ident``: the Spark session's cached table is older."""
+        with self._stale_lock:
+            self._stale.add(spark_ident)
+
+    def _spark_catches_up(self) -> None:
+        """Refresh, in this process's Spark session (if one runs), each table the driver committed
+        to since the last call: its caching catalog would otherwise read them as they were. Once
+        per table, not after every commit (each refresh reads the table's metadata in the JVM:
+        about 50 ms, a third of a 300k-change group's commit). Called before the Spark path reads
+        or changes tables, and when a load ends."""
+        from loader.lake.commits import refresh_spark
+
+        with self._stale_lock:
+            stale, self._stale = self._stale, set()
+        for ident in sorted(stale):
+            refresh_spark(self.spark, ident)
+
+    @contextlib.contextmanager
+    def _spark_caught_up(self) -> Iterator[None]:
+        """The block's driver commits are seen by the Spark session when it ends, even on an
+        error (whose own error is not hidden by a refresh's)."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self._spark_catches_up()
+            except Exception as exc:  # pragma: no cover - the load's own error matters more
+                log.warning("load: refreshing Spark's view of the tables failed too: %s", exc)
+            raise
+        self._spark_catches_up()
+
     def _spark_load(
         self,
         batch: list[LandingFile],
@@ -331,6 +370,8 @@ class HistoryLoad:
 
         from loader.config import executor_settings_json
         from loader.spark import executor_environment
+
+        self._spark_catches_up()
 
         # Credentials reach executors as their environment, never in the pickled function.
         self.spark.sparkContext.environment.update(executor_environment(self.settings))
@@ -424,11 +465,10 @@ class HistoryLoad:
             rows,
             {SUMMARY_LOADED_THROUGH: loaded_through},
             props,
-            spark=self.spark,
-            spark_ident=self.names.ledger,
             hint="history holds the batch, the ledger not yet: re-run 'loader load' once the warehouse answers"
             " (changes history holds are not appended again)",
         )
+        self._committed_by_driver(self.names.ledger)
         checkpoint("load-after-ledger")
         result.loaded_through = loaded_through
 
@@ -731,9 +771,8 @@ class HistoryLoad:
             return {SUMMARY_MIN_POSITION: lo.token()}, update, remove
 
         summary = {SUMMARY_LOADED_THROUGH: last_file.last.token()}
-        part.rows_per_table[table.qualified] = append_rows(
-            hist, rows(), summary, {}, [], self.spark, item.ident, finish=finish
-        )
+        part.rows_per_table[table.qualified] = append_rows(hist, rows(), summary, {}, [], finish=finish)
+        self._committed_by_driver(item.ident)
         return part
 
     def _misfits(
@@ -811,6 +850,7 @@ class HistoryLoad:
         self, table: SourceTable, columns: list[tuple[str, str]], pk: list[str], rows: DataFrame, result: LoadResult
     ) -> tuple[list[HistoryColumn], list[dict[str, Any]]]:
         """Create or evolve the history table: its columns after evolution, and park rows for retypes."""
+        self._spark_catches_up()  # its DDL goes through the session's cached tables
         ident = self.names.history(table)
         if not table_exists(self.spark, ident):
             pg_types, props = _history_table_spec(table, columns, pk)
