@@ -24,10 +24,11 @@ without parsing a record, flattening name/type/value structs or sorting, a file 
 names every table and count it held, and it keeps every record before the first ordinal of its
 first lost segment (:func:`salvage`).
 
-Every ``BATCH_RECORDS`` records from the file's start close a block, whose segments are written
-then (each table's rows in the order of its first record, then the other records; shapes and
-columns numbered in order of first appearance): the bytes depend on the records only, whether
-they came one by one or as Arrow blocks with or without capture's shape numbers.
+A block closes every ``BATCH_RECORDS`` records, or sooner at the record that brings its texts to
+``BLOCK_TEXT_BYTES``; its segments are written then (each table's rows in the order of its first
+record, then the other records; shapes and columns numbered in order of first appearance): the
+bytes depend on the records only, whether they came one by one or as Arrow blocks with or without
+capture's shape numbers.
 """
 
 from __future__ import annotations
@@ -45,8 +46,13 @@ from loader.landing.records import COMMIT, HEADER, ChangeRecord, Column
 FORMAT_VERSION = 3
 FORMAT = "tables"
 EXTENSION = ".tables.arrow"
-# Records per block (the segments of a block hold at most this many rows): the unit of damage.
-BATCH_RECORDS = 8192
+# A block closes after this many records, or after the record that brings its texts (every column's
+# and old-key column's name, type and value, and quarantined raw text: :func:`record_texts`) to
+# BLOCK_TEXT_BYTES: the unit of damage, and what capture holds of a file at a time. Each segment
+# costs its own framing, read and typing calls: at 8,192 records a block, a 1M-change load spent a
+# third of its CPU on them (docs/performance-log.md, twenty-seventh round).
+BATCH_RECORDS = 131072
+BLOCK_TEXT_BYTES = 32 << 20
 # A table with fewer plain changes than this in a block keeps them in the block's records segment
 # (v2's layout): a segment costs about 2 KB of framing and its own write and read, so a block
 # spread over thousands of tables would otherwise grow tenfold and more.
@@ -525,15 +531,17 @@ class Spool:
     :meth:`finish` writes the published file: the header, then the segments as they are.
 
     Records come one by one (:meth:`add`) or as Arrow batches of v2's decoded schema
-    (:meth:`add_batch`, capture's columnar path), in any mix, in the file's order. Every
-    ``BATCH_RECORDS`` records from the file's start close a block: its rows segments (each shape's
-    rows, in order of their first record) and its records segment are written, so a file cut
-    short keeps every block before the damage, and the bytes depend on the records only."""
+    (:meth:`add_batch`, capture's columnar path), in any mix, in the file's order. A block closes
+    after ``BATCH_RECORDS`` records or at the record that brings its texts to
+    ``BLOCK_TEXT_BYTES``: its rows segments (each shape's rows, in order of their first record)
+    and its records segment are written, so a file cut short keeps every block before the damage,
+    and the bytes depend on the records only."""
 
     def __init__(self, out: IO[bytes]) -> None:
         self._out = out
         self._n = 0  # the next block's first ordinal
         self._in_block = 0  # records of the open block, those in the batcher included
+        self._block_texts = 0  # their texts' bytes (record_texts)
         # Records added one by one wait here (as v2's batch builder holds them) and are taken apart
         # with the Arrow blocks' code: one way to split records into tables and shapes.
         self._batcher = changefile.Batcher()
@@ -543,7 +551,8 @@ class Spool:
     def add(self, record: ChangeRecord) -> None:
         self._batcher.add(record)
         self._in_block += 1
-        if self._in_block == BATCH_RECORDS:
+        self._block_texts += record_texts_of(record)
+        if self._in_block == BATCH_RECORDS or self._block_texts >= BLOCK_TEXT_BYTES:
             self._write_block()
 
     def add_batch(self, batch: Any, shapes: Any = None) -> None:
@@ -551,14 +560,21 @@ class Spool:
         given: a number per record such that records of one number have the same table and shape
         (capture's parser numbers them); the split then compares no texts. Numbers finer than the
         shapes give the same file."""
+        import numpy as np
+
         self._take_batcher()
+        texts = np.cumsum(record_texts(batch))  # texts of the batch's records up to each one
         at = 0
         while at < batch.num_rows:
-            k = min(batch.num_rows - at, BATCH_RECORDS - self._in_block)
+            before = int(texts[at - 1]) if at else 0
+            # The record that brings the block's texts to the bound closes it.
+            last = int(np.searchsorted(texts, before + BLOCK_TEXT_BYTES - self._block_texts, side="left"))
+            k = min(batch.num_rows - at, BATCH_RECORDS - self._in_block, last - at + 1)
             self._pending.append((batch.slice(at, k), None if shapes is None else shapes[at : at + k]))
             at += k
             self._in_block += k
-            if self._in_block == BATCH_RECORDS:
+            self._block_texts += int(texts[at - 1]) - before
+            if self._in_block == BATCH_RECORDS or self._block_texts >= BLOCK_TEXT_BYTES:
                 self._write_block()
 
     def _take_batcher(self) -> None:
@@ -597,6 +613,7 @@ class Spool:
             self._write(layout, segment)
         self._pending = []
         self._in_block = 0
+        self._block_texts = 0
 
     def _write(self, layout: Layout | None, batch: Any) -> None:
         """``batch`` (a rows segment's of ``layout``, or the records segment's) as one segment at
@@ -619,6 +636,36 @@ class Spool:
         with open(spooled, "rb") as body:
             while chunk := body.read(1 << 20):
                 out.write(chunk)
+
+
+def record_texts_of(record: ChangeRecord) -> int:
+    """The bytes (UTF-8) of ``record``'s texts that count toward its block's bound: the name, type
+    and value of each column and old-key column, and its raw text (:func:`record_texts` of an
+    Arrow batch gives the same numbers)."""
+    n = len(record.raw.encode()) if record.raw else 0
+    for c in (*record.columns, *record.identity):
+        n += len(c.name.encode()) + len(c.type.encode()) + (len(c.value.encode()) if c.value else 0)
+    return n
+
+
+def record_texts(batch: Any) -> Any:
+    """:func:`record_texts_of` of each record of ``batch`` (v2's decoded schema), as numpy int64."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    out = pc.binary_length(batch.column("raw")).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    for name in ("columns", "identity"):
+        lists = batch.column(name)
+        entries = lists.flatten()
+        each = np.zeros(len(entries), np.int64)
+        for part in ("name", "type", "value"):
+            each += pc.binary_length(entries.field(part)).fill_null(0).to_numpy(zero_copy_only=False)
+        # Per record, the sum of its entries (its list is never null): cumulative sums at its ends.
+        counts = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+        ends = np.cumsum(counts)
+        running = np.concatenate([[0], np.cumsum(each)])
+        out += running[ends] - running[ends - counts]
+    return out
 
 
 def write_file(path: Path, records: Iterable[ChangeRecord]) -> None:

@@ -44,8 +44,11 @@ def test_200k_row_transaction_is_streamed_split_and_loaded_whole(env: Env) -> No
         tracemalloc.stop()
     assert res.changes == ROWS + 2 and res.transactions == 3
     # Python-side memory stays far below the transaction's size (it streams through a server-side
-    # cursor into gzip files); holding it would need hundreds of MB of objects.
-    assert peak < 20 * 1024 * 1024, f"capture held {peak / 1e6:.1f} MB of Python objects"
+    # cursor into landing files); holding it would need hundreds of MB of objects. What capture
+    # holds is one landing block at a time (here a file's 50,000 records: the numpy arrays that
+    # split it by table and shape are traced, its Arrow buffers are not): 18.4 MB with blocks of
+    # 8,192 records, 22.2 MB with whole files of 50,000.
+    assert peak < 26 * 1024 * 1024, f"capture held {peak / 1e6:.1f} MB of Python objects"
 
     store = open_landing(settings)
     files = store.files()

@@ -74,14 +74,32 @@ def _many(n: int, seed: int) -> list[ChangeRecord]:
     return out
 
 
+# Blocks closed by either bound: (records, text bytes). _many's records hold about 40 bytes of
+# texts each, so 60,000 bytes close a block every 1,500 records or so, at a record that passes it.
+_BLOCK_BOUNDS = st.sampled_from(
+    [
+        (tablefile.BATCH_RECORDS, tablefile.BLOCK_TEXT_BYTES),
+        (8192, tablefile.BLOCK_TEXT_BYTES),
+        (8192, 60_000),
+        (3000, 100_000),
+    ]
+)
+
+
+def _block_bounds(monkeypatch: pytest.MonkeyPatch, bounds: tuple[int, int]) -> None:
+    monkeypatch.setattr(tablefile, "BATCH_RECORDS", bounds[0])
+    monkeypatch.setattr(tablefile, "BLOCK_TEXT_BYTES", bounds[1])
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 1 << 30), cuts=st.lists(st.integers(0, 30_000), max_size=6))
+@given(seed=st.integers(0, 1 << 30), cuts=st.lists(st.integers(0, 30_000), max_size=6), block=_BLOCK_BOUNDS)
 def test_the_same_records_give_the_same_bytes_one_by_one_or_in_arrow_blocks(
-    tmp_path_factory: Any, seed: int, cuts: list[int]
+    tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch, seed: int, cuts: list[int], block: tuple[int, int]
 ) -> None:
     """Capture's columnar path hands the spool Arrow blocks (v2's decoded schema) of any size, with
     its parser's shape numbers or without, the row decoder records one by one, in any mix: the
-    file's bytes depend on its records only."""
+    file's bytes depend on its records only, blocks closed by their record or their text bound."""
+    _block_bounds(monkeypatch, block)
     records = _many(17_000, seed)
     root = tmp_path_factory.mktemp("spool")
     by_one = _spooled(root / "one", records, lambda s: [s.add(r) for r in records])
@@ -119,13 +137,14 @@ def test_the_same_records_give_the_same_bytes_one_by_one_or_in_arrow_blocks(
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 1 << 30), cut=st.floats(0.0, 1.0))
+@given(seed=st.integers(0, 1 << 30), cut=st.floats(0.0, 1.0), block=_BLOCK_BOUNDS)
 def test_a_cut_v3_file_keeps_the_records_before_its_first_lost_segment(
-    tmp_path_factory: Any, seed: int, cut: float
+    tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch, seed: int, cut: float, block: tuple[int, int]
 ) -> None:
     """Cut anywhere, a file keeps a prefix of its records: every record before the first ordinal
     of a lost segment (at most one block of ``BATCH_RECORDS`` records lost before the cut), and the
     load parks each table its header says lost some (every table, without a readable header)."""
+    _block_bounds(monkeypatch, block)
     records = _many(17_000, seed)
     path = tmp_path_factory.mktemp("cut") / "f.tables.arrow"
     tablefile.write_file(path, records)
