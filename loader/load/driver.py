@@ -157,6 +157,43 @@ def _read_file(store: LandingStore, f: LandingFile) -> tuple[bytes | pa.Table | 
     return _read_text(f.name, data, store.max_decompressed)
 
 
+# Landing files read (fetched, decompressed, checked) at once, ahead of the one being grouped: the
+# first group of a load is read on both cores, and an object store's latency is paid once for them.
+READ_AHEAD_FILES = 2
+
+
+def _files_read(
+    store: LandingStore, files: list[LandingFile]
+) -> Iterator[tuple[LandingFile, bytes | pa.Table | TablesBody | None, FileHeader | None, str | None]]:
+    """``files`` read in order, each as (file, body, header, why it is not plain): the body and
+    header None when it is not. ``READ_AHEAD_FILES`` are read at once on threads of their own (the
+    reading releases the GIL for its I/O and decompression); any other error is raised when its
+    file's turn comes. A consumer that stops early leaves no reading behind."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    def read(f: LandingFile) -> tuple[bytes | pa.Table | TablesBody | None, FileHeader | None, str | None]:
+        try:
+            body, header = _read_file(store, f)
+        except NotPlain as exc:
+            return None, None, str(exc)
+        return body, header, None
+
+    pool = ThreadPoolExecutor(READ_AHEAD_FILES, thread_name_prefix="landing-read")
+    ahead: deque[tuple[LandingFile, Future[Any]]] = deque()
+    try:
+        for f in files:
+            ahead.append((f, pool.submit(read, f)))
+            if len(ahead) < READ_AHEAD_FILES:
+                continue
+            g, future = ahead.popleft()
+            yield (g, *future.result())
+        while ahead:
+            g, future = ahead.popleft()
+            yield (g, *future.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _size(body: bytes | pa.Table | TablesBody | None) -> int:
     if body is None:
         return 0
@@ -193,15 +230,7 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
     group: list[LandingFile] = []
     texts: list[tuple[bytes | pa.Table | TablesBody, FileHeader | None]] | None = []
     size, reason = 0, None
-    problem: str | None
-    for f in files:
-        body: bytes | pa.Table | TablesBody | None
-        try:
-            body, header = _read_file(store, f)
-        except NotPlain as exc:
-            body, header, problem = None, None, str(exc)
-        else:
-            problem = None
+    for f, body, header, problem in _files_read(store, files):
         n = _size(body)
         # Cut at a file ending a transaction once half the bound is reached (or the next file would
         # pass it): a transaction running on past that point then has the other half to end in.
