@@ -133,9 +133,7 @@ def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter:
     from pyiceberg.table import TableProperties, WriteTask
     from pyiceberg.utils.properties import property_as_int
 
-    properties = write_properties(metadata.properties, rows)
-    if properties is not None:
-        metadata = metadata.model_copy(update={"properties": properties})
+    metadata = metadata.model_copy(update={"properties": write_properties(metadata.properties, rows)})
     spec, schema = metadata.spec(), metadata.schema()
     if len(spec.fields) != 1 or not rows.num_rows:
         return _dataframe_to_data_files(metadata, rows, io, write_uuid, counter)

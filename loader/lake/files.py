@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 # beside the plain pages. At 256 KiB a column of few distinct values (an operation, a status, a
 # landing file's name) keeps its dictionary and a key column falls back after 32k values: 300k
 # history rows of six columns 118 -> 77 ms and 3.84 -> 2.35 MB (docs/performance-log.md). The
-# loader's own Parquet writers use it; a table that sets the property keeps its own.
+# loader's own Parquet writers use it: pyiceberg's appends (``commits.data_files``) unless the table
+# sets the property; the driver merge's and bulk builds' files always, as they always use zstd.
 DICTIONARY_PAGE_BYTES = 256 << 10
 DICTIONARY_PAGE_PROPERTY = "write.parquet.dict-size-bytes"
 
@@ -74,17 +75,13 @@ def counts_only(properties: dict[str, str], columns: list[str]) -> dict[str, str
     return {**properties, **{_METRICS_COLUMN + c: "counts" for c in columns}}
 
 
-def write_properties(properties: dict[str, str], rows: Any) -> dict[str, str] | None:
-    """The table ``properties`` the loader's pyiceberg writes of ``rows`` use, or None when they
-    are the table's own: its dictionary page limit (:data:`DICTIONARY_PAGE_BYTES` unless the table
-    sets one) and counts only for columns holding dates beyond Python's (:func:`beyond_python`)."""
-    out = properties
-    if DICTIONARY_PAGE_PROPERTY not in out:
-        out = {**out, DICTIONARY_PAGE_PROPERTY: str(DICTIONARY_PAGE_BYTES)}
+def write_properties(properties: dict[str, str], rows: Any) -> dict[str, str]:
+    """The table ``properties`` the loader's pyiceberg writes of ``rows`` use: its dictionary page
+    limit :data:`DICTIONARY_PAGE_BYTES` unless the table sets one, and counts only for columns
+    holding dates beyond Python's (:func:`beyond_python`)."""
+    out = {DICTIONARY_PAGE_PROPERTY: str(DICTIONARY_PAGE_BYTES), **properties}
     beyond = beyond_python(rows)
-    if beyond:
-        out = counts_only(out, beyond)
-    return None if out is properties else out
+    return counts_only(out, beyond) if beyond else out
 
 
 def iceberg_arrow_schema(spark: SparkSession, table: Any) -> Any:
