@@ -23,14 +23,24 @@ from loader.lake import pyiceberg_fixes
 
 @contextlib.contextmanager
 def _cached(on: bool) -> Iterator[None]:
+    """With the fixes (``on``), or pyiceberg's own metadata reads and replay."""
+    import importlib
+
     assert pyiceberg_fixes.apply()
     fixed = Transaction.__dict__["table_metadata"]
+    holders = [importlib.import_module(name) for name in pyiceberg_fixes._REPLAY_HOLDERS]
+    shallow = [m.update_table_metadata for m in holders]  # type: ignore[attr-defined]
+    assert all(f is not pyiceberg_fixes.original_replay() for f in shallow)
     if not on:
         Transaction.table_metadata = getattr(Transaction, pyiceberg_fixes.ORIGINAL)  # type: ignore[method-assign]
+        for m in holders:
+            m.update_table_metadata = pyiceberg_fixes.original_replay()  # type: ignore[attr-defined]
     try:
         yield
     finally:
         Transaction.table_metadata = fixed  # type: ignore[method-assign]
+        for m, f in zip(holders, shallow, strict=True):
+            m.update_table_metadata = f  # type: ignore[attr-defined]
 
 
 def _catalog(root: Path) -> Any:
@@ -92,7 +102,6 @@ def test_an_append_computes_the_metadata_once_per_state(tmp_path: Path, on: bool
     import pyiceberg.table as pyiceberg_table
 
     calls = []
-    real = pyiceberg_table.update_table_metadata
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -103,9 +112,40 @@ def test_an_append_computes_the_metadata_once_per_state(tmp_path: Path, on: bool
         catalog.create_namespace("n")
         t = catalog.create_table("n.t", schema=_rows(0, 1).schema)
         t.append(_rows(0, 10))
-        monkeypatch.setattr(pyiceberg_table, "update_table_metadata", counted)
-        t.append(_rows(10, 10))
+        real = pyiceberg_table.update_table_metadata
+        with monkeypatch.context() as patch:  # undone before _cached puts the fixes back
+            patch.setattr(pyiceberg_table, "update_table_metadata", counted)
+            t.append(_rows(10, 10))
     if on:
         assert len(calls) <= 3, len(calls)
     else:
         assert len(calls) >= 10, len(calls)  # what the cache is for: pyiceberg's own count
+
+
+def test_a_commit_shares_what_it_did_not_change_and_leaves_the_old_metadata_as_it_was(tmp_path: Path) -> None:
+    """The replay ends in a shallow copy (pyiceberg's ends in a deep one, whose cost is the table's
+    history): the new metadata holds the very snapshot objects the old one did, and the old one,
+    the table's metadata before the commit, reads as it did (no update changed it in place)."""
+    with _cached(True):
+        catalog = _catalog(tmp_path / "c")
+        catalog.create_namespace("n")
+        t = catalog.create_table("n.t", schema=_rows(0, 1).schema, properties={"a": "1"})
+        for k in range(3):
+            t.append(_rows(k * 10, 10))
+        before = t.metadata
+        picture = before.model_dump_json()
+        with t.transaction() as tx:
+            tx.set_properties(b="2")
+            tx.remove_properties("a")
+            tx.append(_rows(100, 1))
+            staged = tx.table_metadata
+        after = t.metadata
+    assert before.model_dump_json() == picture
+    assert len(staged.snapshots) == 4 and all(
+        a is b for a, b in zip(staged.snapshots[:3], before.snapshots, strict=True)
+    )
+    assert staged.schemas[0] is before.schemas[0]
+    for md in (staged, after):
+        assert md.properties.get("b") == "2" and "a" not in md.properties
+    assert before.properties["a"] == "1" and len(after.snapshots) == 4
+    assert catalog.load_table("n.t").scan().to_arrow().num_rows == 31
