@@ -31,16 +31,21 @@ def _cached(on: bool) -> Iterator[None]:
     holders = [importlib.import_module(name) for name in pyiceberg_fixes._REPLAY_HOLDERS]
     shallow = [m.update_table_metadata for m in holders]  # type: ignore[attr-defined]
     assert all(f is not pyiceberg_fixes.original_replay() for f in shallow)
+    files = pyiceberg_fixes.METADATA_FILES
+    files.clear()
     if not on:
         Transaction.table_metadata = getattr(Transaction, pyiceberg_fixes.ORIGINAL)  # type: ignore[method-assign]
         for m in holders:
             m.update_table_metadata = pyiceberg_fixes.original_replay()  # type: ignore[attr-defined]
+        files.max_files = 0  # every read parses its file, as pyiceberg's own reads do
     try:
         yield
     finally:
         Transaction.table_metadata = fixed  # type: ignore[method-assign]
         for m, f in zip(holders, shallow, strict=True):
             m.update_table_metadata = f  # type: ignore[attr-defined]
+        files.max_files = pyiceberg_fixes.MetadataFiles().max_files
+        files.clear()
 
 
 def _catalog(root: Path) -> Any:
@@ -149,3 +154,51 @@ def test_a_commit_shares_what_it_did_not_change_and_leaves_the_old_metadata_as_i
         assert md.properties.get("b") == "2" and "a" not in md.properties
     assert before.properties["a"] == "1" and len(after.snapshots) == 4
     assert catalog.load_table("n.t").scan().to_arrow().num_rows == 31
+
+
+def test_a_table_is_read_again_only_when_its_catalog_row_points_at_another_file(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Metadata files are written once: a table read again, or read after this process committed
+    to it, is not parsed again, and what it holds is what pyiceberg parses from the file; a commit
+    by another writer (a Spark job: its file is not one this process wrote) moves the catalog's
+    pointer, and the next read parses the new file."""
+    from pyiceberg.serializers import FromInputFile, ToOutputFile
+
+    files = pyiceberg_fixes.METADATA_FILES
+    with _cached(True):
+        catalog = _catalog(tmp_path / "c")
+        catalog.create_namespace("n")
+        t = catalog.create_table("n.t", schema=_rows(0, 1).schema)
+        t.append(_rows(0, 10))
+        reads = files.reads
+        first, again = catalog.load_table("n.t"), catalog.load_table("n.t")
+        assert files.reads == reads and first.metadata is again.metadata
+        parsed = FromInputFile.table_metadata(first.io.new_input(first.metadata_location))
+        assert parsed.model_dump() == first.metadata.model_dump()
+
+        def elsewhere(metadata: Any, io: Any, metadata_path: str) -> None:
+            ToOutputFile.table_metadata(metadata, io.new_output(metadata_path))
+
+        with monkeypatch.context() as patch:  # another writer: its metadata file is not kept here
+            patch.setattr(type(catalog), "_write_metadata", staticmethod(elsewhere))
+            catalog.load_table("n.t").append(_rows(10, 5))
+        latest = catalog.load_table("n.t")
+        assert files.reads == reads + 1
+        assert len(latest.metadata.snapshots) == 2 and latest.scan().to_arrow().num_rows == 15
+        assert catalog.load_table("n.t").metadata is latest.metadata and files.reads == reads + 1
+
+
+def test_the_metadata_kept_is_bounded_by_files_and_by_snapshots() -> None:
+    class Md:
+        def __init__(self, n: int) -> None:
+            self.snapshots, self.snapshot_log, self.metadata_log = [0] * n, [0] * n, []
+
+    files = pyiceberg_fixes.MetadataFiles(max_files=2, max_entries=25)
+    for k in range(3):
+        files.put(f"f{k}", Md(1))
+    assert files.get("f0") is None and files.get("f1") is not None and files.get("f2") is not None
+    files.put("big", Md(10))  # 21 entries: f1 (3) and f2 (3) would make 27, so the least recent goes
+    assert files.get("big") is not None and files.get("f1") is None
+    files.put("huge", Md(50))  # larger than the bound alone: not kept, nothing else either
+    assert files.get("huge") is None and files.get("big") is None
