@@ -33,6 +33,7 @@ def _cached(on: bool) -> Iterator[None]:
     assert all(f is not pyiceberg_fixes.original_replay() for f in shallow)
     files = pyiceberg_fixes.METADATA_FILES
     files.clear()
+    bound = files.max_files
     if not on:
         Transaction.table_metadata = getattr(Transaction, pyiceberg_fixes.ORIGINAL)  # type: ignore[method-assign]
         for m in holders:
@@ -44,13 +45,23 @@ def _cached(on: bool) -> Iterator[None]:
         Transaction.table_metadata = fixed  # type: ignore[method-assign]
         for m, f in zip(holders, shallow, strict=True):
             m.update_table_metadata = f  # type: ignore[attr-defined]
-        files.max_files = pyiceberg_fixes.MetadataFiles().max_files
+        files.max_files = bound
         files.clear()
 
 
 def _catalog(root: Path) -> Any:
     root.mkdir()
     return SqlCatalog("c", uri=f"sqlite:///{root}/c.db", warehouse=f"file://{root}/wh")
+
+
+def _table(root: Path, appends: int, **properties: str) -> tuple[Any, Any]:
+    """A catalog under ``root`` and its table ``n.t`` with ``appends`` appends of 10 rows."""
+    catalog = _catalog(root)
+    catalog.create_namespace("n")
+    t = catalog.create_table("n.t", schema=_rows(0, 1).schema, properties=properties)
+    for k in range(appends):
+        t.append(_rows(k * 10, 10))
+    return catalog, t
 
 
 def _rows(first: int, n: int) -> pa.Table:
@@ -113,10 +124,7 @@ def test_an_append_computes_the_metadata_once_per_state(tmp_path: Path, on: bool
         return real(*args, **kwargs)
 
     with _cached(on):
-        catalog = _catalog(tmp_path / "c")
-        catalog.create_namespace("n")
-        t = catalog.create_table("n.t", schema=_rows(0, 1).schema)
-        t.append(_rows(0, 10))
+        _, t = _table(tmp_path / "c", 1)
         real = pyiceberg_table.update_table_metadata
         with monkeypatch.context() as patch:  # undone before _cached puts the fixes back
             patch.setattr(pyiceberg_table, "update_table_metadata", counted)
@@ -132,11 +140,7 @@ def test_a_commit_shares_what_it_did_not_change_and_leaves_the_old_metadata_as_i
     history): the new metadata holds the very snapshot objects the old one did, and the old one,
     the table's metadata before the commit, reads as it did (no update changed it in place)."""
     with _cached(True):
-        catalog = _catalog(tmp_path / "c")
-        catalog.create_namespace("n")
-        t = catalog.create_table("n.t", schema=_rows(0, 1).schema, properties={"a": "1"})
-        for k in range(3):
-            t.append(_rows(k * 10, 10))
+        catalog, t = _table(tmp_path / "c", 3, a="1")
         before = t.metadata
         picture = before.model_dump_json()
         with t.transaction() as tx:
@@ -167,10 +171,7 @@ def test_a_table_is_read_again_only_when_its_catalog_row_points_at_another_file(
 
     files = pyiceberg_fixes.METADATA_FILES
     with _cached(True):
-        catalog = _catalog(tmp_path / "c")
-        catalog.create_namespace("n")
-        t = catalog.create_table("n.t", schema=_rows(0, 1).schema)
-        t.append(_rows(0, 10))
+        catalog, _ = _table(tmp_path / "c", 1)
         reads = files.reads
         first, again = catalog.load_table("n.t"), catalog.load_table("n.t")
         assert files.reads == reads and first.metadata is again.metadata

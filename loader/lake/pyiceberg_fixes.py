@@ -186,28 +186,23 @@ METADATA_FILES = MetadataFiles()
 def _install_metadata_files() -> None:
     """The SQL catalog's table reads through :data:`METADATA_FILES`, which also keeps what its
     commits and creates write."""
-    from pyiceberg.catalog import Catalog
+    from pyiceberg.catalog import Catalog, load_file_io
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.serializers import FromInputFile, ToOutputFile
-
-    def read(location: str, io: Any) -> Any:
-        metadata = METADATA_FILES.get(location)
-        if metadata is None:
-            metadata = FromInputFile.table_metadata(io.new_input(location))
-            METADATA_FILES.reads += 1
-            METADATA_FILES.put(location, metadata)
-        return metadata
+    from pyiceberg.table import Table
 
     original_convert = SqlCatalog._convert_orm_to_iceberg
 
     def _convert_orm_to_iceberg(self: Any, orm_table: Any) -> Any:
-        from pyiceberg.catalog import load_file_io
-        from pyiceberg.table import Table
-
         location = orm_table.metadata_location
         if not location or not orm_table.table_namespace or not orm_table.table_name:
             return original_convert(self, orm_table)  # pyiceberg's own errors
-        metadata = read(location, load_file_io(properties=self.properties, location=location))
+        metadata = METADATA_FILES.get(location)
+        if metadata is None:  # read as pyiceberg reads it
+            io = load_file_io(properties=self.properties, location=location)
+            metadata = FromInputFile.table_metadata(io.new_input(location))
+            METADATA_FILES.reads += 1
+            METADATA_FILES.put(location, metadata)
         return Table(
             identifier=(*Catalog.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name),
             metadata=metadata,
