@@ -11,7 +11,7 @@ TEST_PGPORT ?= 25433
 TEST_PG := PGDATA_DIR=$(CURDIR)/.state/test-pgdata PGHOST_DIR=$(CURDIR)/.state/test-pgsock PGPORT=$(TEST_PGPORT)
 PYTEST_ARGS ?=
 
-.PHONY: help deps venv demo test test-unit bench soak fuzz pg-start pg-stop clean lint s3a-jars dist
+.PHONY: help deps venv demo test test-unit bench soak fuzz pg-start pg-stop clean lint lock s3a-jars dist
 
 help:
 	@echo "make demo   - install, start PostgreSQL, run the whole pipeline on a generated workload"
@@ -20,6 +20,7 @@ help:
 	@echo "make soak   - 300 follow-mode cycles with maintenance, bounds and oracles (tests/test_soak.py)"
 	@echo "make fuzz SEEDS=N [FUZZ_START=S] [FUZZ_GAPS=all] - the fuzzing oracle on seeds S..S+N-1 (tests/fuzz)"
 	@echo "make lint   - ruff check, ruff format --check, mypy on loader/"
+	@echo "make lock   - refresh constraints.txt (the pinned versions make venv installs) from the venv"
 	@echo "make pg-start / pg-stop - the embedded PostgreSQL (127.0.0.1:25432)"
 
 deps:
@@ -30,10 +31,13 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml setup.py loader/capture/_wal2json.c loader/load/_typing.c
+# constraints.txt pins every package at the versions the suite last passed with, so a release
+# published since (a stricter type stub, a changed default) cannot turn a clean checkout red;
+# pyproject.toml keeps the ranges a user's own install resolves within. 'make lock' refreshes it.
+$(STAMP): pyproject.toml setup.py constraints.txt loader/capture/_wal2json.c loader/load/_typing.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,lint]'
+	$(BIN)/pip install -q --upgrade pip -c constraints.txt
+	$(BIN)/pip install -q -e '.[test,lint]' -c constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -62,8 +66,14 @@ lint: venv
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy loader
 
+# Refresh constraints.txt from the venv after upgrading on purpose (then run make test). The build
+# backend (setuptools) is left out: pyproject's build-system range governs it in pip's build env.
+lock: venv
+	@{ echo "# Versions make venv installs (pip -c): the set the suite last passed with. Refresh: make lock"; \
+	  $(BIN)/pip freeze --all --exclude-editable | grep -v -E '^(setuptools|wheel)=='; } > constraints.txt
+
 bench: deps venv
-	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,lint,bench]'
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,lint,bench]' -c constraints.txt
 	@set -e; $(TEST_PG) infra/postgres.sh start; \
 	trap '$(TEST_PG) infra/postgres.sh stop' EXIT; \
 	LOADER_TEST_PG=postgresql://postgres@127.0.0.1:$(TEST_PGPORT) $(BIN)/python -m bench

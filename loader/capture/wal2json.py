@@ -107,7 +107,7 @@ class _FastRow(msgspec.Struct):
 # Typed decoding in C (msgspec) with floats kept as their source text. Integers arrive as exact
 # Python ints, so their text is str(n), except "-0" (a double's negative zero), which the
 # fast path cannot tell from "0": rows with an integer 0 in a floating column take the exact path.
-_FAST = msgspec.json.Decoder(_FastRow, float_hook=str)
+_FAST: msgspec.json.Decoder[_FastRow] = msgspec.json.Decoder(_FastRow, float_hook=str)
 _FLOAT_TYPES = frozenset(("double precision", "real", "float8", "float4"))
 
 

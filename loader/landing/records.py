@@ -235,7 +235,7 @@ class _LandingLine(_CommitLine):
 
 
 _ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder(_LandingLine)
+_DECODER: msgspec.json.Decoder[_LandingLine] = msgspec.json.Decoder(_LandingLine)
 
 
 @dataclass
