@@ -375,6 +375,13 @@ class LoadSettings(_Section):
     # by file as its rows are written (StreamedPlainBatch). A group that is not plain goes to the Spark path. 0: never. Outages of the landing area or the warehouse during
     # a driver load are the same transient errors (exit 75) as on the Spark path.
     driver_max_bytes: int = Field(default=64 << 20, ge=0)
+    # A group's rows are written to data files as soon as it is typed; the groups' commits (one per
+    # history table, then the ledger) wait for the groups after them up to this many seconds (and
+    # are always made before a DDL change, a batch the Spark path loads, and when the load ends):
+    # a backlog pays the commits' metadata work once per interval, not once per group, and its
+    # tables gather one snapshot per interval. A load killed before a commit loses at most this
+    # much work (its files are orphans, nothing is marked loaded). 0: commit every group.
+    commit_interval_s: float = Field(default=30.0, ge=0)
 
 
 class DbtSettings(_Section):

@@ -187,6 +187,7 @@ def cli_env(env: Env, **extra: str) -> dict[str, str]:
             "LOADER_SPARK__DRIVER_MEMORY": "1g",
             "LOADER_MERGE__KEY_BUCKETS": str(s.merge.key_buckets),
             "LOADER_LOAD__DRIVER_MAX_BYTES": str(s.load.driver_max_bytes),
+            "LOADER_LOAD__COMMIT_INTERVAL_S": str(s.load.commit_interval_s),
         }
     )
     out.pop("LOADER_FAULT", None)

@@ -64,10 +64,7 @@ def append_arrow(
     ``finish``: what only the parts, once all are written, decide (the driver load learns of values
     that do not fit as it types them): called then, before the commit, for more snapshot-summary
     values, properties to set and properties to remove, all in the same commit."""
-    import pyarrow as pa
-
     written: list[str] = []
-    total = 0
     name = ".".join(table.name())
     properties = dict(properties or {})
     summary = dict(summary)  # pyiceberg reads it when the snapshot is committed (finish may add to it)
@@ -86,29 +83,12 @@ def append_arrow(
         if remove:
             tx.remove_properties(*remove)
         with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
-            counter = itertools.count(0)
-            held: list[pa.Table] = []
 
-            def write() -> None:
-                rows = pa.concat_tables(held) if len(held) > 1 else held[0]
-                held.clear()
-                for data_file in data_files(tx.table_metadata, rows, table.io, append.commit_uuid, counter):
-                    written.append(data_file.file_path)
-                    append.append_data_file(data_file)
+            def add(data_file: Any) -> None:
+                written.append(data_file.file_path)
+                append.append_data_file(data_file)
 
-            for part in [parts] if isinstance(parts, pa.Table) else parts:
-                alone = isinstance(part, OwnFile)
-                rows = part.rows if isinstance(part, OwnFile) else part
-                if not rows.num_rows:
-                    continue
-                total += rows.num_rows
-                if alone and held:
-                    write()
-                held.append(rows)
-                if alone or sum(t.nbytes for t in held) >= buffer_bytes:
-                    write()
-            if held:
-                write()
+            total = write_parts(tx.table_metadata, table.io, parts, append.commit_uuid, add, buffer_bytes)
             late: tuple[dict[str, str], dict[str, str], list[str]] = finish() if finish is not None else ({}, {}, [])
             summary.update(late[0])
         if late[1]:
@@ -118,6 +98,78 @@ def append_arrow(
     if spark is not None and spark_ident is not None:
         refresh_spark(spark, spark_ident)
     return total
+
+
+def write_parts(
+    metadata: Any,
+    io: Any,
+    parts: pa.Table | Iterable[pa.Table | OwnFile],
+    write_uuid: Any,
+    add: Callable[[Any], None],
+    buffer_bytes: int = 128 << 20,
+) -> int:
+    """Write ``parts`` (Arrow tables in the schema of the table ``metadata`` describes) to data
+    files, handing each file to ``add`` as it is written (pyiceberg's DataFile; nothing is
+    committed here). Parts are written once ``buffer_bytes`` of them are held; an :class:`OwnFile`
+    part is written alone. Returns the rows written."""
+    import pyarrow as pa
+
+    counter = itertools.count(0)
+    held: list[pa.Table] = []
+    total = 0
+
+    def write() -> None:
+        rows = pa.concat_tables(held) if len(held) > 1 else held[0]
+        held.clear()
+        for data_file in data_files(metadata, rows, io, write_uuid, counter):
+            add(data_file)
+
+    for part in [parts] if isinstance(parts, pa.Table) else parts:
+        alone = isinstance(part, OwnFile)
+        rows = part.rows if isinstance(part, OwnFile) else part
+        if not rows.num_rows:
+            continue
+        total += rows.num_rows
+        if alone and held:
+            write()
+        held.append(rows)
+        if alone or sum(t.nbytes for t in held) >= buffer_bytes:
+            write()
+    if held:
+        write()
+    return total
+
+
+def commit_data_files(
+    table: Any,
+    files: list[Any],
+    summary: dict[str, str],
+    properties: dict[str, str],
+    remove: list[str],
+    hint: str,
+) -> None:
+    """Commit data files already written (:func:`write_parts`) to ``table`` (pyiceberg's, as
+    loaded: a commit that lost a race is retried on newer metadata) in one append that also writes
+    ``summary`` into the snapshot summary, sets ``properties`` and removes ``remove``: what
+    :func:`append_arrow` commits, for files written earlier. The files are deleted when the commit
+    fails for certain (kept when its outcome is unknown). A warehouse that does not answer:
+    WarehouseUnavailableError (``hint``)."""
+    properties = dict(properties)
+    if MANIFEST_MERGE not in table.properties:
+        properties[MANIFEST_MERGE] = "true"
+    written = [f.file_path for f in files]
+    with (
+        uncommitted_removed(table.io, written),
+        warehouse_answers(f"appending to {'.'.join(table.name())}", hint),
+        table.transaction() as tx,
+    ):
+        if properties:
+            tx.set_properties(properties)
+        if remove:
+            tx.remove_properties(*remove)
+        with tx.update_snapshot(snapshot_properties=dict(summary)).merge_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
 
 
 def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter: itertools.count[int]) -> Iterable[Any]:

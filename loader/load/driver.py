@@ -49,8 +49,6 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from loader.lake.commits import OwnFile
-
 
 _KINDS = {"I": ROW, "R": ROW, "U": UPDATE, "D": OTHER}
 # Separators of the per-row shape key; names holding them are not plain.
@@ -217,11 +215,18 @@ class TextGroup:
         return self.texts is None and self.not_plain is None and self.plain is None
 
 
+# The first group of a load is cut at this share of the bound: its rows reach the writing thread
+# after a short read and typing instead of a whole group's (the groups' commits are made together,
+# loader.load.staging, so one more group costs no commit).
+FIRST_GROUP_SHARE = 8
+
+
 def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) -> Iterator[TextGroup]:
     """``files`` (landing v1 or v2 change files, one format, in order) read one at a time and cut
     into groups of at most ``max_bytes`` of record text (Arrow bytes for v2), each ending with a file that ends a transaction (a cut never
-    splits one; a group is cut at the first such file past half the bound), so a backlog of any
-    size loads on the driver in bounded memory, group after group.
+    splits one; a group is cut at the first such file past half the bound; the first group at
+    the first past half of ``max_bytes // FIRST_GROUP_SHARE``), so a backlog of any size loads on
+    the driver in bounded memory, group after group.
 
     A file that is not plain (damaged, not UTF-8, ...) sends its group (up to the end of its
     transaction) to the Spark path. A transaction longer than ``max_bytes`` makes a group of its
@@ -230,14 +235,15 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
     group: list[LandingFile] = []
     texts: list[tuple[bytes | pa.Table | TablesBody, FileHeader | None]] | None = []
     size, reason = 0, None
+    bound = max(1, max_bytes // FIRST_GROUP_SHARE)
     for f, body, header, problem in _files_read(store, files):
         n = _size(body)
         # Cut at a file ending a transaction once half the bound is reached (or the next file would
         # pass it): a transaction running on past that point then has the other half to end in.
-        full = size >= max_bytes // 2 or size + n > max_bytes
+        full = size >= bound // 2 or size + n > bound
         if group and group[-1].complete and reason is None and (body is None or full):
             yield TextGroup(group, texts)
-            group, texts, size = [], [], 0
+            group, texts, size, bound = [], [], 0, max_bytes
         group.append(f)
         size += n
         reason = reason or problem
@@ -247,7 +253,7 @@ def plain_groups(store: LandingStore, files: list[LandingFile], max_bytes: int) 
             texts.append((body, header))
         if f.complete and texts is None:
             yield TextGroup(group, None, reason)
-            group, texts, size, reason = [], [], 0, None
+            group, texts, size, reason, bound = [], [], 0, None, max_bytes
     if group:
         yield TextGroup(group, texts, reason)
 
@@ -728,29 +734,23 @@ def park_rows(
 APPEND_FILE_ARROW_BYTES = 128 << 20
 
 
-def append_rows(
-    table: Any,
-    parts: pa.Table | Iterable[pa.Table | OwnFile],
-    summary: dict[str, str],
-    properties: dict[str, str],
-    remove: list[str],
-    finish: Callable[[], tuple[dict[str, str], dict[str, str], list[str]]] | None = None,
-) -> int:
-    """The driver load's one commit to a history ``table`` (pyiceberg's): ``parts`` (its rows, in position order),
-    ``summary`` in the snapshot summary and the table's bookkeeping ``properties`` set (``remove``
-    removed) in the same commit, through pyiceberg (loader.lake.commits: no JVM); ``finish``: what
-    ``parts`` decide (see ``append_arrow``). Returns the rows appended. A Spark session of the
-    process is not refreshed here (the load refreshes each table once, when it ends)."""
-    from loader.lake.commits import append_arrow
+def commit_files(
+    table: Any, files: list[Any], summary: dict[str, str], properties: dict[str, str], remove: list[str]
+) -> None:
+    """The driver load's one commit to a history ``table`` (pyiceberg's) of data files written
+    by one or more of its groups (in position order), with ``summary`` in the snapshot summary and
+    the table's bookkeeping ``properties`` set (``remove`` removed) in the same commit, through
+    pyiceberg (loader.lake.commits: no JVM). A Spark session of the process is not refreshed here
+    (the load refreshes each table once, when it ends)."""
+    from loader.lake.commits import commit_data_files
 
-    return append_arrow(
+    commit_data_files(
         table,
-        parts,
+        files,
         summary,
         properties,
-        remove=remove,
-        buffer_bytes=APPEND_FILE_ARROW_BYTES,
-        finish=finish,
+        remove,
+        hint="nothing was marked loaded; re-run 'loader load' once the warehouse answers",
     )
 
 

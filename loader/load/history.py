@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,6 +69,7 @@ from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hi
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.kernel import misfit_park_note
 from loader.load.sql import LINE, RAW, REASON, HistoryColumn, rejects_select
+from loader.load.staging import Committer, Pending, Staged
 from loader.load.survey import PARK, BatchSurvey, survey
 from loader.lsn import ChangePosition
 from loader.names import lake_column
@@ -250,18 +250,22 @@ class HistoryLoad:
             # Snapshot chunks (landing v2) and v1 files load as batches of their own, one after
             # another, each with its ledger rows: each can take its own driver path. A v1 backlog
             # larger than load.driver_max_bytes loads as several driver batches (bounded memory).
-            # A group the driver typed is committed on a thread of its own while the next group is
-            # typed (_Committer: commits stay in group order, one group at a time).
-            with _Committer(result) as committer:
+            # A group the driver typed is written on a thread of its own while the next group is
+            # typed (loader.load.staging.Committer: in group order, one group at a time).
+            # Its rows are written to data files then, and committed with the groups after it
+            # (loader.load.staging: one commit per table and one ledger commit per interval).
+            interval = self.settings.load.commit_interval_s
+            with Committer(result, self._commit_pending, interval) as committer:
                 for segment, group in self._sub_batches(batch):
                     part = LoadResult()
-                    commit = self._typed_group(segment, part, group, committer.settle)
-                    committer.settle()  # the group before is committed (or its error raised here)
-                    if commit is None:
+                    write = self._typed_group(segment, part, group, committer)
+                    committer.settle()  # the group before is written (or its error raised here)
+                    if write is None:
+                        committer.flush()  # the groups before are committed first
                         self._load_batch(segment, part, group=group)
                         committer.add(part)
                     else:
-                        committer.submit(commit, part)
+                        committer.submit(write, part)
             return result
 
     def _sub_batches(self, batch: list[LandingFile]) -> Iterator[tuple[list[LandingFile], TextGroup | None]]:
@@ -488,35 +492,50 @@ class HistoryLoad:
         return plain.survey
 
     def _typed_group(
-        self, batch: list[LandingFile], result: LoadResult, group: TextGroup | None, before_change: Callable[[], None]
-    ) -> Callable[[], None] | None:
+        self, batch: list[LandingFile], result: LoadResult, group: TextGroup | None, committer: Committer
+    ) -> Callable[[], bool] | None:
         """A group of the change stream the driver read and checked ahead (``group.plain``) typed
-        here, table by table (their history tables created or evolved first, after
-        ``before_change``, which commits the group before), and what commits it: its tables'
-        appends, then its ledger rows (or, should a table turn out not plain while it is appended,
-        the Spark path's load of the batch), in the order a load without this stage commits them.
-        None when the group is not one for this stage (the Spark path's batches, snapshot chunks,
-        a transaction streamed file by file) or not plain (then ``group.not_plain`` says why, so
-        :meth:`_load_batch` takes the Spark path without typing it again)."""
-        if group is None or group.plain is None:
+        here, table by table (their history tables created or evolved first, after the groups
+        before are committed: ``committer.flush``), and what writes it: its tables' data files,
+        kept with its ledger rows for the committer's next commit (or, should a table turn out not
+        plain while its rows are written, the groups kept committed and the Spark path's load of
+        the batch). A transaction longer than the bound (``group.streamed``) is checked here and
+        typed file by file as its rows are written. None when the group is not one for this stage
+        (the Spark path's batches, snapshot chunks) or not plain (then
+        ``group.not_plain`` says why, so :meth:`_load_batch` takes the Spark path without typing
+        it again)."""
+        if group is None or (group.plain is None and not group.streamed):
             return None
         self._positions_unique = _disjoint(batch)
-        typed = self._driver_typed(batch, result, group, before_change)
+        typed = self._driver_typed(batch, result, group, committer.flush)
         if typed is None:
             group.plain, group.not_plain = None, self._spark_reason
             return None
         plain, prepared = typed
 
-        def commit() -> None:
-            reason = self._driver_append_all(plain, prepared, batch, result)
-            if reason is not None:
+        def write() -> bool:
+            staged = self._driver_stage_all(plain, prepared, batch, result)
+            if isinstance(staged, str):
+                committer.commit_pending()  # the groups before, first
                 # (The Spark path reads _positions_unique, which the typing thread may have set for
                 # a later group by now: True for this one, so a later False only adds a dedupe.)
-                self._spark_load(batch, result, reason)
-                return
-            self._driver_loaded(batch, plain.survey, result)
+                self._spark_load(batch, result, staged)
+                return False
+            result.engines.append(f"driver ({len(batch)} files)")
+            result.files = [f.name for f in batch]
+            rows = self._ledger_rows(plain.survey, batch)
+            committer.stage(batch, staged, rows, plain.survey.newest_ts(), result)
+            return True
 
-        return commit
+        return write
+
+    def _commit_pending(self, pending: Pending) -> None:
+        """Commit groups written and kept (loader.load.staging): each history table's data files
+        in one append, then every group's ledger rows in one commit."""
+        last = pending.parts[-1]
+        self._commit_staged(list(pending.tables.values()), last)
+        self._newest_ts = pending.newest_ts
+        self._write_ledger(pending.files, pending.ledger_rows, last)
 
     def _driver_loaded(
         self, batch: list[LandingFile], survey: BatchSurvey, result: LoadResult, ledger: bool = True
@@ -590,31 +609,62 @@ class HistoryLoad:
         self, plain: Any, prepared: list[_DriverTable], batch: list[LandingFile], result: LoadResult
     ) -> str | None:
         """Append a driver batch's tables (``prepared``), each in one commit: None, or why the
-        batch goes through the Spark path after all (a table found not plain while it was
-        appended; the tables appended before it are skipped by the Spark path's anti-join)."""
+        batch goes through the Spark path after all (a table found not plain while its rows were
+        written: nothing of the batch was committed)."""
+        started = time.perf_counter()
+        staged = self._driver_stage_all(plain, prepared, batch, result)
+        if isinstance(staged, str):
+            return staged
+        self._commit_staged(staged, result)
+        log.debug("load on the driver: %d changes appended %.2fs", plain.num_rows, time.perf_counter() - started)
+        return None
+
+    def _driver_stage_all(
+        self, plain: Any, prepared: list[_DriverTable], batch: list[LandingFile], result: LoadResult
+    ) -> list[Staged] | str:
+        """Write a driver batch's tables (``prepared``) to data files, nothing committed: each
+        table's :class:`Staged` rows, or why the batch goes through the Spark path after all (a
+        table found not plain while its rows were written; the files written are deleted)."""
         from loader.lake.catalog import open_catalog
         from loader.load.driver import NotPlain
 
-        started = time.perf_counter()
         catalog = open_catalog(self.settings)
         last_file = batch[-1]
+        written: list[tuple[Any, str]] = []  # (file io, path) of every data file written
 
-        def append_one(item: _DriverTable) -> LoadResult:
-            part = self._driver_append(plain, item, catalog, last_file)
-            checkpoint("load-after-table")
-            return part
+        def write_one(item: _DriverTable) -> tuple[LoadResult, Staged]:
+            return self._driver_stage(plain, item, catalog, last_file, written)
 
         try:
-            for part in each_table(prepared, append_one, self.settings.spark.table_threads, "load"):
-                result.absorb(part)
+            done = each_table(prepared, write_one, self.settings.spark.table_threads, "load")
         except NotPlain as exc:
             # Found while a snapshot too big to hold was typed file by file, or its rejects read
-            # again: nothing of that table was committed.
+            # again: nothing of the batch was committed.
+            _delete_files(written)
             reason = f"{exc} (found while appending)"
             log.warning("load: %s; the batch goes through Spark", reason)
             return reason
-        log.debug("load on the driver: %d changes appended %.2fs", plain.num_rows, time.perf_counter() - started)
-        return None
+        except BaseException:
+            _delete_files(written)
+            raise
+        for part, _ in done:
+            result.absorb(part)
+        return [s for _, s in done]
+
+    def _commit_staged(self, staged: list[Staged], result: LoadResult) -> None:
+        """Commit each table's data files written (:meth:`_driver_stage`), one commit per table
+        with its bookkeeping."""
+        from loader.lake.catalog import open_catalog
+
+        catalog = open_catalog(self.settings)
+
+        def commit_one(item: Staged) -> LoadResult:
+            part = self._commit_table(catalog, item)
+            checkpoint("load-after-table")
+            return part
+
+        for part in each_table(staged, commit_one, self.settings.spark.table_threads, "load"):
+            result.absorb(part)
 
     def _driver_prepare(
         self,
@@ -688,22 +738,22 @@ class HistoryLoad:
         markers = plain.resync_markers(table) if hasattr(plain, "resync_markers") else []
         return _DriverTable(table, ident, hist_columns, target, parts, first, last, markers)
 
-    def _driver_append(self, plain: Any, item: _DriverTable, catalog: Any, last_file: LandingFile) -> LoadResult:
-        """Append one table of a driver batch: its rows, and for rows whose values did not fit
-        (the batch's ``misfits``, known once its rows are typed) the rejects and the park the
-        Spark path writes, with the table's bookkeeping, in one commit. The rejects are written
-        before that commit, as on the Spark path: a run killed between the two writes no reject
+    def _driver_stage(
+        self, plain: Any, item: _DriverTable, catalog: Any, last_file: LandingFile, written: list[tuple[Any, str]]
+    ) -> tuple[LoadResult, Staged]:
+        """Write one table of a driver batch to data files (added to ``written``), nothing
+        committed: its rows, and for rows whose values did not fit (the batch's ``misfits``, known
+        once its rows are typed) the park the Spark path writes, their rejects appended now, before
+        the table's commit, as on the Spark path: a run killed between the two writes no reject
         twice (they are matched by file and line) and parks the table again."""
-        from pyiceberg.exceptions import NoSuchTableError
+        import uuid
 
-        from loader.lake.catalog import watermark as table_watermark
-        from loader.load.driver import append_rows, park_rows
+        from loader.lake.commits import write_parts
+        from loader.load.driver import APPEND_FILE_ARROW_BYTES, park_rows
 
         table, first, last = item.table, item.first, item.last
         part = LoadResult()
         hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
-        props = hist.properties
-        cur = (self.names.current_ns, table.iceberg_name)
         park: list[tuple[ChangePosition, str]] = []  # the park the misfits leave, once known
 
         def with_park(last_seq: dict[int, int]) -> Any:
@@ -747,31 +797,53 @@ class HistoryLoad:
             if extra is not None:
                 yield OwnFile(extra)  # in a data file of its own: each file stays in position order
 
-        def finish() -> tuple[dict[str, str], dict[str, str], list[str]]:
-            from loader.load.kernel import parked_after
+        files: list[Any] = []
 
-            markers = sorted(item.markers + [(at.commit_lsn, at.seq, "park", note) for at, note in park])
-            # What the Spark path's _note_parks does with the table's park and resync rows.
-            parked = parked_after(props.get(PROP_PARKED), markers) if markers else props.get(PROP_PARKED)
-            if markers and parked is not None:
-                part.parked[table.qualified] = json.loads(parked)["reason"]
-            lo, hi = min([first, *(at for at, _ in park)]), max([last, *(at for at, _ in park)])
+        def add(data_file: Any) -> None:
+            written.append((hist.io, data_file.file_path))
+            files.append(data_file)
 
-            def merged_through() -> str | None:
-                try:
-                    return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
-                except NoSuchTableError:
-                    return None
+        n = write_parts(hist.metadata, hist.io, rows(), uuid.uuid4(), add, APPEND_FILE_ARROW_BYTES)
+        part.rows_per_table[table.qualified] = n
+        markers = item.markers + [(at.commit_lsn, at.seq, "park", note) for at, note in park]
+        lo, hi = min([first, *(at for at, _ in park)]), max([last, *(at for at, _ in park)])
+        return part, Staged(table, item.ident, files, n, lo, hi, markers, last_file.last.token())
 
-            # The merge's bookkeeping in the append's own commit (see _before_append).
-            update = _append_bookkeeping(props, lo, hi, merged_through)
-            if parked is not None and props.get(PROP_PARKED) != parked:
-                update[PROP_PARKED] = parked
-            remove = [PROP_PARKED] if parked is None and PROP_PARKED in props else []
-            return {SUMMARY_MIN_POSITION: lo.token()}, update, remove
+    def _commit_table(self, catalog: Any, item: Staged) -> LoadResult:
+        """Commit one table's data files written by one or more driver groups, with the
+        bookkeeping of the Spark path's append in the same commit: the snapshot summary's
+        loaded-through and first position, the last position appended and late appends
+        (:func:`_append_bookkeeping`), the park property after its park and resync rows."""
+        from pyiceberg.exceptions import NoSuchTableError
 
-        summary = {SUMMARY_LOADED_THROUGH: last_file.last.token()}
-        part.rows_per_table[table.qualified] = append_rows(hist, rows(), summary, {}, [], finish=finish)
+        from loader.lake.catalog import watermark as table_watermark
+        from loader.load.driver import commit_files
+        from loader.load.kernel import parked_after
+
+        table = item.table
+        part = LoadResult()
+        hist = catalog.load_table((self.names.history_ns, table.iceberg_name))
+        props = hist.properties
+        cur = (self.names.current_ns, table.iceberg_name)
+        markers = sorted(item.markers)
+        # What the Spark path's _note_parks does with the table's park and resync rows.
+        parked = parked_after(props.get(PROP_PARKED), markers) if markers else props.get(PROP_PARKED)
+        if markers and parked is not None:
+            part.parked[table.qualified] = json.loads(parked)["reason"]
+
+        def merged_through() -> str | None:
+            try:
+                return table_watermark(catalog.load_table(cur), SUMMARY_MERGED_THROUGH)
+            except NoSuchTableError:
+                return None
+
+        # The merge's bookkeeping in the append's own commit (see _before_append).
+        update = _append_bookkeeping(props, item.first, item.last, merged_through)
+        if parked is not None and props.get(PROP_PARKED) != parked:
+            update[PROP_PARKED] = parked
+        remove = [PROP_PARKED] if parked is None and PROP_PARKED in props else []
+        summary = {SUMMARY_LOADED_THROUGH: item.loaded_through, SUMMARY_MIN_POSITION: item.first.token()}
+        commit_files(hist, item.files, summary, update, remove)
         self._committed_by_driver(item.ident)
         return part
 
@@ -1279,63 +1351,6 @@ class HistoryLoad:
         return [(f.name, f.first.token(), f.last.token(), *counts.get(f.name, (0, 0)), now) for f in batch]
 
 
-class _Committer:
-    """The commits of a load's driver groups, on a thread of their own: a group's appends and
-    ledger (``submit``) run while the load types the next group, one group at a time and in group
-    order, so a load killed anywhere leaves what a load without this stage leaves (a prefix of
-    the groups committed, each table's append before its group's ledger). :meth:`settle` waits
-    for the group submitted before, adds its results to the load's, or raises its error (nothing
-    after it is committed then). A load that fails while a group commits waits for that commit,
-    whatever its outcome, before it raises.
-
-    Memory: a group committing, one being typed and one read ahead (loader.load.driver.checked_ahead).
-    """
-
-    def __init__(self, result: LoadResult) -> None:
-        self.result = result
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: tuple[Future[None], LoadResult] | None = None
-
-    def __enter__(self) -> _Committer:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        try:
-            if exc is None:
-                self.settle()
-            elif self._pending is not None:
-                pending, self._pending = self._pending[0], None
-                wait([pending])  # its commit finishes (or fails) before the load's error is raised
-                if pending.exception() is not None:
-                    log.warning("load: a group's commit failed too: %s", pending.exception())
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-
-    def submit(self, commit: Callable[[], None], part: LoadResult) -> None:
-        assert self._pending is None, "settle() before the next submit()"
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="load-commit")
-        self._pending = (self._pool.submit(commit), part)
-
-    def settle(self) -> None:
-        if self._pending is None:
-            return
-        (future, part), self._pending = self._pending, None
-        future.result()
-        self.add(part)
-
-    def add(self, part: LoadResult) -> None:
-        """A group's results, once committed, in the load's."""
-        result = self.result
-        result.files += part.files
-        for t, n in part.rows_per_table.items():
-            result.rows_per_table[t] = result.rows_per_table.get(t, 0) + n
-        part.rows_per_table = {}
-        result.absorb(part)
-        result.loaded_through = part.loaded_through or result.loaded_through
-
-
 @dataclass
 class _DriverTable:
     """One table of a batch the driver loads: its history columns and Arrow schema, its rows
@@ -1489,3 +1504,12 @@ class _read_errors_explained:
                     f"load stopped while reading landing files: {detail}",
                     hint="nothing was marked loaded; re-run 'loader load' once the landing area answers",
                 ) from exc
+
+
+def _delete_files(written: list[tuple[Any, str]]) -> None:
+    """Delete data files written and never committed (best effort: orphan cleanup takes the rest)."""
+    for io, path in written:
+        try:
+            io.delete(path)
+        except Exception:  # pragma: no cover - best effort
+            pass

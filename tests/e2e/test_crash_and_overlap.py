@@ -157,10 +157,12 @@ def test_kill_anywhere_then_rerun(env: Env) -> None:
 
 
 def test_kill_between_and_inside_driver_load_groups(env: Env) -> None:
-    """A backlog above load.driver_max_bytes loads as several driver groups, each with its own
-    ledger commit, and a transaction longer than the bound is streamed file by file into one
-    commit per table: SIGKILL after the second group's ledger, then in the middle of the streamed
-    transaction; the re-runs load the rest exactly once."""
+    """A backlog above load.driver_max_bytes loads as several driver groups, written as they are
+    typed and committed together (load.commit_interval_s), and a transaction longer than the bound
+    is streamed file by file into one commit per table: SIGKILL once two groups are written and
+    none committed (nothing is marked loaded), then, committing every group, after the second
+    group's ledger, then in the middle of the streamed transaction; the re-runs load the rest
+    exactly once."""
     env.configure("source", max_changes_per_file=40)
     # Arrow bytes of the files read (v2 change files: names and types dictionary-encoded), so that
     # the 90 changes before the long transaction make more than two groups.
@@ -171,7 +173,11 @@ def test_kill_between_and_inside_driver_load_groups(env: Env) -> None:
     env.transaction("INSERT INTO public.bulk SELECT g, repeat('x', 200) || g FROM generate_series(1, 1500) g")
     wl.run(30)
     env.capture()
-    rc, out = finish(loader(env, "load", LOADER_FAULT="load-after-ledger@2"))
+    rc, out = finish(loader(env, "load", LOADER_FAULT="load-group-written@2"))
+    assert rc == -signal.SIGKILL, f"no second driver group (exit {rc}):\n{out}"
+    assert env.spark.table(env.names.ledger).count() == 0, "groups written were committed before the interval"
+    every_group = {"LOADER_LOAD__COMMIT_INTERVAL_S": "0"}
+    rc, out = finish(loader(env, "load", LOADER_FAULT="load-after-ledger@2", **every_group))
     assert rc == -signal.SIGKILL, f"no second driver group (exit {rc}):\n{out}"
     rc, out = finish(loader(env, "load", LOADER_FAULT="load-streamed-file@2"))
     assert rc == -signal.SIGKILL, f"the long transaction was not streamed (exit {rc}):\n{out}"

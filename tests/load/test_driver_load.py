@@ -266,13 +266,13 @@ def _acct_insert(commit_lsn: int, seq: int, xid: int, key: int) -> ChangeRecord:
 def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many tables the driver path appended (the oracle must not pass by never using it)."""
     count: list[int] = []
-    real = driver.append_rows
+    real = driver.commit_files
 
-    def counting(*args: Any, **kwargs: Any) -> int:
+    def counting(*args: Any, **kwargs: Any) -> None:
         count.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(driver, "append_rows", counting)
+    monkeypatch.setattr(driver, "commit_files", counting)
     return count
 
 
@@ -424,16 +424,16 @@ def test_a_misfit_is_rejected_and_parked_by_the_driver(
     txn = _bigint_txn(["5", "not a number", "7", "8.5"])
     with_driver = lake_settings(base_settings, tmp_path).model_copy(update={"load": ON})
     spark_only = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=0)})
-    counting = driver.append_rows
+    counting = driver.commit_files
 
-    def stopped(*args: Any, **kwargs: Any) -> int:
+    def stopped(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("stopped before the history commit")
 
     write_files(with_driver, [txn], 10)
-    monkeypatch.setattr(driver, "append_rows", stopped)
+    monkeypatch.setattr(driver, "commit_files", stopped)
     with pytest.raises(RuntimeError, match="stopped"):
         HistoryLoad(spark, with_driver).run()
-    monkeypatch.setattr(driver, "append_rows", counting)
+    monkeypatch.setattr(driver, "commit_files", counting)
     results = []
     for s in (with_driver, spark_only):
         if s is spark_only:

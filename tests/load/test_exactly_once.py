@@ -59,7 +59,7 @@ def test_load_twice_crash_midway_and_rerun(
     # Crash after the first table's history append committed, before the second and the ledger.
     import loader.load.driver as driver
 
-    owner, attr = (HistoryLoad, "_load_table") if path == "spark" else (driver, "append_rows")
+    owner, attr = (HistoryLoad, "_load_table") if path == "spark" else (driver, "commit_files")
     real = getattr(owner, attr)
     calls = {"n": 0}
 
