@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -468,6 +468,19 @@ class LoaderSettings(BaseSettings):
     dbt: DbtSettings = Field(default_factory=DbtSettings)
     sql_server: SqlServerSettings = Field(default_factory=SqlServerSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
+
+    @model_validator(mode="after")
+    def _groups_committed_before_orphans_expire(self) -> LoaderSettings:
+        """A load's data files wait up to load.commit_interval_s for their commit; orphan cleanup
+        deletes unreferenced files older than maintenance.orphan_older_than_hours, so a wait that
+        long could let maintenance delete files a commit is about to name."""
+        if self.load.commit_interval_s * 4 > self.maintenance.orphan_older_than_hours * 3600:
+            raise ValueError(
+                f"load.commit_interval_s ({self.load.commit_interval_s:g}) must stay under a quarter of"
+                f" maintenance.orphan_older_than_hours ({self.maintenance.orphan_older_than_hours:g} h):"
+                " orphan cleanup could delete data files a load has written and not yet committed"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -68,6 +68,16 @@ def test_bad_config_file_is_reported(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "invalid configuration" in res.output and "max_changes_per_file" in res.output
 
 
+def test_a_commit_interval_orphan_cleanup_could_overtake_is_refused(tmp_path: Path) -> None:
+    """Data files a load wrote wait up to load.commit_interval_s for their commit; orphan cleanup
+    must not be able to delete them first."""
+    cfg = tmp_path / "slow.toml"
+    cfg.write_text("[load]\ncommit_interval_s = 7200\n[maintenance]\norphan_older_than_hours = 1\n")
+    res = CliRunner().invoke(main, ["--config", str(cfg), "status"], env={"LOADER_HOME": str(tmp_path)})
+    assert res.exit_code == 1 and "load.commit_interval_s (7200)" in res.output, res.output
+    assert "orphan_older_than_hours" in res.output
+
+
 def test_status_answers_from_the_catalog_without_spark(env: Env) -> None:
     env.sql("CREATE TABLE a (id int PRIMARY KEY, v text)")
     env.sql("CREATE TABLE nokey (v text)")

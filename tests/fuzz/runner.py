@@ -68,7 +68,11 @@ class FuzzRun:
         self.nan_accepted: Counter[str] = Counter()
         self.nan_parked: set[str] = set()  # tables accepted as parked for NaN in a numeric(p,s) column
         env.configure("source", exclude=["pg_catalog.*", "information_schema.*", f"{AUDIT_SCHEMA}.*"])
-        env.configure("load", driver_max_bytes=(64 << 20) if workload.driver_load else 0)
+        env.configure(
+            "load",
+            driver_max_bytes=workload.group_bytes if workload.driver_load else 0,
+            commit_interval_s=workload.commit_interval_s,
+        )
         env.configure(
             "source",
             ddl_trigger=workload.ddl_trigger,
@@ -90,6 +94,7 @@ class FuzzRun:
             "LOADER_SOURCE__STREAM_FORMAT": workload.stream_format,
             "LOADER_SOURCE__PUBLICATION": "fuzz_pub",
             "LOADER_LOAD__DRIVER_MAX_BYTES": str(env.settings.load.driver_max_bytes),
+            "LOADER_LOAD__COMMIT_INTERVAL_S": str(env.settings.load.commit_interval_s),
             "LOADER_SOURCE__PIPELINE_MIN_LAG_MB": str(env.settings.source.pipeline_min_lag_mb),
             "LOADER_SOURCE__PIPELINE_ROUND_ROWS": str(env.settings.source.pipeline_round_rows),
         }

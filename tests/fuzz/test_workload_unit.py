@@ -137,3 +137,14 @@ def test_seeds_without_the_ddl_trigger_draw_only_what_the_catalog_comparison_can
     assert not any(new_table_ddl(w, r"SET UNLOGGED") for w in off)
     assert not any(new_table_ddl(w, r"ALTER COLUMN \S+ TYPE numeric$") for w in off)
     assert all("source.ddl_trigger = false" in w.script() for w in off)
+
+
+def test_seeds_load_in_one_group_or_many_committed_together_or_each() -> None:
+    """Seeds with the driver load draw one group a load or many small ones, committed together
+    (load.commit_interval_s) or each on its own (drawn from a generator of their own)."""
+    seen = set()
+    for seed in range(60):
+        w = generate(seed, rounds=1)
+        if w.driver_load:
+            seen.add((w.group_bytes < (64 << 20), w.commit_interval_s == 0))
+    assert seen == {(False, False), (False, True), (True, False), (True, True)}, seen

@@ -109,6 +109,11 @@ class Workload:
     # source.stream_format for this seed: landing v2 ("arrow": one stream of records per file) one
     # seed in three, else v3 ("tables", the default); a generator of its own, as for the plugin.
     stream_format: str = "tables"
+    # With the driver load on: load.driver_max_bytes (one group a load, or many small groups and
+    # transactions streamed file by file) and load.commit_interval_s (the groups committed together,
+    # or each on its own); a generator of its own, as for the plugin.
+    group_bytes: int = 64 << 20
+    commit_interval_s: float = 30.0
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
@@ -121,6 +126,10 @@ class Workload:
             out.insert(1, f"-- (source.plugin = {self.plugin})")
         if self.stream_format != "tables":
             out.insert(1, f"-- (source.stream_format = {self.stream_format})")
+        if self.driver_load and (self.group_bytes, self.commit_interval_s) != (64 << 20, 30.0):
+            out.insert(
+                1, f"-- (load.driver_max_bytes = {self.group_bytes}, load.commit_interval_s = {self.commit_interval_s})"
+            )
         for i, step in enumerate(self.steps[: None if upto is None else upto + 1]):
             if isinstance(step, Loader):
                 what = " ".join(x for x in (step.action, step.stage, step.point) if x)
@@ -345,6 +354,9 @@ class Generator:
         self.ddl_trigger = seed % 3 != 2
         self.plugin = "pgoutput" if random.Random(f"plugin {seed}").random() < 0.25 else "wal2json"
         self.stream_format = "arrow" if random.Random(f"stream format {seed}").random() < 1 / 3 else "tables"
+        groups = random.Random(f"load groups {seed}")
+        self.group_bytes = groups.choice((64 << 20, 64 << 20, 16 << 10, 4 << 10))
+        self.commit_interval_s = groups.choice((30.0, 0.0))
         self.tables: dict[str, Table] = {}
         self.steps: list[Step] = []
         self.tracked: dict[str, list[str]] = {}
@@ -1224,6 +1236,8 @@ class Generator:
             pipelined_rounds=rng.choice((0, 0, 7, 100_000)),
             plugin=self.plugin,
             stream_format=self.stream_format,
+            group_bytes=self.group_bytes,
+            commit_interval_s=self.commit_interval_s,
         )
 
 
