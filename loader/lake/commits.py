@@ -51,23 +51,36 @@ def append_arrow(
     hint: str = "nothing was marked loaded; re-run 'loader load' once the warehouse answers",
     remove: list[str] | None = None,
     buffer_bytes: int = 128 << 20,
-    finish: Callable[[], tuple[dict[str, str], dict[str, str], list[str]]] | None = None,
 ) -> int:
     """Append ``parts`` (Arrow tables in the table's schema, with its field ids) to ``table`` (a
-    pyiceberg Table, as loaded: a commit that lost a race is retried on newer metadata) in one commit that also writes ``summary`` into the snapshot summary and sets
-    ``properties`` (and removes ``remove``). Returns the rows appended. Parts are written once
-    ``buffer_bytes`` of them are held (bounded memory for a streamed batch, files of a useful size
-    for a batch of many small parts); an :class:`OwnFile` part is written alone. Files of a commit that failed are removed unless
-    its outcome is unknown (then orphan cleanup takes them if it did not land). A warehouse that
-    does not answer: WarehouseUnavailableError (``hint``), never bad data.
-
-    ``finish``: what only the parts, once all are written, decide (the driver load learns of values
-    that do not fit as it types them): called then, before the commit, for more snapshot-summary
-    values, properties to set and properties to remove, all in the same commit."""
+    pyiceberg Table, as loaded: a commit that lost a race is retried on newer metadata) in one
+    commit that also writes ``summary`` into the snapshot summary and sets ``properties`` (and
+    removes ``remove``). Returns the rows appended. Parts are written once ``buffer_bytes`` of them
+    are held (bounded memory for a streamed batch, files of a useful size for a batch of many small
+    parts); an :class:`OwnFile` part is written alone. Files of a commit that failed are removed
+    unless its outcome is unknown (then orphan cleanup takes them if it did not land). A warehouse
+    that does not answer: WarehouseUnavailableError (``hint``), never bad data."""
     written: list[str] = []
-    name = ".".join(table.name())
-    properties = dict(properties or {})
-    summary = dict(summary)  # pyiceberg reads it when the snapshot is committed (finish may add to it)
+    with _appending(table, written, summary, properties or {}, remove or [], hint) as (tx, append):
+
+        def add(data_file: Any) -> None:
+            written.append(data_file.file_path)
+            append.append_data_file(data_file)
+
+        total = write_parts(tx.table_metadata, table.io, parts, append.commit_uuid, add, buffer_bytes)
+    if spark is not None and spark_ident is not None:
+        refresh_spark(spark, spark_ident)
+    return total
+
+
+@contextlib.contextmanager
+def _appending(
+    table: Any, written: list[str], summary: dict[str, str], properties: dict[str, str], remove: list[str], hint: str
+) -> Iterator[tuple[Any, Any]]:
+    """One append to ``table`` in one commit: the transaction and its snapshot producer (data files
+    are added to the latter), with ``summary`` in the snapshot summary, ``properties`` set and
+    ``remove`` removed. The files in ``written`` are deleted when the commit fails for certain."""
+    properties = dict(properties)
     if MANIFEST_MERGE not in table.properties:
         # Iceberg's Java appends merge manifests by default (past commit.manifest.min-count-to-merge);
         # pyiceberg's only when the property says so: written out, or a table appended every few
@@ -75,29 +88,15 @@ def append_arrow(
         properties[MANIFEST_MERGE] = "true"
     with (
         uncommitted_removed(table.io, written),
-        warehouse_answers(f"appending to {name}", hint),
+        warehouse_answers(f"appending to {'.'.join(table.name())}", hint),
         table.transaction() as tx,
     ):
         if properties:
             tx.set_properties(properties)
         if remove:
             tx.remove_properties(*remove)
-        with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
-
-            def add(data_file: Any) -> None:
-                written.append(data_file.file_path)
-                append.append_data_file(data_file)
-
-            total = write_parts(tx.table_metadata, table.io, parts, append.commit_uuid, add, buffer_bytes)
-            late: tuple[dict[str, str], dict[str, str], list[str]] = finish() if finish is not None else ({}, {}, [])
-            summary.update(late[0])
-        if late[1]:
-            tx.set_properties(late[1])
-        if late[2]:
-            tx.remove_properties(*late[2])
-    if spark is not None and spark_ident is not None:
-        refresh_spark(spark, spark_ident)
-    return total
+        with tx.update_snapshot(snapshot_properties=dict(summary)).merge_append() as append:
+            yield tx, append
 
 
 def write_parts(
@@ -154,22 +153,9 @@ def commit_data_files(
     :func:`append_arrow` commits, for files written earlier. The files are deleted when the commit
     fails for certain (kept when its outcome is unknown). A warehouse that does not answer:
     WarehouseUnavailableError (``hint``)."""
-    properties = dict(properties)
-    if MANIFEST_MERGE not in table.properties:
-        properties[MANIFEST_MERGE] = "true"
-    written = [f.file_path for f in files]
-    with (
-        uncommitted_removed(table.io, written),
-        warehouse_answers(f"appending to {'.'.join(table.name())}", hint),
-        table.transaction() as tx,
-    ):
-        if properties:
-            tx.set_properties(properties)
-        if remove:
-            tx.remove_properties(*remove)
-        with tx.update_snapshot(snapshot_properties=dict(summary)).merge_append() as append:
-            for data_file in files:
-                append.append_data_file(data_file)
+    with _appending(table, [f.file_path for f in files], summary, properties, remove, hint) as (_, append):
+        for data_file in files:
+            append.append_data_file(data_file)
 
 
 def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter: itertools.count[int]) -> Iterable[Any]:
