@@ -380,8 +380,11 @@ class LoadSettings(_Section):
     # are always made before a DDL change, a batch the Spark path loads, and when the load ends):
     # a backlog pays the commits' metadata work once per interval, not once per group, and its
     # tables gather one snapshot per interval. A load killed before a commit loses at most this
-    # much work (its files are orphans, nothing is marked loaded). 0: commit every group.
-    commit_interval_s: float = Field(default=30.0, ge=0)
+    # much work (its files are orphans, nothing is marked loaded); one killed between the tables'
+    # commits and the ledger's sends the groups of that commit through the Spark path's anti-join
+    # on the next load: a few seconds bound both (a second of groups already takes nearly all of
+    # the commits' cost away). 0: commit every group.
+    commit_interval_s: float = Field(default=5.0, ge=0)
 
 
 class DbtSettings(_Section):

@@ -15,7 +15,8 @@ Exactly once, as before: the data files of groups not committed are visible to n
 snapshot names them); a load killed before the commit leaves them as orphans (``loader maintain``
 removes orphan files) and nothing in the ledger, so the next load loads the same files again.
 The commit keeps the order of a load without this stage: each table's append, then the ledger,
-so a load killed during it leaves what the Spark path's anti-join repairs.
+so a load killed during it leaves what the Spark path's anti-join repairs (for every group of that
+commit: the reason the interval is a few seconds by default).
 """
 
 from __future__ import annotations

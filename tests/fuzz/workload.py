@@ -113,7 +113,7 @@ class Workload:
     # transactions streamed file by file) and load.commit_interval_s (the groups committed together,
     # or each on its own); a generator of its own, as for the plugin.
     group_bytes: int = 64 << 20
-    commit_interval_s: float = 30.0
+    commit_interval_s: float = 5.0
 
     def script(self, upto: int | None = None) -> str:
         """The SQL of steps[:upto+1] as one psql script, loader actions as comments."""
@@ -126,7 +126,7 @@ class Workload:
             out.insert(1, f"-- (source.plugin = {self.plugin})")
         if self.stream_format != "tables":
             out.insert(1, f"-- (source.stream_format = {self.stream_format})")
-        if self.driver_load and (self.group_bytes, self.commit_interval_s) != (64 << 20, 30.0):
+        if self.driver_load and (self.group_bytes, self.commit_interval_s) != (64 << 20, 5.0):
             out.insert(
                 1, f"-- (load.driver_max_bytes = {self.group_bytes}, load.commit_interval_s = {self.commit_interval_s})"
             )
@@ -356,7 +356,7 @@ class Generator:
         self.stream_format = "arrow" if random.Random(f"stream format {seed}").random() < 1 / 3 else "tables"
         groups = random.Random(f"load groups {seed}")
         self.group_bytes = groups.choice((64 << 20, 64 << 20, 16 << 10, 4 << 10))
-        self.commit_interval_s = groups.choice((30.0, 0.0))
+        self.commit_interval_s = groups.choice((5.0, 0.0))
         self.tables: dict[str, Table] = {}
         self.steps: list[Step] = []
         self.tracked: dict[str, list[str]] = {}

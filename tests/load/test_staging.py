@@ -36,12 +36,12 @@ def _ledger_files(spark: Any, settings: LoaderSettings) -> set[str]:
 def test_a_backlog_of_groups_is_one_commit_per_table_and_one_ledger_commit(
     spark: Any, base_settings: LoaderSettings, tmp_path: Path
 ) -> None:
-    """Many driver groups, committed once (the default interval) or each on its own
+    """Many driver groups, committed once (an interval longer than the load) or each on its own
     (``commit_interval_s = 0``): the same history rows, ledger rows and results; one snapshot per
     table instead of one per group."""
     txns, _ = generate(random.Random(12), 40)
     results, commits, history, ledgers = [], [], [], []
-    for interval in (30.0, 0.0):
+    for interval in (600.0, 0.0):
         s = lake_settings(base_settings, tmp_path / str(interval))
         s = s.model_copy(update={"load": LoadSettings(driver_max_bytes=BOUND, commit_interval_s=interval)})
         write_files(s, txns, 3)
@@ -67,7 +67,8 @@ def test_the_groups_written_before_an_error_are_committed(
     (history and ledger), then raises; the next load takes the rest, exactly once, on the driver
     (nothing of the failed group was committed)."""
     txns, _ = generate(random.Random(13), 40)
-    s = lake_settings(base_settings, tmp_path).model_copy(update={"load": LoadSettings(driver_max_bytes=BOUND)})
+    load = LoadSettings(driver_max_bytes=BOUND, commit_interval_s=600)
+    s = lake_settings(base_settings, tmp_path).model_copy(update={"load": load})
     landed = write_files(s, txns, 3)
     real = HistoryLoad._driver_prepare
     calls = {"n": 0}
