@@ -34,7 +34,7 @@ from loader.lsn import ChangePosition
 if TYPE_CHECKING:
     from loader.lake.tables import SourceTable
     from loader.landing.store import LandingFile
-    from loader.load.history import LoadResult
+    from loader.load.result import LoadResult
 
 log = logging.getLogger("loader.load")
 
