@@ -220,11 +220,16 @@ def uncommitted_removed(io: Any, written: list[str]) -> Iterator[None]:
     else:
         written.clear()
     finally:
-        for path in written:
-            try:
-                io.delete(path)
-            except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
-                pass
+        delete_uncommitted(io, written)
+
+
+def delete_uncommitted(io: Any, paths: list[str]) -> None:
+    """Delete data files written and never committed (best effort: orphan cleanup removes the rest)."""
+    for path in paths:
+        try:
+            io.delete(path)
+        except Exception:  # pragma: no cover - best effort; orphan cleanup removes it
+            pass
 
 
 def object_store_outage(exc: BaseException) -> bool:

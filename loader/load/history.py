@@ -473,8 +473,7 @@ class HistoryLoad:
                 # a later group by now: True for this one, so a later False only adds a dedupe.)
                 self._spark_load(batch, result, staged)
                 return False
-            result.engines.append(f"driver ({len(batch)} files)")
-            result.files = [f.name for f in batch]
+            self._driver_loaded(batch, plain.survey, result, ledger=False)  # its ledger rows: below
             rows = self._ledger_rows(plain.survey, batch)
             committer.stage(batch, staged, rows, plain.survey.newest_ts(), result)
             return True
@@ -578,11 +577,16 @@ class HistoryLoad:
         table's :class:`Staged` rows, or why the batch goes through the Spark path after all (a
         table found not plain while its rows were written; the files written are deleted)."""
         from loader.lake.catalog import open_catalog
+        from loader.lake.commits import delete_uncommitted
         from loader.load.driver import NotPlain
 
         catalog = open_catalog(self.settings)
         last_file = batch[-1]
         written: list[tuple[Any, str]] = []  # (file io, path) of every data file written
+
+        def delete_written() -> None:
+            for io, path in written:
+                delete_uncommitted(io, [path])
 
         def write_one(item: _DriverTable) -> tuple[LoadResult, Staged]:
             return self._driver_stage(plain, item, catalog, last_file, written)
@@ -592,12 +596,12 @@ class HistoryLoad:
         except NotPlain as exc:
             # Found while a snapshot too big to hold was typed file by file, or its rejects read
             # again: nothing of the batch was committed.
-            _delete_files(written)
+            delete_written()
             reason = f"{exc} (found while appending)"
             log.warning("load: %s; the batch goes through Spark", reason)
             return reason
         except BaseException:
-            _delete_files(written)
+            delete_written()
             raise
         for part, _ in done:
             result.absorb(part)
@@ -1456,12 +1460,3 @@ class _read_errors_explained:
                     f"load stopped while reading landing files: {detail}",
                     hint="nothing was marked loaded; re-run 'loader load' once the landing area answers",
                 ) from exc
-
-
-def _delete_files(written: list[tuple[Any, str]]) -> None:
-    """Delete data files written and never committed (best effort: orphan cleanup takes the rest)."""
-    for io, path in written:
-        try:
-            io.delete(path)
-        except Exception:  # pragma: no cover - best effort
-            pass
