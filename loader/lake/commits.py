@@ -165,13 +165,22 @@ def data_files(metadata: Any, rows: pa.Table, io: Any, write_uuid: Any, counter:
     pyiceberg's split, which filters a copy of every row out of the table for each partition and
     then combines its chunks into a third copy: a fifth of a snapshot's append on the driver."""
     import pyarrow.compute as pc
-    from pyiceberg.io.pyarrow import _dataframe_to_data_files, bin_pack_arrow_table, pyarrow_to_schema
+    from pyiceberg.io.pyarrow import (
+        _dataframe_to_data_files,
+        bin_pack_arrow_table,
+        pyarrow_to_schema,
+        schema_to_pyarrow,
+    )
     from pyiceberg.io.pyarrow import write_file as write_data_files
     from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+    from pyiceberg.schema import sanitize_column_names
     from pyiceberg.table import TableProperties, WriteTask
     from pyiceberg.utils.properties import property_as_int
 
-    metadata = metadata.model_copy(update={"properties": write_properties(metadata.properties, rows)})
+    # The files carry the table's schema with its names sanitized as pyiceberg writes them.
+    file_schema = schema_to_pyarrow(sanitize_column_names(metadata.schema()))
+    properties = write_properties(metadata.properties, rows, file_schema)
+    metadata = metadata.model_copy(update={"properties": properties})
     spec, schema = metadata.spec(), metadata.schema()
     if len(spec.fields) != 1 or not rows.num_rows:
         return _dataframe_to_data_files(metadata, rows, io, write_uuid, counter)

@@ -36,6 +36,11 @@ ledger's twice). A metadata file is written once under a name of its own and nev
 location: a table whose catalog row still points at a kept file is not read again, and one another
 writer committed to points elsewhere and is read as before. Bounded by files and by snapshots held.
 
+pyiceberg hands pyarrow's Parquet writer only the arguments it derives from Iceberg's table
+properties (codec, page and dictionary sizes). :func:`apply` also lets a write add its own
+(:data:`WRITER_OPTIONS_PROPERTY`, JSON on the copy of the metadata the write uses): the loader's
+encodings (``loader.lake.files.parquet_encodings``: integer-like columns delta-encoded).
+
 Applied when the loader opens a pyiceberg catalog (:func:`loader.lake.catalog.open_catalog`), and
 only to the pyiceberg versions it was checked against (``CHECKED``): another version keeps its own
 behaviour, with a warning naming this module.
@@ -51,6 +56,10 @@ from typing import Any
 log = logging.getLogger("loader.lake")
 
 CHECKED = frozenset({"0.12.0"})
+# Arguments for pyarrow's ParquetWriter beyond the ones pyiceberg derives from table properties
+# (JSON, on the copy of the metadata a write uses; never committed): loader.lake.files'
+# parquet_encodings.
+WRITER_OPTIONS_PROPERTY = "loader.write.parquet-writer-options"
 _APPLIED = "_loader_cached_table_metadata"
 ORIGINAL = "_loader_pyiceberg_table_metadata"
 # Where pyiceberg's modules hold update_table_metadata by name (imported with "from ... import").
@@ -85,6 +94,7 @@ def apply() -> bool:
 
     _install_shallow_replay()
     _install_metadata_files()
+    _install_writer_options()
     table_metadata.__doc__ = (
         "The transaction's metadata (pyiceberg's, computed once per state: loader.lake.pyiceberg_fixes)."
     )
@@ -217,3 +227,20 @@ def _install_metadata_files() -> None:
 
     SqlCatalog._convert_orm_to_iceberg = _convert_orm_to_iceberg  # type: ignore[method-assign]
     SqlCatalog._write_metadata = staticmethod(_write_metadata)  # type: ignore[method-assign,assignment]
+
+
+def _install_writer_options() -> None:
+    """pyiceberg's Parquet writer arguments with :data:`WRITER_OPTIONS_PROPERTY`'s added."""
+    import json
+
+    import pyiceberg.io.pyarrow as pyiceberg_arrow
+
+    original = pyiceberg_arrow._get_parquet_writer_kwargs
+
+    def _get_parquet_writer_kwargs(table_properties: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = original(table_properties)
+        if extra := table_properties.get(WRITER_OPTIONS_PROPERTY):
+            kwargs.update(json.loads(extra))
+        return kwargs
+
+    pyiceberg_arrow._get_parquet_writer_kwargs = _get_parquet_writer_kwargs

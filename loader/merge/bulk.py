@@ -40,6 +40,7 @@ from loader.lake.files import (
     iceberg_arrow_schema,
     parquet_data_file,
     prefetched,
+    table_encodings,
 )
 from loader.lake.types import spark_type
 from loader.lsn import ChangePosition, arrow_positions_after, arrow_positions_at_or_before
@@ -442,7 +443,8 @@ def write_bulk(
             stream.close()
         built.append(parquet_data_file(spark, table, partition, path, data.size, out.toInputFile()))
 
-    files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
+    encodings = table_encodings(table.properties(), target)
+    files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES, encodings=encodings)
     parts = _parts(hist, hist_snapshot, bulk, columns, target, key, n, rows_source)
     try:
         rows, end = _write_parts(parts, files, at)
@@ -560,7 +562,8 @@ def write_first_bulk(
         )
 
     hint = "nothing was committed; re-run 'loader merge' once the warehouse answers"
-    files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES)
+    encodings = table_encodings(table.properties, target)
+    files = RollingParquet(target, finish, BULK_FILE_ARROW_BYTES, BULK_ROW_GROUP_BYTES, encodings=encodings)
     parts = _parts(hist, hist_snapshot, bulk, columns, target, key, n, rows_source)
     with uncommitted_removed(table.io, written):
         with warehouse_answers(f"building {name}", hint):

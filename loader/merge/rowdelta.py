@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from loader.errors import MergeConflictError
 from loader.faults import checkpoint
-from loader.lake.files import iceberg_arrow_schema, parquet_bytes, parquet_data_file
+from loader.lake.files import iceberg_arrow_schema, parquet_bytes, parquet_data_file, table_encodings
 from loader.names import internal
 from loader.spark import jvm_class
 
@@ -95,7 +95,7 @@ def commit_rows(
         deleted=ends.num_rows if ends is not None else 0, written=writes.num_rows if writes is not None else 0
     )
     table = iceberg_table(spark, current_ident)
-    spec = table.spec()
+    spec, properties = table.spec(), table.properties()
     if table.specs().size() != 1 or spec.fields().size() != 1:
         raise AssertionError(f"{current_ident}: a direct merge needs one bucket partition spec")
     part_name = str(spec.fields().get(0).name())
@@ -113,7 +113,7 @@ def commit_rows(
     def put(bucket: int, kind: str, content: Any) -> tuple[Any, str, int, Any]:
         partition = data_files.data(spec, f"{part_name}={bucket}")
         path = str(locations.newDataLocation(spec, partition, f"{stem}-{kind}-{bucket}.parquet"))
-        data = parquet_bytes(content)
+        data = parquet_bytes(content, table_encodings(properties, content.schema))
         out = fio.newOutputFile(path)
         stream = out.createOrOverwrite()
         with lock:
