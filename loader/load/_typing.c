@@ -23,6 +23,19 @@
  * is anything else (the caller then runs the regex and Arrow's cast, which decide as before).
  * ``nulls``: one byte per slot (non-zero: NULL, its bytes not read), or empty when none is NULL.
  *
+ *   json_objects(prefixes, columns, keyed, length) -> (validity, offsets, data) | None
+ *
+ * history's pg_old_key of ``length`` rows in one pass: each row whose ``keyed`` byte is non-zero
+ * (every row when ``keyed`` is empty) becomes prefix[0] value[0] prefix[1] value[1] ... "}", where
+ * the prefixes are JSON text the caller wrote (``{"id":``, ``,"k2":``) and each value is its
+ * column's text as a JSON string literal, escaped as Spark's ``to_json`` (Jackson) escapes it
+ * (loader.load.kernel.json_strings: '"' and '\\' and five control characters in short form, the
+ * other control characters as \u00XX with upper-case hex, everything else as is), or ``null``;
+ * the other rows are NULL. columns: per prefix, (offsets, data, offset, validity): a string
+ * array's buffers, its slice offset and its validity bitmap (empty: no NULL). Returns an Arrow
+ * string array's buffers (validity bitmap, int32 offsets, characters), or None when the characters
+ * would pass int32 offsets.
+ *
  * offsets: the array's int32 offsets buffer, data: its character buffer, offset/length: the
  * array's slice. Plain C against the Python headers, no Arrow headers: the buffers come in by the
  * buffer protocol, and every offset is checked against the data buffer before it is used.
@@ -240,9 +253,167 @@ done:
     return result;
 }
 
+/* Bytes of text [p, p + n) escaped as a JSON string's body (json_strings' escapes). */
+static Py_ssize_t escaped_length(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t out = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t')
+            out += 1;
+        else if (c < 0x20)
+            out += 5;
+    }
+    return out;
+}
+
+static unsigned char *write_escaped(unsigned char *w, const unsigned char *p, Py_ssize_t n) {
+    static const char HEX[] = "0123456789ABCDEF";
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *w++ = c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\f': *w++ = 'f'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\r': *w++ = 'r'; break;
+        case '\t': *w++ = 't'; break;
+        default:
+            *w++ = 'u';
+            *w++ = '0';
+            *w++ = '0';
+            *w++ = HEX[c >> 4];
+            *w++ = HEX[c & 15];
+        }
+    }
+    return w;
+}
+
+#define MAX_KEY_COLUMNS 64
+
+static PyObject *json_objects(PyObject *self, PyObject *args) {
+    PyObject *prefixes, *columns;
+    Py_buffer keyed;
+    Py_ssize_t length;
+    if (!PyArg_ParseTuple(args, "O!O!y*n", &PyTuple_Type, &prefixes, &PyTuple_Type, &columns, &keyed, &length))
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(prefixes), held = 0;
+    Py_buffer offs[MAX_KEY_COLUMNS], datas[MAX_KEY_COLUMNS], valids[MAX_KEY_COLUMNS];
+    Py_ssize_t starts[MAX_KEY_COLUMNS];
+    const char *pre[MAX_KEY_COLUMNS];
+    Py_ssize_t pre_len[MAX_KEY_COLUMNS];
+    PyObject *validity = NULL, *offsets = NULL, *data = NULL, *result = NULL;
+    if (k < 1 || k > MAX_KEY_COLUMNS || PyTuple_GET_SIZE(columns) != k || length < 0 ||
+        (keyed.len != 0 && keyed.len < length)) {
+        PyErr_SetString(PyExc_ValueError, "json_objects: 1 to 64 key columns, a prefix each, a keyed byte per row");
+        goto done;
+    }
+    for (; held < k; held++) {
+        PyObject *prefix = PyTuple_GET_ITEM(prefixes, held), *col = PyTuple_GET_ITEM(columns, held);
+        if (!PyBytes_Check(prefix) || !PyTuple_Check(col)) {
+            PyErr_SetString(PyExc_TypeError, "json_objects: prefixes are bytes, columns tuples");
+            goto done;
+        }
+        pre[held] = PyBytes_AS_STRING(prefix);
+        pre_len[held] = PyBytes_GET_SIZE(prefix);
+        if (!PyArg_ParseTuple(col, "y*y*ny*", &offs[held], &datas[held], &starts[held], &valids[held])) goto done;
+        if (starts[held] < 0 || (size_t)offs[held].len < (size_t)(starts[held] + length + 1) * sizeof(int32_t) ||
+            (valids[held].len != 0 && valids[held].len * 8 < starts[held] + length)) {
+            held++;
+            PyErr_SetString(PyExc_ValueError, "json_objects: buffers shorter than the array");
+            goto done;
+        }
+    }
+    const unsigned char *key = keyed.len ? (const unsigned char *)keyed.buf : NULL;
+    validity = PyBytes_FromStringAndSize(NULL, (length + 7) / 8);
+    offsets = PyBytes_FromStringAndSize(NULL, (length + 1) * (Py_ssize_t)sizeof(int32_t));
+    if (validity == NULL || offsets == NULL) goto done;
+    unsigned char *valid = (unsigned char *)PyBytes_AS_STRING(validity);
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    memset(valid, 0, (length + 7) / 8);
+    int status = 0; /* 1: bad offsets, 2: too long for int32 offsets */
+    Py_ssize_t total = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < length && !status; i++) {
+        off[i] = (int32_t)total;
+        if (key != NULL && !key[i]) continue;
+        valid[i >> 3] |= (unsigned char)(1u << (i & 7));
+        Py_ssize_t size = 1; /* the closing brace */
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_ssize_t at = starts[j] + i;
+            size += pre_len[j];
+            if (valids[j].len && !((((const unsigned char *)valids[j].buf)[at >> 3] >> (at & 7)) & 1)) {
+                size += 4; /* null */
+                continue;
+            }
+            const int32_t *o = (const int32_t *)offs[j].buf;
+            int32_t a = o[at], b = o[at + 1];
+            if (a < 0 || b < a || (Py_ssize_t)b > datas[j].len) {
+                status = 1;
+                break;
+            }
+            size += 2 + escaped_length((const unsigned char *)datas[j].buf + a, b - a);
+        }
+        total += size;
+        if (total > INT32_MAX) status = 2;
+    }
+    if (!status) off[length] = (int32_t)total;
+    Py_END_ALLOW_THREADS
+    if (status == 1) {
+        PyErr_SetString(PyExc_ValueError, "offsets outside the data buffer");
+        goto done;
+    }
+    if (status == 2) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    data = PyBytes_FromStringAndSize(NULL, total);
+    if (data == NULL) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < length; i++) {
+        if (key != NULL && !key[i]) continue;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_ssize_t at = starts[j] + i;
+            memcpy(w, pre[j], pre_len[j]);
+            w += pre_len[j];
+            if (valids[j].len && !((((const unsigned char *)valids[j].buf)[at >> 3] >> (at & 7)) & 1)) {
+                memcpy(w, "null", 4);
+                w += 4;
+                continue;
+            }
+            const int32_t *o = (const int32_t *)offs[j].buf;
+            *w++ = '"';
+            w = write_escaped(w, (const unsigned char *)datas[j].buf + o[at], o[at + 1] - o[at]);
+            *w++ = '"';
+        }
+        *w++ = '}';
+    }
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(3, validity, offsets, data);
+done:
+    Py_XDECREF(validity);
+    Py_XDECREF(offsets);
+    Py_XDECREF(data);
+    for (Py_ssize_t j = 0; j < held; j++) {
+        PyBuffer_Release(&offs[j]);
+        PyBuffer_Release(&datas[j]);
+        PyBuffer_Release(&valids[j]);
+    }
+    PyBuffer_Release(&keyed);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"temporal", temporal, METH_VARARGS, "Plain dates or timestamps of an Arrow string array: (numbers, odd)."},
     {"decimal", decimal, METH_VARARGS, "Plain numerics of an Arrow string array as decimal128 bytes, or None."},
+    {"json_objects", json_objects, METH_VARARGS, "history's pg_old_key texts in one pass: (validity, offsets, data)."},
     {NULL, NULL, 0, NULL},
 };
 

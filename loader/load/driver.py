@@ -1323,7 +1323,7 @@ class TablesBatch:
         import pyarrow.compute as pc
 
         from loader.landing.tablefile import VALUES_AT
-        from loader.load.kernel import json_string, json_strings
+        from loader.load.kernel import json_string, json_strings, keyed_objects
         from loader.names import lake_column
 
         parts = []
@@ -1340,12 +1340,19 @@ class TablesBatch:
                 of_shapes[shapes] = True
                 rows = of_shapes[code]
                 every = bool(rows.all())
+                prefixes = [
+                    ("{" if j == 0 else ",") + json_string(lake_column(layout.identity[u][0])) + ":"
+                    for j, u in enumerate(ident)
+                ]
+                spread = keyed_objects(prefixes, [b.column(first + u) for u in ident], None if every else rows)
+                if spread is not None:
+                    part = spread if every or len(keyed) == 1 else pc.if_else(pa.array(rows), spread, part)
+                    continue
                 at = None if every else pa.array(np.flatnonzero(rows))
                 pieces: list[Any] = []
-                for j, u in enumerate(ident):
+                for prefix, u in zip(prefixes, ident, strict=True):
                     values = b.column(first + u)
-                    pieces.append(("{" if j == 0 else ",") + json_string(lake_column(layout.identity[u][0])) + ":")
-                    pieces.append(json_strings(values if at is None else values.take(at)))
+                    pieces.extend([prefix, json_strings(values if at is None else values.take(at))])
                 pieces.append("}")
                 objects = pc.binary_join_element_wise(*pieces, "")
                 if every:

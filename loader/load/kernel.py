@@ -181,6 +181,7 @@ def _name_lists(absent: list[tuple[str, np.ndarray]], n: int) -> pa.Array:
     import numpy as np
     import pyarrow as pa
 
+    absent = [(name, mask) for name, mask in absent if mask.any()]  # (most changes send every column)
     if not absent:
         return _empty_lists(n)
     masks = np.stack([m for _, m in absent], axis=1)
@@ -223,6 +224,43 @@ def json_strings(texts: pa.Array) -> pa.Array:
             if ch != "\\" and pc.any(pc.match_substring(texts, ch)).as_py():
                 texts = pc.replace_substring(texts, ch, esc)
     return pc.fill_null(pc.binary_join_element_wise('"', texts, '"', ""), "null")
+
+
+def keyed_objects(prefixes: list[str], columns: list[pa.Array], keyed: np.ndarray | None) -> pa.Array | None:
+    """Per row, ``prefixes[0] json(columns[0][row]) prefixes[1] ... "}"`` (each text a JSON string
+    literal as :func:`json_strings` writes it, NULL as ``null``) where ``keyed`` is true (every row
+    when None), NULL elsewhere: a history segment's pg_old_key in one pass of the compiled typing
+    module (``loader/load/_typing.c``). None where that module is not built, a column is not a plain
+    string array, or the texts would pass 2 GiB: the caller then joins them with Arrow."""
+    import numpy as np
+    import pyarrow as pa
+
+    from loader.load.values import _typing_c
+
+    if _typing_c is None or not all(pa.types.is_string(c.type) for c in columns):
+        return None
+    n = len(columns[0])
+    buffers = []
+    for c in columns:
+        validity, offsets, data = c.buffers()
+        if offsets is None:
+            return None
+        buffers.append(
+            (
+                offsets,
+                data if data is not None else b"",
+                c.offset,
+                validity if validity is not None and c.null_count else b"",
+            )
+        )
+    flags = b"" if keyed is None else np.ascontiguousarray(keyed, np.uint8)
+    out = _typing_c.json_objects(tuple(p.encode() for p in prefixes), tuple(buffers), flags, n)
+    if out is None:
+        return None
+    validity, offsets, data = out
+    return pa.Array.from_buffers(
+        pa.string(), n, [pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(data)], null_count=-1
+    )
 
 
 def json_objects(keys: pa.Array, values: pa.Array) -> pa.Array:

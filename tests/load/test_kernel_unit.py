@@ -127,3 +127,40 @@ def test_misfits_as_data_are_the_values_typing_one_by_one_refuses(case: tuple[st
             refused.append(True)
     assert numbers(got) == expected
     assert (misfit.to_pylist() if misfit is not None else [False] * len(texts)) == refused
+
+
+# Every control character, quotes, backslashes, '/', DEL and beyond-ASCII text.
+_JSON_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    names=st.lists(_JSON_TEXT, min_size=1, max_size=4, unique=True),
+    rows=st.lists(st.tuples(st.booleans(), st.lists(st.none() | _JSON_TEXT, min_size=4, max_size=4)), max_size=40),
+    every=st.booleans(),
+    skip=st.integers(0, 3),
+)
+def test_the_compiled_old_keys_are_the_arrow_joined_ones(
+    names: list[str], rows: list[tuple[bool, list[str | None]]], every: bool, skip: int
+) -> None:
+    """``keyed_objects`` (one pass in C) writes what ``json_objects`` (Arrow's joins, checked
+    against Spark's ``to_json`` in tests/load/test_kernel.py) writes for the keyed rows, NULL for
+    the others; on sliced columns (a segment's rows start inside their buffers) too."""
+    import numpy as np
+
+    from loader.load.kernel import json_objects, keyed_objects
+    from loader.load.values import _typing_c
+    from loader.names import lake_column
+
+    assert _typing_c is not None, "the compiled typing module is built wherever the tests run"
+    padded = [(True, [None, "x", "y", "z"])] * skip + rows
+    columns = [pa.array([r[1][j] for r in padded], pa.string()).slice(skip) for j in range(len(names))]
+    keyed = None if every else np.array([k for k, _ in rows], bool)
+    prefixes = [("{" if j == 0 else ",") + json_string(lake_column(n)) + ":" for j, n in enumerate(names)]
+    got = keyed_objects(prefixes, columns, keyed)
+    assert got is not None
+    got.validate(full=True)
+    keys = pa.array([names] * len(rows), pa.list_(pa.string()))
+    values = pa.array([[r[1][j] for j in range(len(names))] for r in rows], pa.list_(pa.string()))
+    want = json_objects(keys, values).to_pylist()
+    assert got.to_pylist() == [w if every or k else None for w, (k, _) in zip(want, rows, strict=True)]
