@@ -38,7 +38,10 @@ def _tune_malloc() -> None:
     except (OSError, AttributeError):  # pragma: no cover - glibc always has it
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    mallopt(m_mmap_threshold, MALLOC_MMAP_BYTES)
+    # An older glibc may refuse a threshold above 32 MiB on 64-bit (its documented maximum), and
+    # setting the trim threshold alone would fix the mmap threshold at 128 KiB (no more growing).
+    if not mallopt(m_mmap_threshold, MALLOC_MMAP_BYTES) and not mallopt(m_mmap_threshold, 32 << 20):
+        return
     mallopt(m_trim_threshold, MALLOC_TRIM_BYTES)
 
 
