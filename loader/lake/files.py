@@ -91,19 +91,20 @@ def table_encodings(properties: Any, schema: Any, decimals_as_integers: bool = F
     return parquet_encodings(schema, decimals_as_integers) if delta_integers(properties) else {}
 
 
+# The loader's own Parquet writers (parquet_bytes, RollingParquet's files), beside their encodings.
+_WRITER_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "write_statistics": True,
+    "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES,
+}
+
+
 def parquet_bytes(table: Any, encodings: dict[str, Any] | None = None) -> bytes:
     """Arrow ``table`` as the bytes of a zstd Parquet file (``encodings``: :func:`table_encodings`)."""
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()
-    pq.write_table(
-        table,
-        sink,
-        compression="zstd",
-        write_statistics=True,
-        dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
-        **(encodings or {}),
-    )
+    pq.write_table(table, sink, **_WRITER_OPTIONS, **(encodings or {}))
     return sink.getvalue()
 
 
@@ -307,14 +308,7 @@ class _OpenFile:
         import pyarrow.parquet as pq
 
         self.path = path
-        self.writer = pq.ParquetWriter(
-            path,
-            schema,
-            compression="zstd",
-            write_statistics=True,
-            dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
-            **encodings,
-        )
+        self.writer = pq.ParquetWriter(path, schema, **_WRITER_OPTIONS, **encodings)
         self.buffered: list[Any] = []
         self.buffered_bytes = 0
         self.arrow_bytes = 0

@@ -336,7 +336,7 @@ static PyObject *json_objects(PyObject *self, PyObject *args) {
     unsigned char *valid = (unsigned char *)PyBytes_AS_STRING(validity);
     int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
     memset(valid, 0, (length + 7) / 8);
-    int status = 0; /* 1: bad offsets, 2: too long for int32 offsets */
+    int status = 0; /* 1: too long for int32 offsets (None), 2: bad offsets; as decimal's */
     Py_ssize_t total = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < length && !status; i++) {
@@ -354,21 +354,21 @@ static PyObject *json_objects(PyObject *self, PyObject *args) {
             const int32_t *o = (const int32_t *)offs[j].buf;
             int32_t a = o[at], b = o[at + 1];
             if (a < 0 || b < a || (Py_ssize_t)b > datas[j].len) {
-                status = 1;
+                status = 2;
                 break;
             }
             size += 2 + escaped_length((const unsigned char *)datas[j].buf + a, b - a);
         }
         total += size;
-        if (total > INT32_MAX) status = 2;
+        if (total > INT32_MAX) status = 1;
     }
     if (!status) off[length] = (int32_t)total;
     Py_END_ALLOW_THREADS
-    if (status == 1) {
+    if (status == 2) {
         PyErr_SetString(PyExc_ValueError, "offsets outside the data buffer");
         goto done;
     }
-    if (status == 2) {
+    if (status == 1) {
         result = Py_None;
         Py_INCREF(result);
         goto done;

@@ -235,24 +235,16 @@ def keyed_objects(prefixes: list[str], columns: list[pa.Array], keyed: np.ndarra
     import numpy as np
     import pyarrow as pa
 
-    from loader.load.values import _typing_c
+    from loader.load.values import _string_buffers, _typing_c
 
-    if _typing_c is None or not all(pa.types.is_string(c.type) for c in columns):
-        return None
     n = len(columns[0])
     buffers = []
     for c in columns:
-        validity, offsets, data = c.buffers()
-        if offsets is None:
+        found = _string_buffers(c)
+        if found is None:
             return None
-        buffers.append(
-            (
-                offsets,
-                data if data is not None else b"",
-                c.offset,
-                validity if validity is not None and c.null_count else b"",
-            )
-        )
+        validity = c.buffers()[0]
+        buffers.append((*found, c.offset, validity if validity is not None and c.null_count else b""))
     flags = b"" if keyed is None else np.ascontiguousarray(keyed, np.uint8)
     out = _typing_c.json_objects(tuple(p.encode() for p in prefixes), tuple(buffers), flags, n)
     if out is None:
