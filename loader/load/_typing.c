@@ -148,6 +148,22 @@ done:
     return result;
 }
 
+/* A pass's status: 0 go on (returns 0); 1 the answer is None; 2 offsets outside the data buffer
+ * (ValueError set). For 1 and 2, *result is set (None or NULL) and 1 returned. */
+static int stopped(int status, PyObject **result) {
+    if (status == 2) {
+        PyErr_SetString(PyExc_ValueError, "offsets outside the data buffer");
+        *result = NULL;
+        return 1;
+    }
+    if (status == 1) {
+        Py_INCREF(Py_None);
+        *result = Py_None;
+        return 1;
+    }
+    return 0;
+}
+
 /* One plain numeric text as an unscaled integer of ``scale`` fraction digits: 1 and *out set, or 0.
  * Digits gather in 64 bits (at most 18 of them, the common case) before 128-bit arithmetic. */
 static const uint64_t POW10[19] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
@@ -234,15 +250,7 @@ static PyObject *decimal(PyObject *self, PyObject *args) {
         memcpy(out + i * 16, &v, 16); /* little-endian two's complement, as Arrow's decimal128 */
     }
     Py_END_ALLOW_THREADS
-    if (status == 2) {
-        PyErr_SetString(PyExc_ValueError, "offsets outside the data buffer");
-        goto done;
-    }
-    if (status == 1) {
-        result = Py_None;
-        Py_INCREF(result);
-        goto done;
-    }
+    if (stopped(status, &result)) goto done;
     result = numbers;
     numbers = NULL;
 done:
@@ -364,15 +372,7 @@ static PyObject *json_objects(PyObject *self, PyObject *args) {
     }
     if (!status) off[length] = (int32_t)total;
     Py_END_ALLOW_THREADS
-    if (status == 2) {
-        PyErr_SetString(PyExc_ValueError, "offsets outside the data buffer");
-        goto done;
-    }
-    if (status == 1) {
-        result = Py_None;
-        Py_INCREF(result);
-        goto done;
-    }
+    if (stopped(status, &result)) goto done;
     data = PyBytes_FromStringAndSize(NULL, total);
     if (data == NULL) goto done;
     unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
