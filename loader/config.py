@@ -356,6 +356,12 @@ class MergeSettings(_Section):
     # with their deletes applied): each merge adds up to one data and one delete file per touched
     # bucket, and every later merge reads them all. 0: only ``loader maintain`` compacts.
     compact_every: int = 10
+    # A merge's compaction rewrites every data file that has deletes (the table's size in work)
+    # only once the rows deleted reach this share of the rows its data files hold; before that it
+    # combines the small files merges wrote and rewrites the delete files into one per bucket (the
+    # changes' size in work), so a big table's compaction no longer stalls a follow cycle.
+    # 0: a full rewrite every time (the loader before 2026-11-29).
+    compact_deleted_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
     # Plain increments (no truncate/resync/park, no unsent TOAST values, no key changes, integer
     # or text keys) of up to this many history rows are merged on the driver with Arrow, without a
     # Spark job (loader.merge.driver); the driver holds them and reads the current table's key

@@ -32,12 +32,19 @@ class TableReport:
 
 
 def rewrite_data_files(
-    spark: SparkSession, settings: LoaderSettings, label: str, ident: str, mode: str, sort_order: str | None = None
+    spark: SparkSession,
+    settings: LoaderSettings,
+    label: str,
+    ident: str,
+    mode: str,
+    sort_order: str | None = None,
+    small_file_bytes: int | None = None,
 ) -> TableReport:
     """Iceberg's ``rewrite_data_files`` on one table: ``mode`` "deletes" rewrites every data file
     that has deletes (applying them) and drops dangling delete files; "sort" and "binpack" compact
-    small files. One commit, which keeps every row (the caller holds the stage lock that writes
-    the table)."""
+    small files (``small_file_bytes``: the size below which a file counts as small, else
+    Iceberg's default, three quarters of the target). One commit, which keeps every row (the
+    caller holds the stage lock that writes the table)."""
     m = settings.maintenance
     catalog = TableNames(settings).catalog
     rep = TableReport(label)
@@ -45,6 +52,10 @@ def rewrite_data_files(
         "min-input-files": str(m.min_input_files),
         "target-file-size-bytes": str(m.target_file_mb * 1024 * 1024),
     }
+    if small_file_bytes is not None:
+        # Only files below it (or with a deleted-row share over Iceberg's delete-ratio-threshold,
+        # for deletes scoped to one file) are rewritten: the big files and their deletes stay.
+        options["min-file-size-bytes"] = str(small_file_bytes)
     if mode == "deletes":
         # The new files take the rewrite's own sequence number, above every delete file's, so
         # remove-dangling-deletes can drop all the deletes just applied (with the default, the
@@ -84,3 +95,19 @@ def field_or(row: Any, name: str, default: Any) -> Any:
         return row[name]
     except (KeyError, ValueError):
         return default
+
+
+def rewrite_position_deletes(spark: SparkSession, settings: LoaderSettings, ident: str) -> tuple[int, int]:
+    """Iceberg's ``rewrite_position_delete_files`` on one table: every position delete file
+    rewritten into one per partition (up to the target size), the deletes of data files no longer
+    in the table dropped. One commit that changes no row. (delete files before, after)."""
+    catalog = TableNames(settings).catalog
+    target = settings.maintenance.target_file_mb * 1024 * 1024
+    row = spark.sql(
+        f"CALL {quote_name(catalog)}.system.rewrite_position_delete_files(table => "
+        f"{procedure_table_arg(ident, catalog)}, options => map('rewrite-all', 'true', "
+        f"'target-file-size-bytes', '{target}'))"
+    ).collect()
+    if not row:
+        return 0, 0
+    return int(row[0]["rewritten_delete_files_count"]), int(row[0]["added_delete_files_count"])

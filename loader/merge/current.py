@@ -41,7 +41,7 @@ from loader.lake.iceberg import (
     update_properties,
     with_commit_properties,
 )
-from loader.lake.procedures import rewrite_data_files
+from loader.lake.procedures import rewrite_data_files, rewrite_position_deletes
 from loader.lake.tables import (
     CURRENT_METADATA,
     LEDGER_NAME,
@@ -67,12 +67,12 @@ from loader.lake.tables import (
 from loader.lake.types import quote_ident, spark_type, sql_string
 from loader.load.evolution import can_widen
 from loader.lsn import ChangePosition, position_after_sql, position_before_sql
-from loader.merge.plan import Marker, MergePlan, plan_markers, replay_key_changes
+from loader.merge.plan import Marker, MergePlan, plan_compaction, plan_markers, replay_key_changes
 from loader.merge.rowdelta import commit_rows
 from loader.merge.sql import FROM, KIND, SUB, col, key_events_sql, merge_sql, reduce_sql, touched_buckets_sql
 from loader.names import lake_column
 from loader.progress import each_table
-from loader.spark import spark_started
+from loader.spark import java_map, spark_started
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -979,20 +979,41 @@ class CurrentMerge:
             self._compact(cur, out)
 
     def _compact(self, cur: str, out: TableMerge | None) -> None:
-        """Rewrite the current table's data files with their deletes applied (what ``loader
-        maintain`` does to it, without expiry): the files later merges read stop piling up."""
+        """Compact the current table (loader.merge.plan.plan_compaction): once enough of its rows
+        are deleted, its data files rewritten with their deletes applied (what ``loader
+        maintain`` does to it, without expiry); before that, its small files combined and its
+        delete files rewritten into one per bucket. Either way the files later merges read stop
+        piling up, and only the full rewrite costs the table's size."""
         checkpoint("merge-before-compaction")
-        rep = rewrite_data_files(self.spark, self.settings, f"current {cur}", cur, "deletes")
+        snap = iceberg_table(self.spark, cur).currentSnapshot()
+        summary = java_map(self.spark, snap.summary()) if snap is not None else {}
+        m = self.settings
+        plan = plan_compaction(
+            summary, m.merge.key_buckets, m.merge.compact_deleted_ratio, m.maintenance.target_file_mb << 20
+        )
+        if plan.full:
+            rep = rewrite_data_files(self.spark, m, f"current {cur}", cur, "deletes")
+            deletes = f"{rep.removed_delete_files} delete files removed"
+        else:
+            rep = rewrite_data_files(
+                self.spark, m, f"current {cur}", cur, "binpack", small_file_bytes=plan.small_file_bytes
+            )
+            checkpoint("merge-between-compactions")
+            before, after = rewrite_position_deletes(self.spark, m, cur)
+            deletes = f"{before} delete files -> {after}"
         update_properties(self.spark, cur, {PROP_MERGES_SINCE_COMPACTION: "0"})
+        kind = "all data files with deletes" if plan.full else "small data files"
         log.info(
-            "compacted %s: %d data files -> %d, %d delete files removed",
+            "compacted %s (%s; %s): %d data files -> %d, %s",
             cur,
+            kind,
+            plan.reason,
             rep.rewritten_files,
             rep.added_files,
-            rep.removed_delete_files,
+            deletes,
         )
         if out is not None:
-            note = f"compacted: {rep.rewritten_files} data files -> {rep.added_files}"
+            note = f"compacted ({kind}): {rep.rewritten_files} data files -> {rep.added_files}, {deletes}"
             out.note = "; ".join(n for n in (out.note, note) if n)
 
     def _bucket_spec(self, cur: str, pk: list[str]) -> tuple[str, int] | None:

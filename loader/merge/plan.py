@@ -106,3 +106,39 @@ def replay_key_changes(
         if patched:
             patches.append(ToastPatch((e["pg_lsn"], e["pg_seq"]), row, patched))
     return patches
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """What a merge's compaction of its current table rewrites (see :func:`plan_compaction`)."""
+
+    full: bool  # every data file with deletes, the deletes applied (else: small files only)
+    small_file_bytes: int  # data files below this size are combined (when not full)
+    reason: str
+
+
+def plan_compaction(
+    summary: dict[str, str], buckets: int, deleted_ratio: float, target_file_bytes: int
+) -> CompactionPlan:
+    """The compaction a current table's merge runs every ``merge.compact_every`` merges, decided
+    from its current snapshot's ``summary`` totals.
+
+    A full rewrite (every data file that has deletes, rewritten with them applied) costs the
+    table's size: merges scatter their deletes over every bucket, so every file has some. It runs
+    once the rows deleted reach ``deleted_ratio`` of the rows the data files hold (the share of
+    dead rows a reader skips), so its cost, spread over the merges between two of them, follows
+    the changes rather than the table. Between them a compaction combines the small data files
+    the merges wrote (below a sixteenth of a bucket's share of the table, at least 1 MiB and at
+    most three quarters of ``target_file_bytes``) and rewrites the delete files into one per
+    bucket: its cost follows the changes since the last one. A snapshot without the totals, or
+    ``deleted_ratio`` 0, gets the full rewrite."""
+    try:
+        records = int(summary["total-records"])
+        deletes = int(summary["total-position-deletes"]) + int(summary.get("total-equality-deletes", "0"))
+        size = int(summary["total-files-size"])
+    except (KeyError, ValueError):
+        return CompactionPlan(True, 0, "the snapshot carries no totals")
+    if records <= 0 or deletes >= deleted_ratio * records:
+        return CompactionPlan(True, 0, f"{deletes:,} of {records:,} rows deleted")
+    small = min(max(size // (max(1, buckets) * 16), 1 << 20), max(1, int(target_file_bytes * 0.75)))
+    return CompactionPlan(False, small, f"{deletes:,} of {records:,} rows deleted: small files only")

@@ -228,3 +228,56 @@ def test_merges_compact_their_current_table_and_keep_it_equal_to_the_source(env:
         env.assert_reconciled()
     # The first compaction comes within compact_every merges (tables start at different offsets).
     assert compactions >= 2, compactions
+
+
+def test_a_big_tables_compaction_combines_small_files_until_enough_rows_are_deleted(env: Env) -> None:
+    """Below merge.compact_deleted_ratio of deleted rows, a compaction leaves the table's big data
+    files alone: it combines the small files the merges wrote and rewrites the delete files into
+    one per bucket, so its cost follows the changes, not the table; once the ratio is reached it
+    rewrites every file with deletes. The rows stay the source's throughout."""
+    env.configure("merge", compact_every=2, compact_deleted_ratio=0.1)
+    env.configure("maintenance", min_input_files=2)
+    env.sql("CREATE TABLE public.big (id int PRIMARY KEY, v text, n int)")
+    env.capture()
+    # Values that do not compress: each bucket's first file well above the 1 MiB a small file is below.
+    env.sql(
+        "INSERT INTO public.big SELECT g, md5(g::text) || md5((g * 3)::text) || md5((g * 7)::text)"
+        " || md5((g * 11)::text) || md5((g * 13)::text) || md5((g * 17)::text) || md5((g * 19)::text)"
+        " || md5((g * 23)::text), 0 FROM generate_series(1, 60000) g"
+    )
+    env.run_all()
+    cur = env.names.current(SourceTable("public", "big"))
+
+    def files() -> tuple[set[str], set[str]]:
+        rows = env.spark.sql(f"SELECT content, file_path FROM {cur}.files").collect()
+        return {r.file_path for r in rows if r.content == 0}, {r.file_path for r in rows if r.content != 0}
+
+    base, _ = files()
+    buckets = env.settings.merge.key_buckets
+    small_compactions = 0
+    for i in range(6):
+        env.transaction(
+            f"UPDATE public.big SET n = n + 1 WHERE id % 10000 = {i}",
+            f"INSERT INTO public.big VALUES ({100_000 + i}, 'new', {i})",
+        )
+        merged = {t.table: t for t in env.run_all()[2].tables}["public.big"]
+        data, deletes = files()
+        if "compacted (small data files)" in merged.note:
+            small_compactions += 1
+            assert base <= data, "the big files stay"
+            assert len(data - base) <= buckets, "the merges' small files are combined, at most one per bucket"
+            assert len(deletes) <= buckets, "one delete file per bucket at most"
+        else:
+            assert "compacted" not in merged.note, merged.note
+        env.assert_reconciled()
+    assert small_compactions >= 2, small_compactions
+    env.configure("merge", compact_every=2, compact_deleted_ratio=0.0001)
+    for i in range(2):
+        env.transaction(f"UPDATE public.big SET n = n + 1 WHERE id % 10000 = {10 + i}")
+        merged = {t.table: t for t in env.run_all()[2].tables}["public.big"]
+        env.assert_reconciled()
+        if "compacted (all data files with deletes)" in merged.note:
+            break
+    else:
+        raise AssertionError("no full compaction once the ratio was reached")
+    assert not files()[1], "every file with deletes rewritten, the deletes applied"

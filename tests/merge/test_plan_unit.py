@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from loader.lsn import ChangePosition
-from loader.merge.plan import Marker, plan_markers, replay_key_changes
+from loader.merge.plan import Marker, plan_compaction, plan_markers, replay_key_changes
 from loader.merge.sql import full_recompute_sql, key_events_sql, merge_sql, reduce_sql
 
 P = ChangePosition
@@ -86,3 +87,34 @@ def test_toast_replay_takes_unsent_values_from_the_old_key() -> None:
     patches = replay_key_changes(events, state, ["id"], ["body"])
     assert len(patches) == 1 and patches[0].values == {"body": "big"} and patches[0].columns == ["body"]
     assert state[(2,)] == {"body": "big"} and state[(1,)] is None
+
+
+def _totals(records: int, deletes: int, size: int) -> dict[str, str]:
+    return {"total-records": str(records), "total-position-deletes": str(deletes), "total-files-size": str(size)}
+
+
+def test_a_compaction_rewrites_everything_only_once_enough_rows_are_deleted() -> None:
+    mib = 1 << 20
+    small = plan_compaction(_totals(10_000_000, 999_999, 80 * mib), 2, 0.1, 128 * mib)
+    assert not small.full
+    assert small.small_file_bytes == int(2.5 * mib)  # a sixteenth of a bucket's 40 MiB
+    assert plan_compaction(_totals(10_000_000, 1_000_000, 80 * mib), 2, 0.1, 128 * mib).full
+    # Bounds: at least 1 MiB, at most three quarters of the target size.
+    assert plan_compaction(_totals(1_000, 0, 50_000), 2, 0.1, 128 * mib).small_file_bytes == mib
+    assert plan_compaction(_totals(10**9, 0, 10**12), 2, 0.1, 128 * mib).small_file_bytes == 96 * mib
+    # Equality deletes count as deleted rows too.
+    eq = {**_totals(100, 5, mib), "total-equality-deletes": "5"}
+    assert plan_compaction(eq, 2, 0.1, 128 * mib).full
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [{}, {"total-records": "10"}, {"total-records": "x", "total-position-deletes": "0", "total-files-size": "1"}],
+)
+def test_a_compaction_without_the_snapshot_totals_is_a_full_rewrite(summary: dict[str, str]) -> None:
+    assert plan_compaction(summary, 2, 0.1, 128 << 20).full
+
+
+def test_a_zero_ratio_or_an_empty_table_means_a_full_rewrite() -> None:
+    assert plan_compaction(_totals(1000, 0, 1 << 20), 2, 0.0, 128 << 20).full
+    assert plan_compaction(_totals(0, 0, 0), 2, 0.1, 128 << 20).full
