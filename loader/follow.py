@@ -18,11 +18,13 @@ After a SIGKILL a restart repairs everything (every step is idempotent): nothing
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,41 @@ class FollowStats:
     loaded_changes: int = 0
     captured_changes: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def stop_on_signals(*events: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``events`` while the block runs (the handlers before are restored
+    after it).
+
+    A signal handler runs in the main thread between two of its bytecodes, possibly while that
+    thread holds the very lock ``Event.set`` takes (a follower's main loop sets its capture
+    thread's wake-up event): setting an event in the handler then deadlocks the process for good
+    (seen: SIGTERM inside ``capture_now``'s ``_wake.set()``, a follower that never stopped). The
+    handler only writes the signal's number to a pipe (a system call, no Python lock); a thread of
+    its own reads it, logs it and sets the events."""
+    read_end, write_end = os.pipe()
+
+    def watch() -> None:
+        while got := os.read(read_end, 1):
+            log.warning("received %s: finishing the current step, then stopping", signal.Signals(got[0]).name)
+            for event in events:
+                event.set()
+
+    watcher = threading.Thread(target=watch, name="signals", daemon=True)
+    watcher.start()
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: os.write(write_end, bytes([signum])))
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(write_end)  # the watcher reads the pipe's end and returns
+        watcher.join(timeout=10)
+        os.close(read_end)
 
 
 class Follower:
@@ -82,29 +119,23 @@ class Follower:
     # --- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
         """Follow until stopped; the exit status (0 after SIGTERM/SIGINT)."""
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            with stage_lock(self.settings, "load"), stage_lock(self.settings, "merge"):
-                capture = threading.Thread(target=self._capture_loop, name="capture", daemon=True)
-                self._capture_thread = capture
-                capture.start()
-                try:
-                    self._main_loop()
-                finally:
-                    self.stop.set()
-                    self._wake.set()
-                    capture.join(timeout=600)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with stop_on_signals(self.stop, self._wake):
+            return self._run()
+
+    def _run(self) -> int:
+        with stage_lock(self.settings, "load"), stage_lock(self.settings, "merge"):
+            capture = threading.Thread(target=self._capture_loop, name="capture", daemon=True)
+            self._capture_thread = capture
+            capture.start()
+            try:
+                self._main_loop()
+            finally:
+                self.stop.set()
+                self._wake.set()
+                capture.join(timeout=600)
         if isinstance(self._capture_error, TerminalError):
             raise self._capture_error
         return 0
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
-        self.stop.set()
-        self._wake.set()
 
     # --- capture thread --------------------------------------------------------------------
     def _capture_loop(self) -> None:
@@ -252,7 +283,7 @@ class Follower:
             from loader.lake.commits import ensure_loader_tables
 
             ensure_loader_tables(load.settings)
-            self._loaded = load.loaded_files()
+            self._loaded = load.loaded_files(load.store.files())
         batch, _ = load.pending_files(self._loaded, self.settings.follow.max_batch_files)
         if not batch and self._dirty is not None and not self._dirty:
             self.stats.idle_cycles += 1
