@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import logging
 import os
@@ -136,6 +137,20 @@ class LandingFile:
         return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}{_SUFFIX[format]}"
 
 
+# Per landing area (its URL): the names of the last listing and its files in commit order.
+_LISTED: dict[str, tuple[list[str], list[LandingFile]]] = {}
+
+
+def _in_commit_order(names: list[str]) -> list[LandingFile]:
+    """The landing files among ``names`` (sorted text) in commit order: the text order, which is
+    (first, last) order for the fixed-width names, except between files of the same first and
+    last position, sorted again only when there are such."""
+    out = [f for f in map(LandingFile.parse, names) if f is not None]
+    if any(a.name[:55] >= b.name[:55] for a, b in itertools.pairwise(out)):
+        out.sort()
+    return out
+
+
 def stream_landing_format(setting: str) -> str:
     """The landing format of the change stream's files for ``source.stream_format``."""
     return {"arrow": CHANGES, "tables": TABLES}.get(setting, JSONL)
@@ -210,8 +225,26 @@ class LandingStore(ABC):
         return doc
 
     def files(self) -> list[LandingFile]:
-        out = [f for f in (LandingFile.parse(n) for n in self.names()) if f is not None]
-        return sorted(out)
+        """The landing files listed, in commit order.
+
+        A landing area holds every file of ``landing.retention_hours`` (a week by default: over a
+        million files at two a second), and follow mode lists it several times a cycle: the
+        files of the last listing of each landing area are kept for the process (a function of
+        the names alone, whichever store listed them), so a listing that only added files parses
+        only those; the names' text order is the commit order (fixed-width tokens) except between
+        files of the same first and last position, which alone are sorted again."""
+        names = self.names()
+        old_names, old_files = _LISTED.get(self.url, ([], []))
+        if old_names and len(names) >= len(old_names) and names[: len(old_names)] == old_names:
+            # Files only added after the last listing's (the common case: nothing retired since)
+            tail = _in_commit_order(names[len(old_names) :])
+            out = old_files + tail
+            if old_files and tail and old_files[-1] > tail[0]:
+                out.sort()
+        else:
+            out = _in_commit_order(names)
+        _LISTED[self.url] = (names, out)
+        return list(out)
 
     def landed_position(self) -> ChangePosition | None:
         """The last change position that is durably landed, or None if nothing is."""
@@ -287,7 +320,10 @@ class LocalLandingStore(LandingStore):
         def listing() -> list[str]:
             if not self.path.exists():
                 return []
-            return sorted(p.name for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+            # scandir's entries know their type without a stat per file (a million stats a listing
+            # in a week-old landing area)
+            with os.scandir(self.path) as entries:
+                return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_file())
 
         return self._retry(listing, f"listing {self.url}")
 

@@ -129,13 +129,28 @@ class HistoryLoad:
         self._stale: set[str] = set()
         self._stale_lock = threading.Lock()
 
-    def loaded_files(self) -> set[str]:
-        """Every landing file the ledger says is loaded (one scan of the ledger's file names with
-        pyiceberg: no Spark job, and the table as committed now, not as Spark's catalog cached it)."""
+    def loaded_files(self, files: list[LandingFile] | None = None) -> set[str]:
+        """The landing files the ledger says are loaded (a scan of the ledger's file names with
+        pyiceberg: no Spark job, and the table as committed now, not as Spark's catalog cached it).
+
+        ``files``: only what deciding which of these are pending needs (:func:`ledger_bound`): the
+        ledger rows of files ending at or after the oldest of them, which the ledger's position
+        bounds prune to its newest data files. The ledger keeps a row for every file ever loaded,
+        long after ``loader maintain`` retired it from the landing area: read whole, a load after
+        months of follow mode would read millions of names."""
+        from pyiceberg.expressions import GreaterThanOrEqual
+
         from loader.lake.catalog import open_catalog
 
         ledger = open_catalog(self.settings).load_table((self.names.loader_ns, LEDGER_NAME))
-        return set(ledger.scan(selected_fields=("file",)).to_arrow().column("file").to_pylist())
+        if files is None:
+            scan = ledger.scan(selected_fields=("file",))
+        else:
+            if not files:
+                return set()
+            since = GreaterThanOrEqual("last_position", ledger_bound(files).token())  # type: ignore[misc,call-arg,arg-type]
+            scan = ledger.scan(row_filter=since, selected_fields=("file",))
+        return set(scan.to_arrow().column("file").to_pylist())
 
     def pending_files(
         self, known_loaded: set[str] | None = None, max_files: int | None = None
@@ -154,23 +169,33 @@ class HistoryLoad:
         # before the listing, so a snapshot done by then has every one of its files listed.
         state = unfinished_snapshot(self.store)
         copying = int(state["position_lsn"]) if state is not None and "position_lsn" in state else None
-        loaded = self.loaded_files() if known_loaded is None else known_loaded
         files = self.store.files()
+        if known_loaded is None:
+            loaded = self.loaded_files(files)
+        else:
+            loaded = known_loaded
+            forget_retired(known_loaded, files)
         pending = [f for f in files if f.name not in loaded]
         # A file that starts inside a transaction (seq > 1) continues the file ending just before it.
         # If that file is missing (not loaded, not pending before it), loading this one would make half
         # a transaction visible: stop the batch there until the earlier part arrives.
-        # Ends of loaded files come from the ledger's names: loaded files may have left the landing area.
-        ends = {parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None}
+        # Ends of loaded files come from the ledger's names: loaded files may have left the landing
+        # area. Worked out only when a pending file continues a transaction (rarely): the names
+        # parsed then are those of the loaded files the listing reaches back to (ledger_bound).
+        ends: set[ChangePosition] | None = None
         for i, f in enumerate(pending):
-            if f.first.seq > 1 and f.first.just_before() not in ends:
+            if f.first.seq > 1 and ends is None:
+                ends = {p.last for p in pending[:i]}
+                ends.update(parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None)
+            if ends is not None and f.first.seq > 1 and f.first.just_before() not in ends:
                 self.gap = (
                     f"landing file {f.name} continues a transaction whose earlier part is missing; waiting for it"
                 )
                 log.warning(self.gap)
                 pending = pending[:i]
                 break
-            ends.add(f.last)
+            if ends is not None:
+                ends.add(f.last)
             if copying is not None and f.first.commit_lsn == copying:
                 self.gap = f"landing file {f.name} belongs to a snapshot still landing (copying, or interrupted)"
                 log.info("%s; loading stops before it", self.gap)
@@ -1366,6 +1391,30 @@ def one_park_per_position(parks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif p["note"] not in out[at]["note"]:
             out[at] = dict(out[at], note=f"{out[at]['note']}; and {p['note']}")
     return list(out.values())
+
+
+def ledger_bound(files: list[LandingFile]) -> ChangePosition:
+    """The oldest position whose ledger rows say anything about ``files`` (the landing area as
+    listed, not empty): which of them are loaded (their ledger rows end at or after their own
+    first position), and where loaded files end that a listed file continues (just before its
+    first position). Files ending before it are history's and nobody's concern."""
+    return ChangePosition(min(f.first.commit_lsn for f in files), 0)
+
+
+# A name's last position, as text that sorts like it (LandingFile.name_for: "<first>_<last>_...").
+_LAST_TOKEN = slice(28, 55)
+
+
+def forget_retired(known: set[str], files: list[LandingFile]) -> None:
+    """Drop from a set of loaded files' names (follow mode's, kept for its whole run) those that
+    end before :func:`ledger_bound` of the landing area as listed: files ``loader maintain``
+    retired, which nothing asks about again. Only once the set holds twice what the landing area
+    does (a string comparison a name, no parsing), so the set stays the size of the landing
+    area instead of growing by every file loaded while the process lives."""
+    if not files or len(known) <= 2 * len(files) + 10_000:
+        return
+    bound = ledger_bound(files).token()
+    known.difference_update([n for n in known if len(n) > 55 and n[27] == "_" and n[_LAST_TOKEN] < bound])
 
 
 def _all_new(props: dict[str, str], empty: Callable[[], bool], first: ChangePosition) -> bool:

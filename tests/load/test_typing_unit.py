@@ -504,3 +504,32 @@ def test_compiled_decimal_typing_equals_the_regex_and_cast(texts: list[str | Non
     storage = values.arrow_type(values.spark_type(pg_type).sql)
     # The compiled path answers exactly the all-plain, in-range columns (None otherwise).
     assert (values._plain_decimal(array, storage) is not None) <= (not isinstance(slow, str))
+
+
+def test_follow_modes_loaded_set_forgets_files_retired_before_the_landing_area() -> None:
+    """The set of loaded files follow mode keeps stays the landing area's size: names of files
+    ending before the oldest listed file's commit are dropped once the set holds twice as many
+    names as the landing area (retired files, which nothing asks about again)."""
+    from loader.landing.store import LandingFile
+    from loader.load.history import forget_retired, ledger_bound
+    from loader.lsn import ChangePosition
+
+    def file(i: int) -> LandingFile:
+        name = LandingFile.name_for(ChangePosition(100 * i, 1), ChangePosition(100 * i + 50, 3), True, "tables")
+        parsed = LandingFile.parse(name)
+        assert parsed is not None
+        return parsed
+
+    every = [file(i) for i in range(1, 30_001)]
+    listed = every[-1_000:]
+    assert ledger_bound(listed) == ChangePosition(100 * 29_001, 0)
+    known = {f.name for f in every[:-10]}
+    few = set(list(known)[:12_000])
+    forget_retired(few, listed)  # under twice the listing plus 10,000: left alone
+    assert len(few) == 12_000
+    forget_retired(known, listed)
+    assert known == {f.name for f in listed[:-10]}
+    # A name not in the landing layout is kept (nothing is known of where it ends).
+    odd = {"manual-import.jsonl.gz", *(f.name for f in every)}
+    forget_retired(odd, listed)
+    assert odd == {"manual-import.jsonl.gz", *(f.name for f in listed)}
