@@ -65,6 +65,7 @@ __all__ = [
     "BulkPlan",
     "NotPlainBulk",
     "bucket_ints",
+    "current_state_rows",
     "first_state_rows",
     "key_hashes",
     "plan_bulk",
@@ -285,6 +286,47 @@ def _pa_strings(values: list[str]) -> Any:
     return pa.array(values, pa.string())
 
 
+def _bucketing(target: Any, key: str, n: int) -> Callable[[Any], Any]:
+    """The bucket of each key of an Arrow column (numpy int32) of the ``target`` schema's column
+    ``key``, as Iceberg's bucket(``n``) transform: integers or text, else NotPlainBulk."""
+    import numpy as np
+
+    key_type = str(target.field(key).type)
+    if key_type in ("int8", "int16", "int32", "int64"):
+        return lambda keys: bucket_ints(keys.to_numpy(zero_copy_only=False), n)
+    if key_type not in ("string", "large_string"):
+        raise NotPlainBulk(f"key column {key} is {key_type}")
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import StringType
+
+    one = BucketTransform(n).transform(StringType())
+    return lambda keys: np.fromiter((one(v) for v in keys.to_pylist()), dtype=np.int32, count=len(keys))
+
+
+def current_state_rows(
+    current: Any, snapshot: int, pk: list[str]
+) -> Callable[[Any, int], Iterator[tuple[Any, Any, int]]]:
+    """A ``rows_source`` for :func:`write_bulk`: a current table's rows as of ``snapshot`` (pyiceberg's
+    table; its position deletes applied), bucketed and in key order within each bucket: a
+    compaction written once on the driver (a small table: the caller bounds its rows)."""
+
+    def source(target: Any, n_buckets: int) -> Iterator[tuple[Any, Any, int]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = current.scan(snapshot_id=snapshot).to_arrow()
+        if not rows.num_rows:
+            return
+        rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in target], schema=target)
+        buckets = _bucketing(target, pk[0], n_buckets)(rows.column(pk[0]))
+        names = ["b", *(f"k{i}" for i in range(len(pk)))]
+        keyed = pa.Table.from_arrays([pa.array(buckets), *(rows.column(k) for k in pk)], names=names)
+        order = pc.sort_indices(keyed, sort_keys=[(c, "ascending") for c in names])
+        yield rows.take(order), buckets[order.to_numpy()], 0
+
+    return source
+
+
 def _bulk_parts(
     hist: Any,
     hist_snapshot: int,
@@ -297,28 +339,12 @@ def _bulk_parts(
     """(rows in ``target``'s schema sorted by bucket, their buckets, the batch's last seq) of each
     batch of the resync's snapshot rows; NotPlainBulk when the snapshot holds anything but plain
     reads, or a key the driver cannot bucket."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyiceberg.expressions import And, EqualTo, GreaterThan
 
     at, cut = bulk.at, bulk.plan.cut
-    key_type = str(target.field(key).type)
-    integer_key = key_type in ("int8", "int16", "int32", "int64")
-    if not integer_key:
-        from pyiceberg.transforms import BucketTransform
-        from pyiceberg.types import StringType
-
-        if key_type not in ("string", "large_string"):
-            raise NotPlainBulk(f"key column {key} is {key_type}")
-        one = BucketTransform(n).transform(StringType())
-
-    def buckets_of(keys: Any) -> Any:
-        """The bucket of each key of an Arrow column (numpy int32)."""
-        if integer_key:
-            return bucket_ints(keys.to_numpy(zero_copy_only=False), n)
-        return np.fromiter((one(v) for v in keys.to_pylist()), dtype=np.int32, count=len(keys))
-
+    buckets_of = _bucketing(target, key, n)
     in_snapshot = And(EqualTo("pg_lsn", at.commit_lsn), GreaterThan("pg_seq", at.seq))  # type: ignore[misc,call-arg,arg-type]
     scan = hist.scan(
         row_filter=in_snapshot,

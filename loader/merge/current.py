@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from loader.config import LoaderSettings
 from loader.errors import CatalogError, ConfigError, MergeConflictError
 from loader.faults import checkpoint
-from loader.lake.catalog import history_source_tables, load_or_none, open_catalog, set_properties, snapshot_id
+from loader.lake.catalog import (
+    history_source_tables,
+    latest_summary,
+    load_or_none,
+    open_catalog,
+    set_properties,
+    snapshot_id,
+)
 from loader.lake.catalog import watermark as table_watermark
 from loader.lake.commits import create_table, default_location, ensure_loader_tables, refresh_spark, warehouse_answers
 from loader.lake.iceberg import (
@@ -976,9 +983,61 @@ class CurrentMerge:
             set_properties(current, update, remove)
             self._refresh(cur)
         if due:
-            self._compact(cur, out)
+            self._compact(table, cur, out)
 
-    def _compact(self, cur: str, out: TableMerge | None) -> None:
+    def _compact_on_driver(self, table: SourceTable, cur: str, summary: dict[str, str]) -> tuple[int, int] | None:
+        """A current table of at most ``merge.driver_max_rows`` rows rewritten whole on the driver
+        (its rows read with pyiceberg, deletes applied; loader.merge.bulk.current_state_rows) in one
+        overwrite validated against every commit since the snapshot read, its watermark as it
+        was: (data files before, after), or None (nothing committed) for a table Spark's
+        procedure compacts. A Spark job costs a second or two for any table, which follow mode
+        paid in the cycle of every small table's compaction."""
+        from loader.merge.bulk import BulkPlan, NotPlainBulk, current_state_rows, write_bulk
+
+        limit = self.settings.merge.driver_max_rows
+        try:
+            records = int(summary["total-records"])
+            files = int(summary["total-data-files"])
+        except (KeyError, ValueError):
+            return None
+        if not limit or records > limit or int(summary.get("total-equality-deletes", "0")):
+            return None
+        current = open_catalog(self.settings).load_table((self.names.current_ns, table.iceberg_name))
+        snap = current.current_snapshot()
+        through = table_watermark(current, SUMMARY_MERGED_THROUGH)
+        pk = [lake_column(k) for k in json.loads(current.properties.get(PROP_PRIMARY_KEY, "[]"))]
+        if snap is None or through is None or not pk:
+            return None
+        cut = ChangePosition.from_token(through)
+        bulk = BulkPlan(MergePlan(cut, None, None, False), cut, records, 0, 0)
+        props = {}
+        if (history_snapshot := latest_summary(current, SUMMARY_HISTORY_SNAPSHOT)) is not None:
+            props[SUMMARY_HISTORY_SNAPSHOT] = history_snapshot
+        try:
+            write_bulk(
+                self.spark,
+                None,
+                0,
+                cur,
+                bulk,
+                [],
+                pk[0],
+                props,
+                SUMMARY_MERGED_THROUGH,
+                snap.snapshot_id,
+                rows_source=current_state_rows(current, snap.snapshot_id, pk),
+            )
+        except NotPlainBulk as exc:
+            log.debug("%s: not compacted on the driver (%s)", cur, exc)
+            return None
+        except OSError as exc:
+            log.warning("%s: the compaction could not read the warehouse (%s); using Spark", cur, exc)
+            return None
+        self._refresh(cur)
+        after = iceberg_table(self.spark, cur).currentSnapshot()
+        return files, int(java_map(self.spark, after.summary()).get("total-data-files", "0"))
+
+    def _compact(self, table: SourceTable, cur: str, out: TableMerge | None) -> None:
         """Compact the current table (loader.merge.plan.plan_compaction): once enough of its rows
         are deleted, its data files rewritten with their deletes applied (what ``loader
         maintain`` does to it, without expiry); before that, its small files combined and its
@@ -988,6 +1047,14 @@ class CurrentMerge:
         snap = iceberg_table(self.spark, cur).currentSnapshot()
         summary = java_map(self.spark, snap.summary()) if snap is not None else {}
         m = self.settings
+        on_driver = self._compact_on_driver(table, cur, summary)
+        if on_driver is not None:
+            update_properties(self.spark, cur, {PROP_MERGES_SINCE_COMPACTION: "0"})
+            log.info("compacted %s (rewritten on the driver): %d data files -> %d", cur, *on_driver)
+            if out is not None:
+                note = f"compacted (rewritten on the driver): {on_driver[0]} data files -> {on_driver[1]}"
+                out.note = "; ".join(n for n in (out.note, note) if n)
+            return
         plan = plan_compaction(
             summary, m.merge.key_buckets, m.merge.compact_deleted_ratio, m.maintenance.target_file_mb << 20
         )
