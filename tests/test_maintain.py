@@ -70,6 +70,12 @@ def test_snapshots_beyond_max_snapshots_are_expired_but_never_young_ones(env: En
     young = Maintenance(env.spark, env.settings).run(tables=["public.s"], orphans=False)  # all younger than 30 min
     assert not any(t.expired_snapshots for t in young.tables), young
     assert snapshots() >= 8
+    # Follow mode's expiry between maintenance runs asks no Spark job of a table none of whose
+    # snapshots is old enough (it stalled a cycle for a second or more a table).
+    spark = _Recording(env.spark)
+    asked = Maintenance(spark, env.settings).expire(["public.s"], ledger=True)  # type: ignore[arg-type]
+    assert not any(t.expired_snapshots for t in asked.tables) and len(asked.tables) == 3, asked
+    assert not [q for q in spark.queries if "expire_snapshots" in q or ".snapshots" in q], spark.queries
     env.configure("maintenance", snapshot_min_age_minutes=0)
     capped = Maintenance(env.spark, env.settings).run(tables=["public.s"], orphans=False)
     assert snapshots() == 3, capped
@@ -123,3 +129,18 @@ def test_follow_mode_expires_a_busy_tables_snapshots_between_maintenance_runs(en
         assert follower.cycle()
         follower._expire_crowded()
     assert snapshots(idents[0]) == before + 3
+
+
+class _Recording:
+    """A Spark session that records the SQL it is asked to run."""
+
+    def __init__(self, spark: object) -> None:
+        self._spark = spark
+        self.queries: list[str] = []
+
+    def sql(self, query: str, *args: object, **kwargs: object) -> object:
+        self.queries.append(query)
+        return self._spark.sql(query, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._spark, name)

@@ -132,3 +132,17 @@ def test_a_column_reference_splits_by_the_lake_s_tables_whatever_dots_the_names_
         assert SourceTable.column_ref(ref, [t, *others]) == (t, column)
     if "." not in schema + table + column:  # not in the lake yet: the dots split as written
         assert SourceTable.column_ref(ref, others) == (t, column)
+
+
+def test_table_names_parts_reverse_the_quoting() -> None:
+    """A Spark identifier TableNames quoted, back to pyiceberg's (namespace, table): backticks and
+    dots in names included; another catalog's or an unquoted identifier is not this catalog's."""
+    from loader.config import LoaderSettings
+    from loader.lake.tables import SourceTable, TableNames
+
+    names = TableNames(LoaderSettings())
+    t = SourceTable("app.v2", "we`ird.name")
+    assert names.parts(names.history(t)) == (names.history_ns, t.iceberg_name)
+    assert names.parts(names.ledger) == (names.loader_ns, "landing_files")
+    assert names.parts(names.history(t).replace(names.catalog, "other", 1)) is None
+    assert names.parts("lakehouse.history.t") is None

@@ -208,6 +208,17 @@ class TableNames:
     def _q(self, ns: str, name: str) -> str:
         return ".".join(quote_ident(p) for p in (self.catalog, ns, name))
 
+    def parts(self, ident: str) -> tuple[str, str] | None:
+        """(namespace, table) of an identifier of this catalog as the methods here quote it
+        (pyiceberg's form), else None."""
+        import re
+
+        found = re.fullmatch(r"`((?:[^`]|``)*)`\.`((?:[^`]|``)*)`\.`((?:[^`]|``)*)`", ident)
+        if found is None:
+            return None
+        catalog, ns, name = (p.replace("``", "`") for p in found.groups())
+        return (ns, name) if catalog == self.catalog else None
+
     def history(self, t: SourceTable) -> str:
         return self._q(self.history_ns, t.iceberg_name)
 
