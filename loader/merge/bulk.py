@@ -314,10 +314,15 @@ def current_state_rows(
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        rows = current.scan(snapshot_id=snapshot).to_arrow()
+        try:
+            rows = current.scan(snapshot_id=snapshot).to_arrow()
+            rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in target], schema=target)
+        except OSError:
+            raise  # the warehouse did not answer: the caller's to report
+        except Exception as exc:  # a type or file pyiceberg does not read as Spark does: Spark compacts
+            raise NotPlainBulk(f"rows not read with pyiceberg ({type(exc).__name__}: {exc})") from None
         if not rows.num_rows:
             return
-        rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in target], schema=target)
         buckets = _bucketing(target, pk[0], n_buckets)(rows.column(pk[0]))
         names = ["b", *(f"k{i}" for i in range(len(pk)))]
         keyed = pa.Table.from_arrays([pa.array(buckets), *(rows.column(k) for k in pk)], names=names)
