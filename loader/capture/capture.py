@@ -41,7 +41,16 @@ from loader.capture.source_filter import (
 from loader.capture.source_tables import KeyLookup, split_qualified
 from loader.capture.stream import PipelineUnavailable, RoundFetcher
 from loader.capture.wal2json import NUMERIC_AS_STRING_OPTION, WAL2JSON_OPTIONS, Wal2JsonDecoder
-from loader.capture.watch import TableFacts, WatchPlan, first_seen, plan_stream_table, plan_watch, read_facts
+from loader.capture.watch import (
+    TYPES_CHANGED_SQL,
+    TableFacts,
+    WatchPlan,
+    first_seen,
+    plan_stream_table,
+    plan_types_changed,
+    plan_watch,
+    read_facts,
+)
 from loader.config import LoaderSettings
 from loader.errors import DecodeError, LandingError, SlotLostError, SourceError, TransientError
 from loader.faults import checkpoint
@@ -625,6 +634,12 @@ class Capture:
         self._ddl_held = {t: f.oid for t, f in (before or {}).items()}
         self._ddl_in_stream, self._before = ddl_in_stream, before
         self._first_seen = first_seen(before, self.facts)
+        if before is not None and not ddl_in_stream:  # the DDL trigger's messages name type changes
+            new = {t: self.facts[t] for t in self._first_seen if self._captured(t)}
+            if new:
+                rows = conn.execute(TYPES_CHANGED_SQL, ([f.oid for f in new.values()],)).fetchall()
+                for table, why in plan_types_changed(rows, new).items():
+                    plan.resync.setdefault(table, why)
         pending = dict(state.get("pending_resyncs", {})) if state else {}
         # Resyncs another process asked for (continuous verification's auto-repair): pending from
         # now on, saved with the catalog state, then the request is cleared.

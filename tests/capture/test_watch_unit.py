@@ -151,3 +151,30 @@ def test_a_table_without_a_key_whose_identity_starts_carrying_deletes_is_resynce
     # A keyed table regaining its identity keeps its own reason (its current table is rebuilt).
     keyed = replace(facts(), replica_identity="nothing")
     assert "again" in plan({"public.k": keyed}, {"public.k": facts()}).resync["public.k"]
+
+
+def test_a_new_tables_type_changed_after_it_was_created_is_resynced_by_transaction_order() -> None:
+    """plan_types_changed: the newest catalog row of a column's enum or composite type written by a
+    transaction after the one that created the table (modulo 2^32, as PostgreSQL orders them) means
+    stored values may read differently now; before or by the same transaction, frozen or unknown
+    transaction ids: nothing to tell."""
+    from loader.capture.watch import plan_types_changed
+
+    new = {
+        "public.a": replace(facts(1), created_xid=1000),
+        "public.b": replace(facts(2), created_xid=1000),
+        "public.w": replace(facts(3), created_xid=0xFFFFFF00),  # near the wraparound
+        "public.u": replace(facts(4), created_xid=None),
+    }
+    rows = [
+        (1, "m", "mood", 1001),  # renamed after the table was created
+        (1, "p", "pair", 999),
+        (2, "m", "mood", 1000),  # the same transaction
+        (2, "ms", "mood[]", 2),  # frozen
+        (3, "m", "mood", 5),  # after the wraparound: later
+        (4, "m", "mood", 5000),
+        (9, "m", "mood", 5000),  # not a new table
+    ]
+    got = plan_types_changed(rows, new)
+    assert set(got) == {"public.a", "public.w"}, got
+    assert "column m (mood)" in got["public.a"] and "pair" not in got["public.a"]
