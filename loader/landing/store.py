@@ -137,6 +137,20 @@ class LandingFile:
         return f"{first.token()}_{last.token()}_{'c' if complete else 'p'}{_SUFFIX[format]}"
 
 
+# A landing file's name (LandingFile.name_for) is "<first>_<last>_<c|p><suffix>", each position a
+# fixed-width token that sorts like it: the first RANGE_CHARS characters order names by range.
+_TOKEN_CHARS = len(ChangePosition(0, 0).token())
+RANGE_CHARS = 2 * _TOKEN_CHARS + 1
+
+
+def name_last_token(name: str) -> str | None:
+    """The token of a landing file name's last position (text that sorts like the position),
+    without parsing it; None for a name not in the landing layout."""
+    if len(name) > RANGE_CHARS and name[_TOKEN_CHARS] == "_" and name[RANGE_CHARS] == "_":
+        return name[_TOKEN_CHARS + 1 : RANGE_CHARS]
+    return None
+
+
 # Per landing area (its URL): the names of the last listing and its files in commit order.
 _LISTED: dict[str, tuple[list[str], list[LandingFile]]] = {}
 
@@ -146,7 +160,7 @@ def _in_commit_order(names: list[str]) -> list[LandingFile]:
     (first, last) order for the fixed-width names, except between files of the same first and
     last position, sorted again only when there are such."""
     out = [f for f in map(LandingFile.parse, names) if f is not None]
-    if any(a.name[:55] >= b.name[:55] for a, b in itertools.pairwise(out)):
+    if any(a.name[:RANGE_CHARS] >= b.name[:RANGE_CHARS] for a, b in itertools.pairwise(out)):
         out.sort()
     return out
 

@@ -64,7 +64,7 @@ from loader.lake.tables import (
     source_columns,
 )
 from loader.lake.types import quote_ident, spark_type, sql_string
-from loader.landing.store import LandingFile, LandingStore, open_landing
+from loader.landing.store import LandingFile, LandingStore, name_last_token, open_landing
 from loader.load.decode import CHANGE_ROW_DDL, make_decoder, park_row, repair_hint
 from loader.load.evolution import plan_evolution, retired_name
 from loader.load.kernel import misfit_park_note
@@ -129,12 +129,12 @@ class HistoryLoad:
         self._stale: set[str] = set()
         self._stale_lock = threading.Lock()
 
-    def loaded_files(self, files: list[LandingFile] | None = None) -> set[str]:
+    def loaded_files(self, files: list[LandingFile]) -> set[str]:
         """The landing files the ledger says are loaded (a scan of the ledger's file names with
         pyiceberg: no Spark job, and the table as committed now, not as Spark's catalog cached it).
 
-        ``files``: only what deciding which of these are pending needs (:func:`ledger_bound`): the
-        ledger rows of files ending at or after the oldest of them, which the ledger's position
+        ``files``: the landing area as listed; only what deciding which of them are pending needs
+        is read (:func:`ledger_bound`): the ledger rows of files ending at or after the oldest, which the ledger's position
         bounds prune to its newest data files. The ledger keeps a row for every file ever loaded,
         long after ``loader maintain`` retired it from the landing area: read whole, a load after
         months of follow mode would read millions of names."""
@@ -142,15 +142,11 @@ class HistoryLoad:
 
         from loader.lake.catalog import open_catalog
 
+        if not files:
+            return set()
         ledger = open_catalog(self.settings).load_table((self.names.loader_ns, LEDGER_NAME))
-        if files is None:
-            scan = ledger.scan(selected_fields=("file",))
-        else:
-            if not files:
-                return set()
-            since = GreaterThanOrEqual("last_position", ledger_bound(files).token())  # type: ignore[misc,call-arg,arg-type]
-            scan = ledger.scan(row_filter=since, selected_fields=("file",))
-        return set(scan.to_arrow().column("file").to_pylist())
+        since = GreaterThanOrEqual("last_position", ledger_bound(files).token())  # type: ignore[misc,call-arg,arg-type]
+        return set(ledger.scan(row_filter=since, selected_fields=("file",)).to_arrow().column("file").to_pylist())
 
     def pending_files(
         self, known_loaded: set[str] | None = None, max_files: int | None = None
@@ -184,16 +180,17 @@ class HistoryLoad:
         # parsed then are those of the loaded files the listing reaches back to (ledger_bound).
         ends: set[ChangePosition] | None = None
         for i, f in enumerate(pending):
-            if f.first.seq > 1 and ends is None:
-                ends = {p.last for p in pending[:i]}
-                ends.update(parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None)
-            if ends is not None and f.first.seq > 1 and f.first.just_before() not in ends:
-                self.gap = (
-                    f"landing file {f.name} continues a transaction whose earlier part is missing; waiting for it"
-                )
-                log.warning(self.gap)
-                pending = pending[:i]
-                break
+            if f.first.seq > 1:
+                if ends is None:
+                    ends = {p.last for p in pending[:i]}
+                    ends.update(parsed.last for parsed in map(LandingFile.parse, loaded) if parsed is not None)
+                if f.first.just_before() not in ends:
+                    self.gap = (
+                        f"landing file {f.name} continues a transaction whose earlier part is missing; waiting for it"
+                    )
+                    log.warning(self.gap)
+                    pending = pending[:i]
+                    break
             if ends is not None:
                 ends.add(f.last)
             if copying is not None and f.first.commit_lsn == copying:
@@ -1401,10 +1398,6 @@ def ledger_bound(files: list[LandingFile]) -> ChangePosition:
     return ChangePosition(min(f.first.commit_lsn for f in files), 0)
 
 
-# A name's last position, as text that sorts like it (LandingFile.name_for: "<first>_<last>_...").
-_LAST_TOKEN = slice(28, 55)
-
-
 def forget_retired(known: set[str], files: list[LandingFile]) -> None:
     """Drop from a set of loaded files' names (follow mode's, kept for its whole run) those that
     end before :func:`ledger_bound` of the landing area as listed: files ``loader maintain``
@@ -1414,7 +1407,7 @@ def forget_retired(known: set[str], files: list[LandingFile]) -> None:
     if not files or len(known) <= 2 * len(files) + 10_000:
         return
     bound = ledger_bound(files).token()
-    known.difference_update([n for n in known if len(n) > 55 and n[27] == "_" and n[_LAST_TOKEN] < bound])
+    known.difference_update([n for n in known if (last := name_last_token(n)) is not None and last < bound])
 
 
 def _all_new(props: dict[str, str], empty: Callable[[], bool], first: ChangePosition) -> bool:

@@ -1049,38 +1049,27 @@ class CurrentMerge:
         m = self.settings
         on_driver = self._compact_on_driver(table, cur, summary)
         if on_driver is not None:
-            update_properties(self.spark, cur, {PROP_MERGES_SINCE_COMPACTION: "0"})
-            log.info("compacted %s (rewritten on the driver): %d data files -> %d", cur, *on_driver)
-            if out is not None:
-                note = f"compacted (rewritten on the driver): {on_driver[0]} data files -> {on_driver[1]}"
-                out.note = "; ".join(n for n in (out.note, note) if n)
-            return
-        plan = plan_compaction(
-            summary, m.merge.key_buckets, m.merge.compact_deleted_ratio, m.maintenance.target_file_mb << 20
-        )
-        if plan.full:
-            rep = rewrite_data_files(self.spark, m, f"current {cur}", cur, "deletes")
-            deletes = f"{rep.removed_delete_files} delete files removed"
+            kind, reason, done = "rewritten on the driver", "", f"{on_driver[0]} data files -> {on_driver[1]}"
         else:
-            rep = rewrite_data_files(
-                self.spark, m, f"current {cur}", cur, "binpack", small_file_bytes=plan.small_file_bytes
+            plan = plan_compaction(
+                summary, m.merge.key_buckets, m.merge.compact_deleted_ratio, m.maintenance.target_file_mb << 20
             )
-            checkpoint("merge-between-compactions")
-            before, after = rewrite_position_deletes(self.spark, m, cur)
-            deletes = f"{before} delete files -> {after}"
+            if plan.full:
+                rep = rewrite_data_files(self.spark, m, f"current {cur}", cur, "deletes")
+                deletes = f"{rep.removed_delete_files} delete files removed"
+            else:
+                rep = rewrite_data_files(
+                    self.spark, m, f"current {cur}", cur, "binpack", small_file_bytes=plan.small_file_bytes
+                )
+                checkpoint("merge-between-compactions")
+                before, after = rewrite_position_deletes(self.spark, m, cur)
+                deletes = f"{before} delete files -> {after}"
+            kind = "all data files with deletes" if plan.full else "small data files"
+            reason, done = f"; {plan.reason}", f"{rep.rewritten_files} data files -> {rep.added_files}, {deletes}"
         update_properties(self.spark, cur, {PROP_MERGES_SINCE_COMPACTION: "0"})
-        kind = "all data files with deletes" if plan.full else "small data files"
-        log.info(
-            "compacted %s (%s; %s): %d data files -> %d, %s",
-            cur,
-            kind,
-            plan.reason,
-            rep.rewritten_files,
-            rep.added_files,
-            deletes,
-        )
+        log.info("compacted %s (%s%s): %s", cur, kind, reason, done)
         if out is not None:
-            note = f"compacted ({kind}): {rep.rewritten_files} data files -> {rep.added_files}, {deletes}"
+            note = f"compacted ({kind}): {done}"
             out.note = "; ".join(n for n in (out.note, note) if n)
 
     def _bucket_spec(self, cur: str, pk: list[str]) -> tuple[str, int] | None:
